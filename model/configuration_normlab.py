@@ -1,0 +1,130 @@
+"""NormLabConfig: the encoder's hyper-parameters, with the norm and its placement as first-class fields.
+
+Every field is typed and checked when the config is built (not at the first forward), so a typo in
+`norm="layrnorm"` fails at once with the valid choices listed.
+"""
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+# The single source of truth for the choices; `norms.py` registers exactly these names (a test checks).
+NORM_TYPES = (
+    "layernorm",  # torch.nn.LayerNorm
+    "custom_layernorm",  # norms.CustomLayerNorm, hand-written and exact
+    "rmsnorm",  # torch.nn.RMSNorm semantics
+    "batchnorm",  # naive BN over every position, padding included (the cautionary tale)
+    "masked_batchnorm",  # BN statistics over real tokens only, synced across processes
+    "powernorm",  # Shen et al. 2020
+    "dyt",  # Dynamic Tanh, Zhu et al. 2025
+    "none",  # identity, the ablation
+)
+# Norms whose statistics come from the batch (and so have running statistics and a train/eval gap).
+BATCH_STAT_NORMS = ("batchnorm", "masked_batchnorm", "powernorm")
+NORM_PLACEMENTS = ("post", "pre", "sandwich", "deepnorm")
+POOLINGS = ("cls", "mean")
+HIDDEN_ACTS = ("gelu", "relu", "gelu_new", "silu")
+
+
+def _check_choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"NormLabConfig.{name}={value!r} is not valid; choose one of: {', '.join(choices)}")
+
+
+def _check_positive(name, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"NormLabConfig.{name}={value!r} must be a positive integer")
+
+
+def _check_probability(name, value):
+    if value is not None and not 0.0 <= value < 1.0:
+        raise ValueError(f"NormLabConfig.{name}={value!r} must be in [0, 1)")
+
+
+@strict
+class NormLabConfig(PreTrainedConfig):
+    r"""
+    Configuration of a NormLab encoder. BERT-shaped (learned absolute positions, token types, GELU feed-forward),
+    except that the normalization layer (`norm`) and where it sits in a block (`norm_placement`) are chosen here.
+
+    Args:
+        norm: one of `NORM_TYPES`.
+        norm_placement: `post` (BERT: norm(x + f(x))), `pre` (x + f(norm(x)), final norm after the last block),
+            `sandwich` (Peri-LN: x + norm_out(f(norm_in(x)))), `deepnorm` (post with residual scaled by
+            (2N)^(1/4) and some projections initialised with gain (8N)^(-1/4); Wang et al. 2022).
+        norm_eps: epsilon inside the square root of every norm.
+        embedding_norm: normalize the embedding output. `None` picks the usual choice for the placement:
+            yes for `post`/`deepnorm` (BERT), no for `pre`/`sandwich` (GPT-2/Megatron style).
+        bn_momentum: running-statistics momentum of the batch-statistics norms (torch convention).
+        powernorm_alpha_fwd, powernorm_alpha_bkw, powernorm_warmup_steps: PowerNorm (Shen et al. 2020, Alg. 1).
+        dyt_alpha_init: initial scalar alpha of DyT (Zhu et al. 2025).
+        qk_norm: normalize queries and keys per head before the dot product (Wortsman et al. 2023).
+        pooling: `cls` (first token) or `mean` (over real tokens) for sequence classification.
+    """
+
+    model_type = "normlab"
+
+    vocab_size: int = 8000
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    intermediate_size: int = 512
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float | int = 0.1
+    attention_probs_dropout_prob: float | int = 0.1
+    max_position_embeddings: int = 128
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    norm: str = "layernorm"
+    norm_placement: str = "pre"
+    norm_eps: float = 1e-5
+    embedding_norm: bool | None = None
+    bn_momentum: float = 0.1
+    powernorm_alpha_fwd: float = 0.9
+    powernorm_alpha_bkw: float = 0.9
+    powernorm_warmup_steps: int = 1000
+    dyt_alpha_init: float = 0.5
+    qk_norm: bool = False
+    pooling: str = "cls"
+    classifier_dropout: float | int | None = None
+    pad_token_id: int | None = 0
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        self._check_values()
+        if self.embedding_norm is None:
+            self.embedding_norm = self.norm_placement in ("post", "deepnorm")
+        super().__post_init__(**kwargs)
+
+    def _check_values(self):
+        # Raised from __post_init__ (not a `validate_*` hook) so users get a plain ValueError, not
+        # huggingface_hub's wrapper exception, the moment the config is built.
+        _check_choice("norm", self.norm, NORM_TYPES)
+        _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
+        _check_choice("pooling", self.pooling, POOLINGS)
+        _check_choice("hidden_act", self.hidden_act, HIDDEN_ACTS)
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings"):
+            _check_positive(name, getattr(self, name))
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"NormLabConfig.hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}; choose a head count that divides it"
+            )
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            _check_probability(name, getattr(self, name))
+        if not self.norm_eps > 0:
+            raise ValueError(f"NormLabConfig.norm_eps={self.norm_eps!r} must be > 0")
+        if not 0.0 < self.bn_momentum <= 1.0:
+            raise ValueError(f"NormLabConfig.bn_momentum={self.bn_momentum!r} must be in (0, 1]")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"NormLabConfig.pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})"
+            )
+
+    @property
+    def uses_batch_statistics(self) -> bool:
+        """True for the BN family: outputs depend on the batch in training and running statistics exist."""
+        return self.norm in BATCH_STAT_NORMS
+
+
+__all__ = ["NormLabConfig", "NORM_TYPES", "NORM_PLACEMENTS", "BATCH_STAT_NORMS", "POOLINGS"]

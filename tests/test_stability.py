@@ -1,0 +1,48 @@
+"""Spike counting and LR sensitivity on hand-made numbers."""
+
+import math
+
+import pytest
+
+from common.stability import LossSpikeDetector, count_loss_spikes, lr_sensitivity
+
+
+def test_smooth_decreasing_curve_has_no_spikes():
+    losses = [2.0 * math.exp(-t / 100) + 0.3 for t in range(500)]
+    assert count_loss_spikes(losses) == 0
+
+
+def test_isolated_jumps_are_counted_each_once():
+    losses = [1.0 + 0.01 * ((t * 7) % 5) for t in range(300)]
+    losses[100] = 3.0
+    losses[200] = 2.5
+    assert count_loss_spikes(losses) == 2
+
+
+def test_warmup_and_nonfinite_are_not_spikes():
+    losses = [5.0, 1.0, 9.0] + [1.0] * 50 + [float("nan"), float("inf")] + [1.0] * 10
+    assert count_loss_spikes(losses, warmup=5) == 0
+
+
+def test_detector_state_round_trip_continues_identically():
+    losses = [1.0 + 0.02 * ((t * 3) % 7) for t in range(80)] + [4.0] + [1.0] * 20
+    a = LossSpikeDetector()
+    for x in losses[:50]:
+        a.update(x)
+    b = LossSpikeDetector()
+    b.load_state_dict(a.state_dict())
+    assert [a.update(x) for x in losses[50:]] == [b.update(x) for x in losses[50:]]
+    assert a.spikes == b.spikes == 1
+
+
+def test_lr_sensitivity_hand_computed():
+    # initial loss 0.7; finals 0.5, 0.3, 0.9 (worse than start -> capped at 0.7), nan (diverged -> 0.7)
+    finals = {1e-4: 0.5, 1e-3: 0.3, 1e-2: 0.9, 1e-1: float("nan")}
+    # capped = [0.5, 0.3, 0.7, 0.7], best 0.3 -> mean([0.2, 0, 0.4, 0.4]) = 0.25
+    assert lr_sensitivity(finals, initial_loss=0.7) == pytest.approx(0.25)
+
+
+def test_lr_sensitivity_zero_when_flat_and_error_when_empty():
+    assert lr_sensitivity({1e-3: 0.4, 1e-2: 0.4}, initial_loss=0.7) == 0.0
+    with pytest.raises(ValueError):
+        lr_sensitivity({}, initial_loss=0.7)
