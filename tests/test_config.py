@@ -1,0 +1,188 @@
+"""Config loading: merge order, override parsing and coercion, and that every error names the key and the fix."""
+
+import pytest
+import yaml
+
+from common.config import (
+    CONFIG_DIR,
+    ConfigError,
+    config_hash,
+    flatten_config,
+    load_config,
+    model_config_from,
+    parse_cli,
+    save_config,
+)
+from model.configuration_normlab import NORM_PLACEMENTS, NORM_TYPES, NormLabConfig
+
+VARIANTS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def test_defaults_load_and_match_the_yaml():
+    cfg = load_config()
+    raw = yaml.safe_load((CONFIG_DIR / "default.yaml").read_text())
+    assert cfg == raw
+    assert cfg["model"]["norm"] == "custom_layernorm" and cfg["data"]["name"] == "stanfordnlp/sst2"
+
+
+def test_variant_deep_merges_over_defaults(tmp_path):
+    f = tmp_path / "v.yaml"
+    f.write_text("model:\n  norm: rmsnorm\ntrain: {lr: 3.0e-4}\n")
+    cfg = load_config(str(f))
+    assert cfg["model"]["norm"] == "rmsnorm"
+    assert cfg["model"]["hidden_size"] == 128  # siblings kept: a deep merge, not a replace
+    assert cfg["train"]["lr"] == 3e-4 and cfg["train"]["batch_size"] == 32
+
+
+def test_overrides_win_over_variant_and_parse_yaml_values():
+    cfg = load_config("post_ln", ["model.norm=rmsnorm", "train.lr=1e-3", "wandb.tags=[a,b]", "train.max_steps=20",
+                                  "data.path=/tmp/x.csv", "model.qk_norm=true", "model.embedding_norm=null"])
+    assert cfg["model"]["norm"] == "rmsnorm" and cfg["model"]["norm_placement"] == "post"
+    assert cfg["train"]["lr"] == pytest.approx(1e-3) and isinstance(cfg["train"]["lr"], float)
+    assert cfg["wandb"]["tags"] == ["a", "b"]
+    assert cfg["train"]["max_steps"] == 20 and cfg["data"]["path"] == "/tmp/x.csv"
+    assert cfg["model"]["qk_norm"] is True and cfg["model"]["embedding_norm"] is None
+
+
+@pytest.mark.parametrize(
+    "override, key, value",
+    [
+        ("train.lr=1", "lr", 1.0),  # int where a float is expected
+        ("train.max_steps=1e3", "max_steps", 1000),  # YAML reads 1e3 as a string
+        ("train.max_steps=null", "max_steps", None),
+        ("train.mixed_precision=no", "mixed_precision", "no"),  # not YAML's boolean False
+        ("wandb.group=1.10", "group", "1.10"),  # a string key keeps what was typed
+        ("wandb.tags=solo", "tags", ["solo"]),
+    ],
+)
+def test_type_coercion(override, key, value):
+    cfg = load_config(overrides=[override])
+    section = cfg["wandb"] if override.startswith("wandb") else cfg["train"]
+    assert section[key] == value and type(section[key]) is type(value)
+
+
+@pytest.mark.parametrize(
+    "overrides, must_contain",
+    [
+        (["train.lrr=1"], ["'train.lrr'", "did you mean 'train.lr'", "valid keys under train", "batch_size"]),
+        (["mdoel.norm=rmsnorm"], ["'mdoel'", "did you mean 'model'", "valid keys at the top level"]),
+        (["model.normm=rmsnorm"], ["'model.normm'", "did you mean 'model.norm'", "norm_placement"]),
+        (["model.num_labels=3"], ["'model.num_labels'", "data.num_labels"]),
+        (["model.norm=layrnorm"], ["model.norm='layrnorm'", "did you mean 'layernorm'", *NORM_TYPES]),
+        (["model.norm_placement=middle"], ["model.norm_placement", *NORM_PLACEMENTS]),
+        (["model.hidden_size=abc"], ["model.hidden_size", "expected int"]),
+        (["model.hidden_size=130"], ["model.hidden_size=130", "num_attention_heads"]),  # built NormLabConfig
+        (["model.norm_eps=0"], ["model.norm_eps"]),
+        (["train.batch_size=1.5"], ["train.batch_size", "expected int"]),
+        (["train.batch_size=0"], ["train.batch_size", ">= 1"]),
+        (["train.lr=-1"], ["train.lr", "> 0"]),
+        (["train.max_steps=0"], ["train.max_steps", ">= 1"]),
+        (["train.compile=maybe"], ["train.compile", "expected bool"]),
+        (["train.scheduler=cosin"], ["train.scheduler", "did you mean 'cosine'", "linear"]),
+        (["train.mixed_precision=fp17"], ["train.mixed_precision", "bf16"]),
+        (["train.resume=/no/such/dir"], ["train.resume", "auto", "checkpoints/step_"]),
+        (["task=regression"], ["task='regression'", "classification", "mlm"]),
+        (["wandb.mode=off"], ["wandb.mode='off'", "auto", "online", "offline", "disabled"]),
+        (["wandb.report_to=wandbb"], ["wandb.report_to", "tensorboard"]),
+        (["data.max_length=256"], ["data.max_length=256", "model.max_position_embeddings=128",
+                                   "model.max_position_embeddings=256"]),
+        (["data.num_labels=1"], ["data.num_labels", ">= 2"]),
+        (["data.max_train_samples=0"], ["data.max_train_samples"]),
+        (["model=3"], ["'model' is a section", "model."]),
+        (["train.lr.x=3"], ["train.lr", "not a section"]),
+        (["output_dir="], ["output_dir", "null"]),
+    ],
+)
+def test_bad_values_name_the_key_and_what_is_valid(overrides, must_contain):
+    with pytest.raises(ConfigError) as exc:
+        load_config(overrides=overrides)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    for part in must_contain:
+        assert part in msg, (part, msg)
+
+
+def test_max_length_may_grow_with_positions():
+    cfg = load_config(overrides=["data.max_length=256", "model.max_position_embeddings=256"])
+    assert cfg["data"]["max_length"] == 256
+
+
+def test_variant_file_errors_name_the_file(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("train:\n  lrr: 1.0\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.lrr' \(in .*bad.yaml\)"):
+        load_config(str(f))
+    f.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml line \d+ is not valid YAML"):
+        load_config(str(f))
+    f.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(str(f))
+    f.write_text("wandb: {mode: off}\n")  # YAML 1.1 reads `off` as False
+    with pytest.raises(ConfigError, match="wandb.mode=False.*quote it"):
+        load_config(str(f))
+    with pytest.raises(ConfigError, match=r"'post_lnn' not found \(did you mean 'post_ln'\?\).*rmsnorm"):
+        load_config("post_lnn")
+
+
+def test_resume_accepts_auto_and_existing_dir(tmp_path):
+    assert load_config(overrides=["train.resume=auto"])["train"]["resume"] == "auto"
+    assert load_config(overrides=[f"train.resume={tmp_path}"])["train"]["resume"] == str(tmp_path)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_variant_file_loads_and_builds_a_model_config(name):
+    by_name = load_config(name)
+    by_path = load_config(str(CONFIG_DIR / f"{name}.yaml"))
+    assert by_name == by_path
+    model_cfg = model_config_from(by_name, vocab_size=1000, num_labels=2)
+    assert isinstance(model_cfg, NormLabConfig) and model_cfg.vocab_size == 1000 and model_cfg.num_labels == 2
+    assert by_name["data"]["max_length"] <= model_cfg.max_position_embeddings
+    # a variant holds only what differs from the default (a few lines, not a copy)
+    lines = [ln for ln in (CONFIG_DIR / f"{name}.yaml").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert name == "default" or len(lines) <= 4
+
+
+def test_required_variants_exist_and_set_their_norm():
+    expected = {"post_ln": ("layernorm", "post"), "pre_ln": ("layernorm", "pre"),
+                "custom_ln": ("custom_layernorm", "pre"), "rmsnorm": ("rmsnorm", "pre"),
+                "batchnorm": ("batchnorm", "pre"), "masked_batchnorm": ("masked_batchnorm", "pre"),
+                "powernorm": ("powernorm", "pre"), "dyt": ("dyt", "pre"), "sandwich": ("layernorm", "sandwich"),
+                "deepnorm": ("layernorm", "deepnorm")}
+    for name, (norm, placement) in expected.items():
+        m = load_config(name)["model"]
+        assert (m["norm"], m["norm_placement"]) == (norm, placement), name
+    assert load_config("mlm")["task"] == "mlm"
+    assert load_config("custom_ln")["model"] == load_config()["model"]
+
+
+def test_save_config_round_trips_as_a_variant(tmp_path):
+    cfg = load_config("imdb", ["wandb.tags=[x]"])
+    save_config(cfg, tmp_path / "run" / "config.yaml")
+    assert load_config(str(tmp_path / "run" / "config.yaml")) == cfg
+
+
+def test_config_hash_and_flatten():
+    a = {"x": 1, "y": {"z": [1, 2]}}
+    assert config_hash(a) == config_hash({"y": {"z": [1, 2]}, "x": 1}) != config_hash({"x": 2, "y": {"z": [1, 2]}})
+    assert flatten_config(a) == {"x": 1, "y.z": [1, 2]}
+
+
+def test_model_config_from_turns_errors_into_config_errors():
+    with pytest.raises(ConfigError, match="model.pad_token_id"):
+        model_config_from(load_config(), vocab_size=10, pad_token_id=50)
+
+
+def test_parse_cli():
+    assert parse_cli([]) == (None, [], False)
+    assert parse_cli(["--config", "post_ln", "--debug", "model.norm=rmsnorm", "train.lr=1e-3"]) == (
+        "post_ln", ["model.norm=rmsnorm", "train.lr=1e-3"], True)
+    assert parse_cli(["--config=configs/dyt.yaml", "--train.lr=1e-3"]) == ("configs/dyt.yaml", ["train.lr=1e-3"], False)
+    with pytest.raises(ConfigError, match="unexpected argument 'rmsnorm'.*key=value"):
+        parse_cli(["rmsnorm"])
+    with pytest.raises(ConfigError, match="unknown option '--fast'"):
+        parse_cli(["--fast"])
+    with pytest.raises(ConfigError, match="--config needs a file"):
+        parse_cli(["--config"])
+    with pytest.raises(ConfigError, match="--config given twice"):
+        parse_cli(["--config", "a", "--config", "b"])

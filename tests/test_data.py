@@ -1,0 +1,366 @@
+"""Data: finding the dataset (mirror, local files), clear errors on bad data, the tokenizer, and the batching."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from common.config import REPO_ROOT, load_config
+from common.data import (
+    DataError,
+    LengthGroupedBatchSampler,
+    RandomBatchSampler,
+    build_dataloaders,
+    get_tokenizer,
+    label_names,
+    mirror_candidates,
+    pad_fraction,
+    padded_fraction_of,
+    resolve_dataset,
+    tokenize_splits,
+)
+
+MIRROR = REPO_ROOT.parent / "shared" / "datasets" / "sst2"
+SMALL = ["data.max_train_samples=300", "data.max_eval_samples=60", "model.vocab_size=400"]
+
+
+@pytest.fixture(autouse=True)
+def _offline_and_private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path_factory.getbasetemp() / "normlab_cache"))
+    monkeypatch.delenv("NORMLAB_DATA_DIR", raising=False)
+
+
+@pytest.fixture(scope="module")
+def sst2_rows():
+    """A few hundred rows of the shared SST-2 mirror, as DataFrames."""
+    train = pd.read_parquet(MIRROR / "train.parquet").iloc[:300]
+    validation = pd.read_parquet(MIRROR / "validation.parquet").iloc[:60]
+    return train, validation
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """(cfg, resolved splits, tokenizer, tokenized splits) on 300/60 rows of the mirror."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("NORMLAB_CACHE", str(tmp_path_factory.getbasetemp() / "normlab_cache"))  # as in every test
+    cfg = load_config(overrides=SMALL)
+    dsd = resolve_dataset(cfg)
+    tok = get_tokenizer(cfg, col(dsd["train"], "sentence"))
+    tokenized = tokenize_splits(dsd, tok, cfg)
+    yield cfg, dsd, tok, tokenized
+    mp.undo()
+
+
+def write(df: pd.DataFrame, path, fmt: str):
+    if fmt == "parquet":
+        df.to_parquet(path, index=False)
+    elif fmt == "csv":
+        df.to_csv(path, index=False)
+    elif fmt == "tsv":
+        df.to_csv(path, index=False, sep="\t")
+    elif fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in df.to_dict("records")))
+
+
+def col(ds, name):
+    """A dataset column as a list (`ds[name]` is a lazy Column in datasets >= 4)."""
+    return ds.select_columns([name])[:][name]
+
+
+def cfg_with(*overrides):
+    return load_config(overrides=list(overrides))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# finding the data
+
+
+def test_mirror_found_from_the_repo_location_whatever_the_cwd(small, tmp_path, monkeypatch):
+    assert MIRROR in mirror_candidates("stanfordnlp/sst2")  # REPO_ROOT/../shared/datasets/<name tail>
+    monkeypatch.chdir(tmp_path)
+    cfg, dsd, _, _ = small
+    assert set(dsd) == {"train", "validation"}
+    assert (len(dsd["train"]), len(dsd["validation"])) == (300, 60)  # max_*_samples: the first N rows
+    assert dsd["train"][0]["sentence"] == pd.read_parquet(MIRROR / "train.parquet").sentence[0]
+    assert label_names(dsd, cfg) == ["0", "1"]
+
+
+def test_normlab_data_dir_comes_before_the_shared_mirror(tmp_path, monkeypatch, sst2_rows):
+    train, validation = sst2_rows
+    (tmp_path / "sst2").mkdir()
+    write(train.iloc[:40], tmp_path / "sst2" / "train.csv", "csv")
+    write(validation.iloc[:10], tmp_path / "sst2" / "validation.csv", "csv")
+    monkeypatch.setenv("NORMLAB_DATA_DIR", str(tmp_path))
+    assert mirror_candidates("stanfordnlp/sst2")[0] == tmp_path / "sst2"
+    dsd = resolve_dataset(cfg_with())
+    assert (len(dsd["train"]), len(dsd["validation"])) == (40, 10)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "tsv", "csv", "jsonl"])
+def test_local_folder_in_every_format(tmp_path, sst2_rows, fmt):
+    train, validation = sst2_rows
+    train = train.iloc[:50].assign(sentence=lambda df: df.sentence + ", yes, with commas")  # tsv must keep them
+    write(train, tmp_path / f"train.{fmt}", fmt)
+    write(validation.iloc[:20], tmp_path / f"validation.{fmt}", fmt)
+    dsd = resolve_dataset(cfg_with(f"data.path={tmp_path}"))
+    assert (len(dsd["train"]), len(dsd["validation"])) == (50, 20)
+    assert col(dsd["train"], "sentence") == list(train.sentence)
+    assert col(dsd["train"], "label") == list(train.label)
+
+
+def test_single_file_is_split_90_10_deterministically_and_dev_means_validation(tmp_path, sst2_rows):
+    train, validation = sst2_rows
+    write(train.iloc[:100], tmp_path / "all.jsonl", "jsonl")
+    a = resolve_dataset(cfg_with(f"data.path={tmp_path / 'all.jsonl'}"))
+    b = resolve_dataset(cfg_with(f"data.path={tmp_path / 'all.jsonl'}", "seed=7"))
+    assert (len(a["train"]), len(a["validation"])) == (90, 10)
+    assert col(a["validation"], "idx") == col(b["validation"], "idx")  # the split does not follow the training seed
+    assert sorted(col(a["train"], "idx") + col(a["validation"], "idx")) == sorted(train.idx[:100])
+    (tmp_path / "glue").mkdir()
+    write(train.iloc[:30], tmp_path / "glue" / "train.tsv", "tsv")
+    write(validation.iloc[:10], tmp_path / "glue" / "dev.tsv", "tsv")
+    assert len(resolve_dataset(cfg_with(f"data.path={tmp_path / 'glue'}"))["validation"]) == 10
+
+
+# ----------------------------------------------------------------------------------------------------------
+# bad data: one line, names the problem and the fix
+
+
+def bad(tmp_path, train: pd.DataFrame, *overrides, fmt="parquet", validation=None):
+    """The DataError message for a folder holding `train` (and `validation`, default: the same rows)."""
+    folder = tmp_path / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    write(train, folder / f"train.{fmt}", fmt)
+    write(train if validation is None else validation, folder / f"validation.{fmt}", fmt)
+    with pytest.raises(DataError) as exc:
+        resolve_dataset(cfg_with(f"data.path={folder}", *overrides))
+    assert "\n" not in str(exc.value)
+    return str(exc.value)
+
+
+def test_missing_path_and_unknown_dataset(tmp_path):
+    with pytest.raises(DataError, match=r"data.path='/no/such/data' does not exist; .*data.path=null"):
+        resolve_dataset(cfg_with("data.path=/no/such/data"))
+    with pytest.raises(DataError) as exc:
+        resolve_dataset(cfg_with("data.name=someone/nothing_here"))
+    msg = str(exc.value)
+    for part in ("someone/nothing_here", str(REPO_ROOT.parent / "shared" / "datasets" / "nothing_here"), "Hub",
+                 "data.path=", "NORMLAB_DATA_DIR"):
+        assert part in msg, (part, msg)
+
+
+def test_empty_file_and_empty_dataset(tmp_path, sst2_rows):
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "train.csv").write_text("")
+    (tmp_path / "e" / "validation.csv").write_text("")
+    with pytest.raises(DataError, match=r"train.csv is empty \(0 bytes\)"):
+        resolve_dataset(cfg_with(f"data.path={tmp_path / 'e'}"))
+    msg = bad(tmp_path, sst2_rows[0].iloc[:0])
+    assert "train.parquet is empty (0 rows)" in msg
+    msg = bad(tmp_path / "csv", sst2_rows[0].iloc[:0], fmt="csv")  # a header and nothing else
+    assert "split 'train'" in msg and "is empty (0 rows)" in msg
+
+
+def test_missing_split_lists_the_splits(tmp_path, sst2_rows):
+    msg = bad(tmp_path, sst2_rows[0].iloc[:20], "data.eval_split=test")
+    assert "split 'test' not in" in msg and "splits: train, validation" in msg and "data.eval_split" in msg
+
+
+def test_empty_or_missing_text_rows(tmp_path, sst2_rows):
+    train = sst2_rows[0].iloc[:20].copy()
+    train.loc[5, "sentence"] = "   "
+    train.loc[9, "sentence"] = None
+    msg = bad(tmp_path, train)
+    assert "2 of 20 rows" in msg and "first: row 5" in msg and "'sentence'" in msg and "drop or fill" in msg
+
+
+def test_text_column_missing_or_not_text(tmp_path, sst2_rows):
+    train = sst2_rows[0].iloc[:20]
+    msg = bad(tmp_path, train, "data.text_column=text")
+    assert "text column 'text' not in split 'train'" in msg and "idx, sentence, label" in msg
+    assert "data.text_column=sentence" in msg
+    msg = bad(tmp_path, train, "data.text_column=idx")
+    assert "data.text_column='idx' holds int" in msg and "not text" in msg and "sentence" in msg
+
+
+def test_labels_missing_null_or_out_of_range(tmp_path, sst2_rows):
+    train = sst2_rows[0].iloc[:20].copy()
+    msg = bad(tmp_path, train, "data.label_column=sentiment")
+    assert "label column 'sentiment' not in" in msg and "data.label_column" in msg and "label" in msg
+    with_null = train.astype({"label": "Int64"})
+    with_null.loc[3, "label"] = None
+    msg = bad(tmp_path, with_null)
+    assert "1 rows" in msg and "no label" in msg and "first: row 3" in msg
+    out_of_range = train.copy()
+    out_of_range.loc[7, "label"] = 2
+    msg = bad(tmp_path, out_of_range, "data.num_labels=2")
+    assert "outside [0, 2)" in msg and "first: row 7, label 2" in msg and "data.num_labels" in msg
+    unlabeled_eval = train.assign(label=-1)  # like GLUE's test split
+    msg = bad(tmp_path, train, validation=unlabeled_eval)
+    assert "split 'validation'" in msg and "20 rows" in msg and "label -1" in msg and "data.eval_split" in msg
+    msg = bad(tmp_path, train.assign(label=train.label.map({0: "neg", 1: "pos"})))
+    assert "strings" in msg and "'neg'" in msg
+    msg = bad(tmp_path, train.assign(label=train.label + 0.5))
+    assert "not an integer class id" in msg and "row 0" in msg
+
+
+def test_mlm_needs_no_labels(tmp_path, sst2_rows):
+    train = sst2_rows[0].iloc[:20][["sentence"]]
+    write(train, tmp_path / "train.csv", "csv")
+    write(train, tmp_path / "validation.csv", "csv")
+    dsd = resolve_dataset(cfg_with(f"data.path={tmp_path}", "task=mlm"))
+    assert dsd["train"].column_names == ["sentence"]
+
+
+def test_num_labels_from_config_or_inferred(tmp_path, sst2_rows):
+    train = sst2_rows[0].iloc[:30]
+    write(train, tmp_path / "train.parquet", "parquet")
+    write(train, tmp_path / "validation.parquet", "parquet")
+    assert len(label_names(resolve_dataset(cfg_with(f"data.path={tmp_path}")), cfg_with())) == 2
+    assert len(label_names(resolve_dataset(cfg_with(f"data.path={tmp_path}", "data.num_labels=5")), cfg_with())) == 5
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tokenizer
+
+
+def test_tokenizer_round_trips_through_save_pretrained(small, tmp_path):
+    from transformers import AutoTokenizer
+
+    cfg, dsd, tok, _ = small
+    assert tok.pad_token_id == 0 and tok.model_max_length == cfg["data"]["max_length"]
+    assert [tok.pad_token, tok.unk_token, tok.cls_token, tok.sep_token, tok.mask_token] == [
+        "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert len(tok) <= cfg["model"]["vocab_size"]
+    text = "A Gorgeous, Witty film!"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
+    assert tok.decode(ids, skip_special_tokens=True).replace(" ,", ",").replace(" !", "!") == text.lower()
+    tok.save_pretrained(tmp_path / "tok")
+    loaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    sentences = col(dsd["validation"], "sentence")[:20]
+    assert loaded(sentences)["input_ids"] == tok(sentences)["input_ids"]
+    assert loaded.pad_token_id == 0 and loaded.mask_token == "[MASK]" and len(loaded) == len(tok)
+
+
+def test_tokenizer_cache_hit_and_key(small, monkeypatch):
+    import common.data as data
+
+    cfg, dsd, tok, _ = small
+    texts = col(dsd["train"], "sentence")
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the cached tokenizer should have been used")
+
+    monkeypatch.setattr(data, "_train_wordpiece", no_training)
+    again = get_tokenizer(cfg, texts)
+    assert again.get_vocab() == tok.get_vocab()
+    with pytest.raises(AssertionError, match="cached"):  # other text -> another key -> retrain
+        get_tokenizer(cfg, texts[:-1])
+    assert data.tokenizer_cache_key(texts, 400, "sentence") != data.tokenizer_cache_key(texts, 500, "sentence")
+
+
+def test_tokenize_splits_truncates_and_records_lengths(small):
+    cfg, dsd, tok, tokenized = small
+    train = tokenized["train"]
+    assert set(train.column_names) - {"token_type_ids"} == {"input_ids", "attention_mask", "labels", "length"}
+    assert col(train, "labels") == col(dsd["train"], "label")
+    assert all(len(ids) == n for ids, n in zip(col(train, "input_ids"), col(train, "length")))
+    short = tokenize_splits(dsd, tok, load_config(overrides=SMALL + ["data.max_length=8"]))
+    assert max(col(short["train"], "length")) == 8 and short["train"][0]["input_ids"][-1] == tok.sep_token_id
+
+
+# ----------------------------------------------------------------------------------------------------------
+# batching
+
+
+def test_samplers_are_deterministic_and_cover_every_index_once():
+    lengths = np.random.default_rng(0).integers(3, 60, size=1000)
+    for make in (lambda s: LengthGroupedBatchSampler(lengths, 32, seed=s, mega_batch_mult=4),
+                 lambda s: RandomBatchSampler(1000, 32, seed=s)):
+        a, b, c = make(1), make(1), make(2)
+        e0 = list(a)
+        assert e0 == list(b) and e0 != list(c)
+        a.set_epoch(1)
+        e1 = list(a)
+        assert e1 != e0
+        b.set_epoch(1)
+        assert list(b) == e1
+        for epoch in (e0, e1):
+            assert sorted(i for batch in epoch for i in batch) == list(range(1000))
+            assert len(epoch) == len(a) == 32
+            assert [len(x) for x in epoch[:-1]] == [32] * 31 and len(epoch[-1]) == 1000 - 31 * 32  # partial last
+    dropped = LengthGroupedBatchSampler(lengths, 32, seed=0, drop_last=True)
+    assert len(list(dropped)) == len(dropped) == 31 and all(len(x) == 32 for x in dropped)
+
+
+def test_sampler_under_accelerate_sharding_covers_everything_and_follows_set_epoch():
+    from accelerate.data_loader import prepare_data_loader
+
+    lengths = np.random.default_rng(0).integers(3, 60, size=500)
+    epochs = {0: [], 1: []}
+    for rank in range(2):
+        sampler = LengthGroupedBatchSampler(lengths, 16, seed=3, mega_batch_mult=4)
+        loader = DataLoader(list(range(500)), batch_sampler=sampler, collate_fn=lambda x: x)
+        shard = prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False)
+        for epoch in (0, 1):
+            shard.set_epoch(epoch)
+            epochs[epoch] += [i for batch in shard for i in batch]
+            assert sampler.epoch == epoch
+    for seen in epochs.values():
+        assert set(seen) == set(range(500))
+    assert epochs[0] != epochs[1]
+
+
+def test_length_grouping_keeps_sst2_padding_under_5_percent():
+    # Real SST-2 training lengths; GLUE's text is pre-tokenized with spaces, so words + [CLS]/[SEP] track the
+    # WordPiece lengths closely (and avoid tokenizing 67k sentences in a unit test).
+    sentences = pd.read_parquet(MIRROR / "train.parquet", columns=["sentence"]).sentence
+    lengths = np.minimum(sentences.str.split().str.len().to_numpy() + 2, 64)
+    grouped = padded_fraction_of(list(LengthGroupedBatchSampler(lengths, 32, seed=0)), lengths)
+    random = padded_fraction_of(list(RandomBatchSampler(len(lengths), 32, seed=0)), lengths)
+    assert grouped <= 0.05
+    assert random > 0.5
+
+
+def test_pad_fraction():
+    assert pad_fraction(torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])) == pytest.approx(0.25)
+    assert pad_fraction([[1, 1]]) == 0.0
+
+
+def test_build_dataloaders_classification(small):
+    cfg, _, tok, tokenized = small
+    train_loader, eval_loader = build_dataloaders(cfg, tok, tokenized, pad_to_multiple_of=8)
+    batches = list(train_loader)
+    assert sum(len(b["labels"]) for b in batches) == 300
+    for b in batches:
+        assert set(b) - {"token_type_ids"} == {"input_ids", "attention_mask", "labels"}  # no `length`
+        assert b["input_ids"].shape[1] % 8 == 0 and b["input_ids"].shape == b["attention_mask"].shape
+        assert ((b["input_ids"] == tok.pad_token_id) == (b["attention_mask"] == 0)).all()
+    grouped = np.mean([pad_fraction(b["attention_mask"]) for b in batches])
+    eval_lengths = [int(m.sum()) for b in eval_loader for m in b["attention_mask"]]
+    assert eval_lengths == sorted(eval_lengths) and len(eval_lengths) == 60
+    unsorted, _ = build_dataloaders(load_config(overrides=SMALL + ["data.group_by_length=false"]), tok, tokenized)
+    assert isinstance(unsorted.batch_sampler, RandomBatchSampler)
+    assert grouped < np.mean([pad_fraction(b["attention_mask"]) for b in unsorted])
+
+
+def test_build_dataloaders_mlm(small):
+    _, dsd, tok, _ = small
+    cfg = load_config(overrides=SMALL + ["task=mlm"])
+    tokenized = tokenize_splits(dsd.remove_columns("label"), tok, cfg)
+    assert "labels" not in tokenized["train"].column_names
+    torch.manual_seed(0)
+    train_loader, _ = build_dataloaders(cfg, tok, tokenized)
+    b = next(iter(train_loader))
+    masked = b["labels"] != -100
+    assert masked.any() and (b["labels"][~masked] == -100).all()
+    assert not masked[b["attention_mask"] == 0].any()  # padding is never a target
+    assert not masked[:, 0].any()  # nor [CLS]
+    share = masked.sum() / b["attention_mask"].sum()
+    assert 0.03 < share < 0.4  # ~15% of real tokens
