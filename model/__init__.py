@@ -1,0 +1,40 @@
+"""NormLab model package: `from model import NormLabConfig, NormLabModel, ...`.
+
+Importing it registers NormLab with the Auto classes (AutoConfig, AutoModel, AutoModelForSequenceClassification,
+AutoModelForMaskedLM) and marks the classes for `register_for_auto_class`, so `save_pretrained` writes an
+`auto_map` and copies configuration_normlab.py, modeling_normlab.py and norms.py next to the weights: a checkpoint
+then loads with `trust_remote_code=True` where this package is not importable. Files in this package import each
+other only relatively, because that is how they run once copied into a checkpoint.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+from .configuration_normlab import BATCH_STAT_NORMS, NORM_PLACEMENTS, NORM_TYPES, NormLabConfig
+from .modeling_normlab import (
+    NormLabForMaskedLM,
+    NormLabForSequenceClassification,
+    NormLabModel,
+    NormLabPreTrainedModel,
+)
+
+# exist_ok: the package may be imported twice under different names (e.g. in tests or notebooks that reload it).
+AutoConfig.register(NormLabConfig.model_type, NormLabConfig, exist_ok=True)
+AutoModel.register(NormLabConfig, NormLabModel, exist_ok=True)
+AutoModelForSequenceClassification.register(NormLabConfig, NormLabForSequenceClassification, exist_ok=True)
+AutoModelForMaskedLM.register(NormLabConfig, NormLabForMaskedLM, exist_ok=True)
+
+NormLabConfig.register_for_auto_class()
+NormLabModel.register_for_auto_class("AutoModel")
+NormLabForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
+NormLabForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
+
+__all__ = [
+    "NormLabConfig",
+    "NormLabPreTrainedModel",
+    "NormLabModel",
+    "NormLabForSequenceClassification",
+    "NormLabForMaskedLM",
+    "NORM_TYPES",
+    "NORM_PLACEMENTS",
+    "BATCH_STAT_NORMS",
+]

@@ -1,0 +1,524 @@
+"""NormLab: a BERT-shaped Transformer encoder whose normalization layer and its placement come from the config.
+
+Read top to bottom: embeddings -> attention -> feed-forward -> block (the four placements) -> encoder -> the
+Hugging Face `PreTrainedModel` classes and the two heads.
+
+Conventions used everywhere below:
+- B = batch, L = padded sequence length, D = hidden size, H = heads, Dh = D // H, I = intermediate size.
+- Padding is handled once per forward by a `TokenLayout` shared by every module (no per-layer mask work):
+  * packed (the default when a batch has padding): activations are (1, T, D), only the T real tokens. Pad
+    positions are never computed (that is where NormLab's speed over HF BERT on padded batches comes from), and
+    every norm, including the batch-statistics ones, sees real tokens only. Attention alone needs the (B, L)
+    grid: it scatters q, k, v into it, runs SDPA with an additive padding bias, and gathers the real rows back.
+  * padded: activations are (B, L, D), norms get the (B, L) bool mask (True = real). Used when there is no
+    padding, for the naive `batchnorm` (whose whole point is that padding enters its statistics), under
+    torch.compile (packing has data-dependent shapes), and when `NormLabModel.unpad` is set to False.
+  Every norm is called as `norm(x, mask)`; outputs (last_hidden_state, hidden_states) are always (B, L, D).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+
+from .configuration_normlab import NormLabConfig
+from .norms import NORM_REGISTRY, build_norm
+
+# Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
+PLACEMENTS_WITH_FINAL_NORM = ("pre", "sandwich")
+
+
+def deepnorm_alpha(num_layers: int) -> float:
+    """DeepNet residual scale for an N-layer encoder-only model (Wang et al. 2022, Table 1): (2N)^(1/4)."""
+    return (2 * num_layers) ** 0.25
+
+
+def deepnorm_beta(num_layers: int) -> float:
+    """DeepNet init gain of the ffn, value and output projections, encoder-only: (8N)^(-1/4)."""
+    return (8 * num_layers) ** -0.25
+
+
+def padding_to_attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, L) bool padding mask -> (B, 1, 1, L) additive bias for scaled_dot_product_attention.
+
+    A large finite negative (not -inf) keeps a fully padded row finite instead of NaN; exp() of it underflows
+    to exactly 0, so padded keys contribute nothing and real-token outputs do not depend on the padding.
+    """
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    bias = bias.masked_fill(~mask, torch.finfo(dtype).min)
+    return bias[:, None, None, :]  # (B, 1, 1, L): broadcast over heads and queries
+
+
+class TokenLayout:
+    """Where a batch's real tokens are, computed once per forward from the attention mask (see module docstring).
+
+    mask (B, L) bool or None; `packed` chooses the packed layout (ignored without padding).
+    """
+
+    def __init__(self, mask, packed: bool, dtype: torch.dtype):
+        self.mask = mask  # (B, L) bool, or None: no padding
+        self.packed = packed and mask is not None
+        self.attn_bias = None if mask is None else padding_to_attention_bias(mask, dtype)  # (B, 1, 1, L)
+        # Flat indices of the real tokens in the (B*L) grid, (T,). One nonzero() per forward, reused everywhere.
+        self.index = mask.reshape(-1).nonzero().squeeze(1) if self.packed else None
+        self.norm_mask = None if self.packed else mask  # packed rows are all real tokens
+
+    def pack(self, x):
+        """(B, L, C) -> (1, T, C) real tokens in the packed layout; identity in the padded one."""
+        if not self.packed:
+            return x
+        return x.reshape(-1, x.shape[-1]).index_select(0, self.index).unsqueeze(0)
+
+    def unpack(self, x):
+        """(1, T, C) -> (B, L, C) with zeros at pad positions in the packed layout; identity in the padded one."""
+        if not self.packed:
+            return x
+        B, L = self.mask.shape
+        out = x.new_zeros(B * L, x.shape[-1]).index_copy(0, self.index, x[0])
+        return out.view(B, L, x.shape[-1])
+
+
+class NormLabEmbeddings(nn.Module):
+    """word + learned absolute position + token type, optionally normalized (config.embedding_norm), dropout."""
+
+    def __init__(self, config: NormLabConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        # BERT normalizes here; pre-LN models usually don't (their first block normalizes its input anyway).
+        self.norm = build_norm(config) if config.embedding_norm else None
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids, layout: TokenLayout, token_type_ids=None, position_ids=None):
+        B, L = input_ids.shape
+        if L > self.position_embeddings.num_embeddings:
+            raise ValueError(
+                f"sequence length {L} exceeds max_position_embeddings={self.position_embeddings.num_embeddings}; "
+                "truncate the input or build the model with a larger max_position_embeddings"
+            )
+        x = self.word_embeddings(input_ids)  # (B, L, D)
+        # Default positions/types are slices of the tables added by broadcasting: no index tensors to build.
+        if position_ids is None:
+            x = x + self.position_embeddings.weight[:L]  # (L, D) broadcast over B
+        else:
+            x = x + self.position_embeddings(position_ids)
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]  # (D,) type 0 everywhere
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        x = layout.pack(x)  # (B, L, D) or packed (1, T, D)
+        if self.norm is not None:
+            x = self.norm(x, layout.norm_mask)
+        return self.dropout(x)
+
+
+class NormLabAttention(nn.Module):
+    """Multi-head self-attention: one fused qkv projection, optional QK-norm, torch's fused SDPA kernel."""
+
+    def __init__(self, config: NormLabConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        # One (D -> 3D) matmul instead of three: fewer kernel launches and a single weight to read.
+        # Rows are ordered [query; key; value] (the layout convert.py writes).
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+        # QK-norm (Wortsman et al. 2023): LayerNorm over each head's query/key vector bounds the attention logits,
+        # the usual cure for attention-logit growth. Always a LayerNorm (per token, mask-free) by design.
+        if config.qk_norm:
+            self.q_norm = nn.LayerNorm(self.head_dim, eps=config.norm_eps)
+            self.k_norm = nn.LayerNorm(self.head_dim, eps=config.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        if config.norm_placement == "deepnorm":  # DeepNet's beta for the value rows of qkv and for out_proj
+            beta = deepnorm_beta(config.num_hidden_layers)
+            self.qkv.value_init_gain = self.out_proj.init_gain = beta  # read by _init_weights
+        # Stability probe for the training loop: see set_record_logit_max. Off by default (it costs a matmul).
+        self.record_logit_max = False
+        self.last_logit_max = None
+
+    def forward(self, x, layout: TokenLayout):
+        qkv = layout.unpack(self.qkv(x))  # (B, L, 3D): attention needs the (B, L) grid, even when packed
+        B, L, _ = qkv.shape
+        qkv = qkv.view(B, L, 3, self.num_heads, self.head_dim)  # (B, L, 3, H, Dh)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, Dh)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.record_logit_max:
+            self.last_logit_max = self._logit_max(q, k, layout.mask)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=layout.attn_bias, dropout_p=self.dropout_p if self.training else 0.0
+        )  # (B, H, L, Dh); pad keys get weight exactly 0
+        y = y.transpose(1, 2).reshape(B, L, -1)  # (B, L, D): heads side by side again
+        return self.out_proj(layout.pack(y))  # back to x's layout before the projection: pads cost nothing
+
+    @torch.no_grad()
+    def _logit_max(self, q, k, mask):
+        """Largest pre-softmax logit q.k/sqrt(Dh) over heads, real queries and real keys (padding excluded, so the
+        probe, like the outputs, does not depend on how much padding the batch has)."""
+        logits = (q @ k.transpose(-2, -1)) * (self.head_dim**-0.5)  # (B, H, L, L)
+        if mask is not None:
+            pair = mask[:, None, :, None] & mask[:, None, None, :]  # (B, 1, L, L): real query and real key
+            logits = logits.masked_fill(~pair, float("-inf"))
+        return logits.amax().detach()
+
+
+class NormLabFeedForward(nn.Module):
+    """Position-wise MLP: D -> I -> D with the configured activation."""
+
+    def __init__(self, config: NormLabConfig):
+        super().__init__()
+        self.fc_in = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.fc_out = nn.Linear(config.intermediate_size, config.hidden_size)
+        if config.norm_placement == "deepnorm":  # DeepNet's beta applies to both ffn projections
+            self.fc_in.init_gain = self.fc_out.init_gain = deepnorm_beta(config.num_hidden_layers)
+
+    def forward(self, x):
+        return self.fc_out(self.act(self.fc_in(x)))  # (B, L, D)
+
+
+class NormLabBlock(nn.Module):
+    """One encoder layer; `config.norm_placement` decides where its norms sit.
+
+    post      x = norm(x + f(x))                          BERT (Devlin et al. 2019)
+    pre       x = x + f(norm(x))                          GPT-2 / Megatron; the encoder adds a final norm
+    sandwich  x = x + norm_out(f(norm_in(x)))             Peri-LN (Kim et al. 2025); final norm too
+    deepnorm  x = norm(alpha * x + f(x)), alpha=(2N)^1/4  DeepNet (Wang et al. 2022), post-LN that trains deep
+
+    f is attention then feed-forward, each with its own norm(s). Residual dropout is the last op of each branch.
+    """
+
+    def __init__(self, config: NormLabConfig):
+        super().__init__()
+        self.placement = config.norm_placement
+        self.attention = NormLabAttention(config)
+        self.ffn = NormLabFeedForward(config)
+        self.attn_norm = build_norm(config)  # post/deepnorm: after the residual add; pre/sandwich: branch input
+        self.ffn_norm = build_norm(config)
+        if self.placement == "sandwich":
+            self.attn_out_norm = build_norm(config)  # normalizes the branch output before it joins the stream
+            self.ffn_out_norm = build_norm(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.residual_scale = deepnorm_alpha(config.num_hidden_layers) if self.placement == "deepnorm" else 1.0
+
+    def forward(self, x, layout: TokenLayout):  # x (B, L, D) or packed (1, T, D), same shape out
+        drop, mask = self.dropout, layout.norm_mask
+        if self.placement == "pre":
+            x = x + drop(self.attention(self.attn_norm(x, mask), layout))
+            x = x + drop(self.ffn(self.ffn_norm(x, mask)))
+        elif self.placement == "sandwich":
+            x = x + drop(self.attn_out_norm(self.attention(self.attn_norm(x, mask), layout), mask))
+            x = x + drop(self.ffn_out_norm(self.ffn(self.ffn_norm(x, mask)), mask))
+        else:  # post and deepnorm: one code path, deepnorm only up-weights the residual
+            a = self.residual_scale
+            x = self.attn_norm((x if a == 1.0 else x * a) + drop(self.attention(x, layout)), mask)
+            x = self.ffn_norm((x if a == 1.0 else x * a) + drop(self.ffn(x)), mask)
+        return x
+
+
+class NormLabEncoder(nn.Module):
+    """The stack of blocks (+ a final norm for the placements that leave the residual stream unnormalized)."""
+
+    def __init__(self, config: NormLabConfig):
+        super().__init__()
+        self.layers = nn.ModuleList([NormLabBlock(config) for _ in range(config.num_hidden_layers)])
+        self.final_norm = build_norm(config) if config.norm_placement in PLACEMENTS_WITH_FINAL_NORM else None
+
+    def forward(self, x, layout: TokenLayout, output_hidden_states=False):
+        # returns last_hidden_state (B, L, D) and, if asked, (embedding output, block 0, ..., block N-1) as (B, L, D)
+        hidden_states = (layout.unpack(x),) if output_hidden_states else None
+        for layer in self.layers:
+            x = layer(x, layout)
+            if output_hidden_states:
+                hidden_states += (layout.unpack(x),)
+        if self.final_norm is not None:
+            x = self.final_norm(x, layout.norm_mask)
+        return layout.unpack(x), hidden_states
+
+
+def _is_norm_module(module: nn.Module) -> bool:
+    return isinstance(module, tuple(NORM_REGISTRY.values()))
+
+
+class NormLabPreTrainedModel(PreTrainedModel):
+    config_class = NormLabConfig
+    config: NormLabConfig
+    base_model_prefix = "normlab"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["NormLabEmbeddings", "NormLabBlock"]
+
+    # Every Auto class our checkpoints can be loaded with. `register_for_auto_class` alone records only the class
+    # being saved, so a classifier checkpoint could not be opened with AutoModel(trust_remote_code=True).
+    _auto_map = {
+        "AutoConfig": "configuration_normlab.NormLabConfig",
+        "AutoModel": "modeling_normlab.NormLabModel",
+        "AutoModelForSequenceClassification": "modeling_normlab.NormLabForSequenceClassification",
+        "AutoModelForMaskedLM": "modeling_normlab.NormLabForMaskedLM",
+    }
+
+    def _init_weights(self, module):
+        """Linear/Embedding ~ N(0, initializer_range) (padding row zero), norms at identity, DeepNet gains.
+
+        Uses only `transformers.initialization` functions: they skip tensors already loaded from a checkpoint,
+        so from_pretrained initializes only what is missing.
+        """
+        # Everything happens at the leaves (Linear, norms): HF skips modules without parameters of their own.
+        super()._init_weights(module)  # Linear, Embedding, *LayerNorm*/*RMSNorm*-named modules
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            if hasattr(module, "init_gain"):  # DeepNet's beta (ffn and output projections)
+                init.normal_(module.weight, 0.0, std * module.init_gain)
+            if hasattr(module, "value_init_gain"):  # fused qkv under DeepNet: only the value rows get beta
+                w = module.weight
+                if not getattr(w, "_is_hf_initialized", False):  # a slice loses the "loaded" flag: check here
+                    with torch.no_grad():
+                        w[2 * (w.shape[0] // 3) :].normal_(0.0, std * module.value_init_gain)
+        elif _is_norm_module(module):
+            _init_norm(module, self.config)
+
+    def set_record_logit_max(self, flag: bool) -> None:
+        """Make every attention layer store `.last_logit_max` (its largest pre-softmax logit) at each forward."""
+        for m in self.modules():
+            if isinstance(m, NormLabAttention):
+                m.record_logit_max = bool(flag)
+                if not flag:
+                    m.last_logit_max = None
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        if self._auto_class is not None:
+            self.config.auto_map = {**self._auto_map, **(getattr(self.config, "auto_map", None) or {})}
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+
+def _init_norm(module: nn.Module, config: NormLabConfig) -> None:
+    """Reset a norm from norms.py to its identity-like start: scale 1, shift 0, DyT alpha = dyt_alpha_init,
+    running mean 0, running variance / quadratic mean 1, gradient statistic and counters 0."""
+    for name, p in module.named_parameters(recurse=False):
+        if name == "alpha":
+            init.constant_(p, config.dyt_alpha_init)
+        elif name == "bias":
+            init.zeros_(p)
+        else:
+            init.ones_(p)
+    for name, b in module.named_buffers(recurse=False):
+        if name in ("running_var", "running_psi2"):
+            init.ones_(b)
+        else:  # running_mean, ema_gz, num_batches_tracked
+            init.zeros_(b)
+
+
+def _padding_mask(attention_mask):
+    """HF attention_mask (B, L) of 0/1 -> bool padding mask, or None when nothing is padded (fast path)."""
+    if attention_mask is None:
+        return None
+    mask = attention_mask.bool()
+    if torch.compiler.is_compiling():  # a data-dependent branch would break the graph; the mask is exact anyway
+        return mask
+    return None if bool(mask.all()) else mask
+
+
+class NormLabModel(NormLabPreTrainedModel):
+    """The bare encoder: embeddings + blocks. Returns `BaseModelOutput`."""
+
+    def __init__(self, config: NormLabConfig):
+        super().__init__(config)
+        self.embeddings = NormLabEmbeddings(config)
+        self.encoder = NormLabEncoder(config)
+        # Compute only real tokens when a batch has padding (see TokenLayout). A plain attribute, not a config
+        # field: it changes speed, not the function computed (tests check both layouts agree).
+        self.unpad = True
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        if input_ids is None:
+            raise ValueError("NormLabModel.forward needs input_ids (B, L)")
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        mask = _padding_mask(attention_mask)  # (B, L) bool or None
+        packed = (
+            self.unpad
+            and self.config.norm != "batchnorm"  # the naive BN must see the padding: that is its point
+            and not torch.compiler.is_compiling()  # packing has data-dependent shapes
+        )
+        layout = TokenLayout(mask, packed, self.embeddings.word_embeddings.weight.dtype)
+        x = self.embeddings(input_ids, layout, token_type_ids, position_ids)  # (B, L, D) or packed (1, T, D)
+        x, hidden_states = self.encoder(x, layout, output_hidden_states)  # (B, L, D)
+        if not return_dict:
+            return tuple(v for v in (x, hidden_states) if v is not None)
+        return BaseModelOutput(last_hidden_state=x, hidden_states=hidden_states)
+
+
+def _pool(x, attention_mask, pooling):
+    """(B, L, D) -> (B, D): the first token ([CLS]) or the mean over real tokens."""
+    if pooling == "cls":
+        return x[:, 0]
+    if attention_mask is None:
+        return x.mean(dim=1)
+    m = attention_mask.to(x.dtype).unsqueeze(-1)  # (B, L, 1)
+    return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+
+
+def _classification_loss(config, logits, labels):
+    """HF's problem_type logic (as in BertForSequenceClassification): infer it once, then MSE / CE / BCE."""
+    num_labels = config.num_labels
+    if config.problem_type is None:
+        if num_labels == 1:
+            config.problem_type = "regression"
+        elif num_labels > 1 and labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    if config.problem_type == "regression":
+        if num_labels == 1:
+            return MSELoss()(logits.squeeze(), labels.squeeze().to(logits.dtype))
+        return MSELoss()(logits, labels.to(logits.dtype))
+    if config.problem_type == "single_label_classification":
+        return CrossEntropyLoss()(logits.view(-1, num_labels), labels.view(-1))
+    if config.problem_type == "multi_label_classification":
+        return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
+    raise ValueError(
+        f"problem_type={config.problem_type!r} is not valid; choose one of: regression, "
+        "single_label_classification, multi_label_classification"
+    )
+
+
+class NormLabForSequenceClassification(NormLabPreTrainedModel):
+    """Encoder -> pool (CLS or mean over real tokens) -> dropout -> linear.
+
+    No BERT pooler (dense + tanh): it exists in BERT for next-sentence prediction, adds an un-normalized layer
+    between the encoder and the classifier that would blur the comparison of norms, and modern encoders drop it.
+    """
+
+    def __init__(self, config: NormLabConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.normlab = NormLabModel(config)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        labels=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        out = self.normlab(
+            input_ids, attention_mask, token_type_ids, position_ids,
+            output_hidden_states=output_hidden_states, return_dict=True,
+        )
+        pooled = _pool(out.last_hidden_state, attention_mask, self.config.pooling)  # (B, D)
+        logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
+        loss = None if labels is None else _classification_loss(self.config, logits, labels)
+        if not return_dict:
+            rest = tuple(v for v in (logits, out.hidden_states) if v is not None)
+            return ((loss,) + rest) if loss is not None else rest
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+
+
+class NormLabLMHead(nn.Module):
+    """BERT's MLM head: dense -> act -> norm -> decoder tied to the word embeddings, with its own bias.
+
+    The transform's norm is the configured norm (mask-aware), not a fixed LayerNorm: every normalization layer
+    of the model comes from the config, so `norm=none` really is norm-free and BN variants see only real tokens.
+    """
+
+    def __init__(self, config: NormLabConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT2FN[config.hidden_act]
+        self.norm = build_norm(config)
+        # weight tied to the word embeddings (see _tied_weights_keys); the bias is the head's own
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, x, mask=None):  # (B, L, D) -> (B, L, V)
+        return self.decoder(self.norm(self.act(self.dense(x)), mask))
+
+
+class NormLabForMaskedLM(NormLabPreTrainedModel):
+    """Encoder -> MLM head; loss is cross-entropy over positions whose label is not -100."""
+
+    _tied_weights_keys = {"lm_head.decoder.weight": "normlab.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config: NormLabConfig):
+        super().__init__(config)
+        self.normlab = NormLabModel(config)
+        self.lm_head = NormLabLMHead(config)
+        self.post_init()
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        labels=None,
+        output_hidden_states=None,
+        return_dict=None,
+        **kwargs,
+    ):
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        out = self.normlab(
+            input_ids, attention_mask, token_type_ids, position_ids,
+            output_hidden_states=output_hidden_states, return_dict=True,
+        )
+        logits = self.lm_head(out.last_hidden_state, _padding_mask(attention_mask))  # (B, L, V)
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss(ignore_index=-100)(logits.view(-1, logits.size(-1)), labels.view(-1))
+        if not return_dict:
+            rest = tuple(v for v in (logits, out.hidden_states) if v is not None)
+            return ((loss,) + rest) if loss is not None else rest
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+
+
+__all__ = [
+    "NormLabEmbeddings",
+    "NormLabAttention",
+    "NormLabFeedForward",
+    "NormLabBlock",
+    "NormLabEncoder",
+    "NormLabPreTrainedModel",
+    "NormLabModel",
+    "NormLabForSequenceClassification",
+    "NormLabForMaskedLM",
+    "deepnorm_alpha",
+    "deepnorm_beta",
+]

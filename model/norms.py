@@ -1,0 +1,616 @@
+"""Every normalization layer NormLab can put in a block, behind one interface and one registry.
+
+All norms take `forward(x, mask=None)` with x (B, L, D) (any (*, D) works) and mask (B, L) where 1/True marks a
+real token. Norms that compute statistics per token (LayerNorm, RMSNorm) or none at all (DyT, identity) ignore the
+mask: a token's output depends on that token only, so padding can never leak in. The batch-statistics family
+(`BatchStatNorm`: batchnorm, masked_batchnorm, powernorm) must be told which positions are real; the naive
+`batchnorm` deliberately is not, to measure the harm of padding leaking into the statistics.
+
+`build_norm(config, dim)` builds the norm named by `config.norm`; `NORM_REGISTRY` maps each name of
+`NORM_TYPES` to its class.
+"""
+
+import math
+import os
+import warnings
+from numbers import Integral
+
+import torch
+import torch.nn as nn
+
+from .configuration_normlab import NORM_TYPES
+
+
+def _real_token_mask(x, mask):
+    """mask (B, L) of 1/True for real tokens -> bool (B*L,) aligned with x.reshape(-1, D); None = all real."""
+    if mask is None:
+        return torch.ones(x.shape[:-1].numel(), dtype=torch.bool, device=x.device)
+    if mask.shape != x.shape[:-1]:
+        raise ValueError(f"mask shape {tuple(mask.shape)} does not match x shape {tuple(x.shape)} without its last dim")
+    return mask.reshape(-1).to(device=x.device, dtype=torch.bool)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LayerNorm, torch's and ours
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class LayerNorm(nn.LayerNorm):
+    """torch.nn.LayerNorm that accepts (and ignores) the padding mask: its statistics are per token."""
+
+    def forward(self, x, mask=None):
+        return super().forward(x)
+
+
+def _ln_forward_math(x, weight, bias, eps: float):
+    """x (N, M) -> y (N, M), mean (N, 1), rstd (N, 1). Biased variance, eps inside the square root."""
+    mean = x.mean(dim=-1, keepdim=True)  # (N, 1)
+    xc = x - mean
+    var = (xc * xc).mean(dim=-1, keepdim=True)  # biased: divide by M, as torch.nn.LayerNorm does
+    rstd = torch.rsqrt(var + eps)  # (N, 1)
+    y = xc * rstd
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y, mean, rstd
+
+
+def _sum_rows(t):
+    """(..., M) -> (M,), summing the innermost row dim first: with rows as (G, K, M) blocks each partial sum reads
+    K consecutive rows (cache-friendly) instead of striding down all N rows."""
+    while t.dim() > 1:
+        t = t.sum(dim=-2)
+    return t
+
+
+def _ln_backward_math(dy, x, mean, rstd, weight, need_dw: bool = True, need_db: bool = True):
+    """The hand-derived LayerNorm backward (see CustomLayerNorm's docstring). dy, x (..., M); mean, rstd (..., 1)."""
+    xhat = (x - mean) * rstd  # recomputed: cheaper than keeping a second (N, M) tensor alive
+    g = dy * weight if weight is not None else dy
+    dx = rstd * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
+    dw = _sum_rows(dy * xhat) if need_dw else None
+    db = _sum_rows(dy) if need_db else None
+    return dx, dw, db
+
+
+# The faster path: the same two functions compiled by Inductor into one fused C++ (CPU) or Triton (CUDA) kernel
+# each, instead of ~10 separate eager kernels. torch._inductor.standalone_compile on a symbolically traced graph
+# gives a callable without torch.compile's per-call dynamo/guard machinery (~100 us per call on the project's
+# CPU, as much as the whole LayerNorm) -- and without its guards, so this code does their job:
+#   - one artifact per (forward/backward, device, dtype, eps, serial/parallel); every size symbolic (one compile serves every
+#     batch shape and hidden size), traced on example sizes that are all distinct and > 1, since symbolic tracing
+#     gives equal example sizes the same symbol;
+#   - inputs are made contiguous (the traced strides), and degenerate shapes (< 2 rows or < 2 normalized
+#     elements) take the reference math;
+#   - any failure, at compile or at call, warns once and switches the process to the reference path.
+# The functions always get a weight and a bias (ones/zeros when the module has none) and always return every
+# gradient, so one artifact serves every module. The CUDA path is untested (no GPU was available).
+_COMPILED = {"broken": None}
+_EXAMPLE_G, _EXAMPLE_K, _EXAMPLE_M = 33, 31, 128  # size hints for the tracer: distinct, realistic
+
+
+def _compile_kernel(kind, device, dtype, eps, parallel):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def example(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    g, k, m = _EXAMPLE_G, _EXAMPLE_K, _EXAMPLE_M
+    if kind == "fwd":
+        fn = lambda x, w, b: _ln_forward_math(x, w, b, eps)  # noqa: E731 - eps is baked into the kernel
+        inputs = [example(g * k, m), example(m), example(m)]
+    else:  # backward on (G, K, M) row blocks, see _sum_rows
+        fn = lambda dy, x, mean, rstd, w: _ln_backward_math(dy, x, mean, rstd, w)  # noqa: E731 - all gradients
+        inputs = [example(g, k, m), example(g, k, m), example(g, k, 1), example(g, k, 1), example(m)]
+    graph = make_fx(fn, tracing_mode="symbolic")(*inputs)
+    # CPU kernels are serial unless asked: an OpenMP region for every small LayerNorm leaves worker threads
+    # spinning against the rest of the step (measured: gradcheck 50x slower on 2 busy cores).
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch({} if parallel or device.type != "cpu" else {"cpp.threads": 1}):
+        return torch._inductor.standalone_compile(graph, inputs, dynamic_shapes="from_graph")
+
+
+def _call_compiled(kind, eps, *args):
+    """Run the compiled kernel; None if the compiled path is (or just became) unavailable."""
+    if _COMPILED["broken"] is not None:
+        return None
+    x = args[0]
+    # Like torch's own CPU kernels, go parallel only for large inputs (at::internal::GRAIN_SIZE = 32768).
+    parallel = x.device.type == "cpu" and torch.get_num_threads() > 1 and x.numel() >= 32768
+    key = (kind, x.device.type, x.device.index, x.dtype, eps if kind == "fwd" else None, parallel)
+    try:
+        if key not in _COMPILED:
+            _COMPILED[key] = _compile_kernel(kind, x.device, x.dtype, eps, parallel)
+        return _COMPILED[key](*[a.contiguous() for a in args])  # no grad mode here: autograd.Function internals
+    except Exception as err:  # noqa: BLE001 - any compiler failure must not break training
+        _COMPILED["broken"] = repr(err)
+        warnings.warn(f"CustomLayerNorm: the compiled path failed ({err!r}); using the reference path")
+        return None
+
+
+def _compilable(x):  # x (N, M)
+    return x.shape[0] >= 2 and x.shape[1] >= 2
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    """LayerNorm over the last dim of a 2-D view, with the hand-derived backward. Saves x, mean and rstd only."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, impl, block):  # x (N, M); weight, bias (M,) or None; block divides N
+        out = None
+        if impl == "compiled" and _compilable(x):
+            w = weight if weight is not None else torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+            b = bias if bias is not None else torch.zeros(x.shape[-1], dtype=x.dtype, device=x.device)
+            out = _call_compiled("fwd", eps, x, w, b)
+        y, mean, rstd = out if out is not None else _ln_forward_math(x, weight, bias, eps)
+        ctx.save_for_backward(x, mean, rstd, weight)
+        ctx.impl, ctx.block, ctx.has_bias = impl, block, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, mean, rstd, weight = ctx.saved_tensors
+        out = None
+        if ctx.impl == "compiled" and _compilable(x):
+            (n, m), k = x.shape, ctx.block
+            w = weight if weight is not None else torch.ones(m, dtype=x.dtype, device=x.device)
+            blocks = (n // k, k)  # rows as (G, K) blocks, K = the sequence length for (B, L, D) inputs
+            out = _call_compiled("bwd", None, dy.reshape(*blocks, m), x.reshape(*blocks, m),
+                                 mean.reshape(*blocks, 1), rstd.reshape(*blocks, 1), w)
+            if out is not None:
+                out = (out[0].reshape(n, m), out[1], out[2])
+        if out is None:
+            need_dw = weight is not None and ctx.needs_input_grad[1]
+            need_db = ctx.has_bias and ctx.needs_input_grad[2]
+            out = _ln_backward_math(dy, x, mean, rstd, weight, need_dw, need_db)
+        dx, dw, db = out
+        return dx, (dw if weight is not None else None), (db if ctx.has_bias else None), None, None, None
+
+
+LAYERNORM_IMPLS = ("auto", "reference", "compiled")
+# Below this many elements the compiled kernels' launch/guard overhead is not worth it (and tests stay fast:
+# small model tests never trigger a compile).
+_AUTO_COMPILE_MIN_NUMEL = 1 << 16
+
+
+class CustomLayerNorm(nn.Module):
+    r"""The project's hand-written LayerNorm: same constructor, parameters and results as torch.nn.LayerNorm.
+
+    y = (x - mean) / sqrt(var + eps) * weight + bias, statistics over the last len(normalized_shape) dims,
+    `var` the *biased* variance (divide by M, the number of normalized elements), eps *inside* the square root.
+
+    Why not the often-copied `(x - x.mean(-1)) / (x.std(-1) + eps)`? Two differences, both real:
+      1. `torch.std` is *unbiased* (divides by M - 1), so the output is scaled by sqrt((M-1)/M) relative to
+         LayerNorm, a systematic bias of 1/(2M) relative (0.4% at M=128) that pretrained weights do not expect.
+      2. eps added to the std instead of the variance changes what eps does: with eps inside the sqrt, a
+         low-variance row (std ~ sqrt(eps)) is damped smoothly; with eps outside, the result is
+         (x - mean) / (std + eps). For std = 1e-3, eps = 1e-5 the two give xhat / sqrt(1 + 10) vs xhat / 1.01:
+         more than 3x apart. Rows of (near-)constant activations, e.g. an embedding dimension that barely
+         varies or a dead feature, are exactly where this happens (tests/test_norms.py shows the gap).
+
+    Backward (hand-derived; saves only x, mean and rstd = 1/sqrt(var + eps) per row). With xhat = (x - mean)*rstd,
+    y = weight * xhat + bias and g = dy * weight, over the M normalized elements of one row:
+        d xhat_i / d x_j = rstd * (delta_ij - 1/M - xhat_i xhat_j / M)
+    (the -1/M from the mean, the -xhat_i xhat_j / M from d rstd/d x_j = -rstd^2 xhat_j / M), so
+        dx = sum_i g_i d xhat_i / d x = rstd * (g - mean(g) - xhat * mean(g * xhat)),
+        dweight = sum over rows of dy * xhat,   dbias = sum over rows of dy.
+    xhat is recomputed from the saved x, mean and rstd instead of being saved (one (N, M) tensor less).
+
+    Implementation paths (`impl`, default from env `NORMLAB_LN_IMPL`, else "auto"):
+      - "reference": the autograd.Function above in eager PyTorch ops.
+      - "compiled": the same forward and backward math compiled by Inductor (standalone_compile; one kernel per
+        direction, every size symbolic so padded batches of any shape reuse it).
+      - "auto": "compiled" for inputs of at least 2**16 elements on CPU/CUDA (small inputs never trigger a
+        compile), else "reference"; inside an outer torch.compile always "reference" (the outer compiler
+        fuses it anyway).
+    A compile failure warns once and falls back to "reference" for the rest of the process.
+    The CUDA path is untested here (this project's machines had no GPU when it was written).
+    """
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None,
+                 *, impl=None):
+        super().__init__()
+        if isinstance(normalized_shape, Integral):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(int(s) for s in normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        impl = impl if impl is not None else os.environ.get("NORMLAB_LN_IMPL", "auto")
+        if impl not in LAYERNORM_IMPLS:
+            raise ValueError(f"CustomLayerNorm impl={impl!r} is not valid; choose one of: {', '.join(LAYERNORM_IMPLS)}")
+        self.impl = impl
+        factory = {"device": device, "dtype": dtype}
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(self.normalized_shape, **factory))
+            if bias:
+                self.bias = nn.Parameter(torch.zeros(self.normalized_shape, **factory))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, impl={self.impl}"
+
+    def _resolve_impl(self, x):
+        if torch.compiler.is_compiling():  # inside an outer torch.compile: it fuses the reference math itself
+            return "reference"
+        if self.impl != "auto":
+            return self.impl
+        if _COMPILED["broken"] is not None:
+            return "reference"
+        if x.device.type in ("cpu", "cuda") and x.numel() >= _AUTO_COMPILE_MIN_NUMEL:
+            return "compiled"
+        return "reference"
+
+    def forward(self, x, mask=None):
+        nd = len(self.normalized_shape)
+        if tuple(x.shape[x.dim() - nd:]) != self.normalized_shape:
+            raise ValueError(f"CustomLayerNorm expects input (*, {self.normalized_shape}), got {tuple(x.shape)}")
+        impl = self._resolve_impl(x)
+        m = math.prod(self.normalized_shape)
+        x2d = x.reshape(-1, m)  # (N, M): every normalized group is one row
+        w = self.weight.reshape(m) if self.weight is not None else None
+        b = self.bias.reshape(m) if self.bias is not None else None
+        dtype = _compute_dtype(x)
+        if dtype != x.dtype:  # half-precision inputs are normalized in float32, like torch's under autocast
+            x2d = x2d.to(dtype)
+            w, b = (t.to(dtype) if t is not None else None for t in (w, b))
+        block = x.shape[-nd - 1] if x.dim() > nd else 1  # rows come in blocks of L for (B, L, D) inputs
+        y = _LayerNormFunction.apply(x2d, w, b, self.eps, impl, block)
+        return y.reshape(x.shape).to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-token norms without mean subtraction, and no norm
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.RMSNorm):
+    """torch.nn.RMSNorm (x / sqrt(mean(x^2) + eps) * weight) accepting (and ignoring) the padding mask."""
+
+    def forward(self, x, mask=None):
+        return super().forward(x)
+
+
+class DyT(nn.Module):
+    """Dynamic Tanh (Zhu et al., 2025, "Transformers without Normalization"): weight * tanh(alpha * x) + bias.
+
+    No statistics at all; a learnable scalar alpha sets how early tanh squashes outliers.
+    """
+
+    def __init__(self, dim, alpha_init=0.5):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x, mask=None):
+        return self.weight * torch.tanh(self.alpha * x) + self.bias
+
+
+class Identity(nn.Module):
+    """No normalization: the ablation."""
+
+    def forward(self, x, mask=None):
+        return x
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The batch-statistics family
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _dist_world_size():
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
+
+
+def _all_reduce_sum(t, sync=True):
+    """Sum over processes, differentiably (the backward all-reduces the gradients, as SyncBatchNorm does).
+
+    Only training forwards sync (`sync`): every process runs them in lockstep, while eval loops may not.
+    """
+    if sync and _dist_world_size() > 1:
+        from torch.distributed.nn.functional import all_reduce
+
+        return all_reduce(t)
+    return t
+
+
+def _compute_dtype(x):
+    """Statistics in float32 at least: half-precision sums of squares over thousands of tokens are too coarse."""
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def _log_ratio_rms(var_b, var_r, eps):
+    return torch.sqrt(torch.mean((torch.log(var_b + eps) - torch.log(var_r + eps)) ** 2))
+
+
+class BatchStatNorm(nn.Module):
+    r"""Base of the norms whose statistics come from the batch: batchnorm, masked_batchnorm, powernorm.
+
+    Training normalizes with the current batch's statistics and updates running statistics (momentum
+    `momentum`, torch's convention: running = (1 - momentum) * running + momentum * batch); eval normalizes with
+    the running statistics, unless `use_batch_stats_in_eval` is True (then with the current batch's, to measure
+    the train/eval gap; running statistics are not touched).
+
+    `last_stat_drift` (detached 0-dim tensor, updated at every training forward, *before* the running statistics
+    absorb the batch) measures how far this batch's statistics are from the running statistics that eval would
+    use, in scale-free units (invariant to rescaling any feature):
+        drift = sqrt(mean_d (mu_b - mu_r)^2 / (var_r + eps)) + sqrt(mean_d (log(var_b + eps) - log(var_r + eps))^2)
+    i.e. the RMS over features of the mean shift in running standard deviations, plus the RMS log-ratio of the
+    variances. PowerNorm has no mean: only the second term, with psi^2 (quadratic mean) in place of var.
+
+    A training forward needs at least 2 real tokens (a variance of one value is 0 and its normalization is
+    undefined) and raises ValueError otherwise.
+    """
+
+    name = "batch_stat_norm"  # the registry name, for error messages
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1):
+        super().__init__()
+        self.num_features = num_features
+        self.eps = eps
+        self.momentum = momentum
+        self.use_batch_stats_in_eval = False
+        self.weight = nn.Parameter(torch.ones(num_features))
+        self.bias = nn.Parameter(torch.zeros(num_features))
+        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+        # A non-persistent buffer (not a plain attribute) so it follows .to(device) and is materialised by
+        # from_pretrained instead of being left on the meta device; not saved in checkpoints.
+        self.register_buffer("last_stat_drift", torch.zeros(()), persistent=False)
+
+    def extra_repr(self):
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+    def _check_count(self, count):
+        if count < 2:
+            raise ValueError(
+                f"{self.name} needs at least 2 real tokens to compute batch statistics (in training, or in eval with "
+                f"use_batch_stats_in_eval), got {int(count)}; use a larger batch or a per-token norm"
+            )
+
+    def _uses_batch_stats(self):
+        return self.training or self.use_batch_stats_in_eval
+
+
+class _MeanVarBatchNorm(BatchStatNorm):
+    """Mean/variance BatchNorm over the real positions of x (*, D); subclasses choose which positions are real."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1):
+        super().__init__(num_features, eps, momentum)
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+
+    def _real(self, x, mask):
+        raise NotImplementedError
+
+    def forward(self, x, mask=None):
+        shape = x.shape
+        x2d = x.reshape(-1, self.num_features).to(_compute_dtype(x))  # (N, D)
+        if self._uses_batch_stats():
+            real = self._real(x, mask)  # (N,) bool
+            mean, var, count = self._batch_stats(x2d, real)
+            self._check_count(count)
+            if self.training:
+                self._update_running(mean.detach(), var.detach(), count)
+        else:
+            mean, var = self.running_mean, self.running_var
+        y = (x2d - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+        return y.reshape(shape).to(x.dtype)
+
+    def _batch_stats(self, x2d, real):
+        """Mean and biased variance over the real rows, summed over processes when distributed.
+
+        Two passes (sum -> mean, then sum of squared deviations) rather than E[x^2] - E[x]^2, which loses all
+        precision in float32 when |mean| >> std; in distributed training that costs a second tiny all-reduce.
+        """
+        m = real.to(x2d.dtype).unsqueeze(-1)  # (N, 1)
+        xr = torch.where(real.unsqueeze(-1), x2d, torch.zeros((), dtype=x2d.dtype, device=x2d.device))
+        stats = torch.cat([xr.sum(dim=0), m.sum(dim=0)])  # (D + 1,): per-feature sums, real-token count
+        stats = _all_reduce_sum(stats, sync=self.training)
+        count = stats[-1]
+        mean = stats[:-1] / count.clamp(min=1)
+        sq = (((xr - mean) * m) ** 2).sum(dim=0)  # (D,)
+        var = _all_reduce_sum(sq, sync=self.training) / count.clamp(min=1)
+        return mean, var, count.item()
+
+    @torch.no_grad()
+    def _update_running(self, mean, var, count):
+        drift = torch.sqrt(torch.mean((mean - self.running_mean) ** 2 / (self.running_var + self.eps)))
+        drift = drift + _log_ratio_rms(var, self.running_var, self.eps)
+        self.last_stat_drift = drift.detach()
+        unbiased = var * (count / (count - 1))  # torch's BatchNorm stores the unbiased running variance
+        self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum)
+        self.running_var.lerp_(unbiased.to(self.running_var.dtype), self.momentum)
+        self.num_batches_tracked += 1
+
+
+class NaiveBatchNorm(_MeanVarBatchNorm):
+    """BatchNorm over every position of the padded (B, L, D) tensor, padding included: the cautionary variant.
+
+    Pad positions enter the mean and variance, so a sequence's outputs depend on how much padding its batch has.
+    Kept to measure that harm. Never synchronized across processes (like torch.nn.BatchNorm1d).
+    """
+
+    name = "batchnorm"
+
+    def _real(self, x, mask):
+        return torch.ones(x.shape[:-1].numel(), dtype=torch.bool, device=x.device)
+
+    def _batch_stats(self, x2d, real):
+        var, mean = torch.var_mean(x2d, dim=0, correction=0)
+        return mean, var, x2d.shape[0]
+
+
+class MaskedBatchNorm(_MeanVarBatchNorm):
+    """BatchNorm with statistics over real tokens only (from the attention mask); per-feature affine.
+
+    In training with torch.distributed initialized (world size > 1), the masked per-feature sums, the sums of
+    squared deviations and the real-token counts are all-reduced with the autograd-aware
+    torch.distributed.nn.functional.all_reduce, so the statistics (and their gradients) are those of the global
+    batch, as with SyncBatchNorm: neither padding nor the number of processes changes the result.
+    """
+
+    name = "masked_batchnorm"
+
+    def _real(self, x, mask):
+        return _real_token_mask(x, mask)
+
+
+class _PowerFunction(torch.autograd.Function):
+    """PowerNorm's forward and approximate backward (Shen et al. 2020, Alg. 1; the authors' PowerFunction).
+
+    Forward: z = x / sqrt(psi2 + eps), psi2 the batch's quadratic mean (warmup) or the running one (after);
+    y = weight * z + bias. Backward: the gradient is taken *through z as if psi2 were a constant*, with the
+    (running) correction term  g~ = g - (1 - alpha_bkw) * ema_gz * z,  dx = g~ / sqrt(psi2_batch + eps), and
+    ema_gz += mean over real tokens of (g~ * z). Statistics are over real tokens only.
+    """
+
+    @staticmethod
+    def forward(ctx, x2d, real, weight, bias, psi2_used, psi2_batch, ema_gz, alpha_bkw, eps):
+        z = x2d * torch.rsqrt(psi2_used + eps)  # (N, D)
+        ctx.save_for_backward(z, real, weight, psi2_batch, ema_gz)
+        ctx.alpha_bkw, ctx.eps = alpha_bkw, eps
+        return z * weight + bias
+
+    @staticmethod
+    def backward(ctx, dy):
+        z, real, weight, psi2_batch, ema_gz = ctx.saved_tensors
+        g = dy * weight  # (N, D)
+        approx_g = g - (1 - ctx.alpha_bkw) * ema_gz * z
+        m = real.to(z.dtype).unsqueeze(-1)
+        count = _all_reduce_sum(m.sum())  # plain tensors here: no autograd inside backward
+        gz = _all_reduce_sum((approx_g * z * m).sum(dim=0)) / count
+        ema_gz.add_(gz)  # the authors' running gradient statistic: accumulated, scaled by (1 - alpha_bkw) in use
+        dx = approx_g * torch.rsqrt(psi2_batch + ctx.eps)
+        dw = (dy * z).sum(dim=0)
+        db = dy.sum(dim=0)
+        return dx, None, dw, db, None, None, None, None, None
+
+
+class PowerNorm(BatchStatNorm):
+    r"""PowerNorm (Shen et al., ICML 2020, "PowerNorm: Rethinking Batch Normalization in Transformers", Alg. 1),
+    masked: statistics over real tokens only.
+
+    Follows the authors' implementation, MaskPowerNorm in github.com/sIncerass/powernorm
+    (fairseq/modules/norms/mask_powernorm.py):
+      - `group_scaling` (default True, as there with group_num=1): each token is first divided by its own RMS over
+        features, x / sqrt(mean_d x^2 + eps) (their GroupScaling1D).
+      - No mean subtraction: the statistic is the quadratic mean psi^2 = mean over real tokens of x^2, per feature.
+      - Forward: step t (1-based, counted in `iters`) normalizes with the batch psi^2 while t <= warmup_steps,
+        with the running psi^2 afterwards. Running psi^2: during warmup (t < warmup_steps) first a cumulative
+        average, running = running * (t-1)/t + psi2_b / t, then always running = a_f * running + (1 - a_f) * psi2_b.
+      - Backward (`_PowerFunction`): psi^2 is treated as a constant and the missing term of the exact gradient
+        is approximated with a running statistic of mean(g * z) (`ema_gz`, weighted by 1 - alpha_bkw), so the
+        gradient does not depend on the other tokens of the batch; dx is scaled by the batch psi^2 as in the
+        authors' code.
+    Differences from the authors' code: the gradient statistic is averaged over real tokens only (theirs
+    averages over pad positions too), and across processes when distributed.
+    Eval: running psi^2 (or the batch's when `use_batch_stats_in_eval`).
+    """
+
+    name = "powernorm"
+
+    def __init__(self, num_features, eps=1e-5, alpha_fwd=0.9, alpha_bkw=0.9, warmup_steps=1000, group_scaling=True):
+        super().__init__(num_features, eps, momentum=1 - alpha_fwd)
+        self.alpha_fwd = alpha_fwd
+        self.alpha_bkw = alpha_bkw
+        self.warmup_steps = warmup_steps
+        self.group_scaling = group_scaling
+        self.register_buffer("running_psi2", torch.ones(num_features))
+        self.register_buffer("ema_gz", torch.zeros(num_features))
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, alpha_fwd={self.alpha_fwd}, alpha_bkw={self.alpha_bkw}, "
+                f"warmup_steps={self.warmup_steps}, group_scaling={self.group_scaling}")
+
+    def forward(self, x, mask=None):
+        shape = x.shape
+        x2d = x.reshape(-1, self.num_features).to(_compute_dtype(x))  # (N, D)
+        if self.group_scaling:
+            x2d = x2d * torch.rsqrt(x2d.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        if not self._uses_batch_stats():
+            y = x2d * torch.rsqrt(self.running_psi2 + self.eps) * self.weight + self.bias
+            return y.reshape(shape).to(x.dtype)
+        real = _real_token_mask(x, mask)
+        with torch.no_grad():  # psi^2 is a constant for autograd: PowerNorm's backward handles it
+            xr = torch.where(real.unsqueeze(-1), x2d, torch.zeros((), dtype=x2d.dtype, device=x2d.device))
+            stats = torch.cat([xr.pow(2).sum(dim=0), real.sum().to(x2d.dtype).reshape(1)])  # (D + 1,)
+            stats = _all_reduce_sum(stats, sync=self.training)
+            count = stats[-1].item()
+            self._check_count(count)
+            psi2_b = stats[:-1] / count
+        if not self.training:
+            y = x2d * torch.rsqrt(psi2_b + self.eps) * self.weight + self.bias
+            return y.reshape(shape).to(x.dtype)
+        self.num_batches_tracked += 1
+        t = int(self.num_batches_tracked)
+        psi2_used = psi2_b if t <= self.warmup_steps else self.running_psi2.to(x2d.dtype, copy=True)
+        y = _PowerFunction.apply(x2d, real, self.weight, self.bias, psi2_used, psi2_b, self.ema_gz,
+                                 self.alpha_bkw, self.eps)
+        with torch.no_grad():
+            self.last_stat_drift = _log_ratio_rms(psi2_b, self.running_psi2, self.eps)
+            if t < self.warmup_steps:
+                self.running_psi2.mul_((t - 1) / t).add_(psi2_b / t)
+            self.running_psi2.lerp_(psi2_b, 1 - self.alpha_fwd)
+        return y.reshape(shape).to(x.dtype)
+
+
+def set_batch_stats_in_eval(module: nn.Module, flag: bool) -> int:
+    """Set `use_batch_stats_in_eval` on every BatchStatNorm in a module tree; returns how many were set."""
+    n = 0
+    for m in module.modules():
+        if isinstance(m, BatchStatNorm):
+            m.use_batch_stats_in_eval = bool(flag)
+            n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------------------------------------------
+
+NORM_REGISTRY = {
+    "layernorm": LayerNorm,
+    "custom_layernorm": CustomLayerNorm,
+    "rmsnorm": RMSNorm,
+    "batchnorm": NaiveBatchNorm,
+    "masked_batchnorm": MaskedBatchNorm,
+    "powernorm": PowerNorm,
+    "dyt": DyT,
+    "none": Identity,
+}
+assert tuple(NORM_REGISTRY) == NORM_TYPES, "NORM_REGISTRY must register exactly NORM_TYPES"
+
+
+def build_norm(config, dim=None) -> nn.Module:
+    """The norm named by config.norm over the last dim `dim` (default config.hidden_size)."""
+    name = config.norm
+    dim = config.hidden_size if dim is None else dim
+    eps = config.norm_eps
+    if name in ("layernorm", "custom_layernorm"):
+        return NORM_REGISTRY[name](dim, eps=eps)
+    if name == "rmsnorm":
+        return RMSNorm(dim, eps=eps)
+    if name in ("batchnorm", "masked_batchnorm"):
+        return NORM_REGISTRY[name](dim, eps=eps, momentum=config.bn_momentum)
+    if name == "powernorm":
+        return PowerNorm(dim, eps=eps, alpha_fwd=config.powernorm_alpha_fwd, alpha_bkw=config.powernorm_alpha_bkw,
+                         warmup_steps=config.powernorm_warmup_steps)
+    if name == "dyt":
+        return DyT(dim, alpha_init=config.dyt_alpha_init)
+    if name == "none":
+        return Identity()
+    raise ValueError(f"norm={name!r} is not valid; choose one of: {', '.join(NORM_TYPES)}")
+
+
+__all__ = [
+    "NORM_REGISTRY", "build_norm", "BatchStatNorm", "set_batch_stats_in_eval", "CustomLayerNorm", "LayerNorm",
+    "RMSNorm", "NaiveBatchNorm", "MaskedBatchNorm", "PowerNorm", "DyT", "Identity", "LAYERNORM_IMPLS",
+]

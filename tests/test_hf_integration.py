@@ -1,0 +1,215 @@
+"""NormLab as a Hugging Face citizen: save/load round trips, Auto classes, remote code, pipelines. All offline."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: nothing here needs the Hub
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedTokenizerFast,
+    pipeline,
+)
+
+from model import NormLabConfig, NormLabForMaskedLM, NormLabForSequenceClassification, NormLabModel
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread is fastest, and on a shared machine a second thread mostly waits for the first."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0 = NormLabConfig.pad_token_id
+CORPUS = ["the cat sat on the mat", "a dog is a good dog", "the movie was great fun",
+          "a terrible and boring film", "what a wonderful day", "the plot made no sense"]
+
+
+def tiny_tokenizer():
+    """A WordPiece tokenizer trained on a few sentences, BERT-style ([CLS] ... [SEP], lowercasing)."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=80, special_tokens=SPECIALS))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]")
+    assert fast.pad_token_id == 0
+    return fast
+
+
+def tiny_config(tokenizer, **overrides):
+    kw = dict(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=32, num_labels=2, id2label={0: "negative", 1: "positive"},
+        label2id={"negative": 0, "positive": 1}, pad_token_id=tokenizer.pad_token_id,
+    )
+    kw.update(overrides)
+    return NormLabConfig(**kw)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Trained-looking checkpoints (classifier with masked BatchNorm running statistics, and an MLM) + tokenizer."""
+    root = tmp_path_factory.mktemp("ckpt")
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    clf = NormLabForSequenceClassification(tiny_config(tokenizer, norm="masked_batchnorm", norm_placement="pre"))
+    batch = tokenizer(CORPUS, padding=True, return_tensors="pt")
+    clf.train()
+    for _ in range(3):  # move the running statistics away from their (0, 1) start so saving them matters
+        clf(**batch)
+    clf.eval()
+    mlm = NormLabForMaskedLM(tiny_config(tokenizer, norm="layernorm", norm_placement="post")).eval()
+    paths = {"clf_dir": root / "clf", "mlm_dir": root / "mlm"}
+    for name, model in (("clf", clf), ("mlm", mlm)):
+        model.save_pretrained(paths[f"{name}_dir"])
+        tokenizer.save_pretrained(paths[f"{name}_dir"])
+    return dict(root=root, tokenizer=tokenizer, clf=clf, mlm=mlm, batch=batch, **paths)
+
+
+def test_checkpoint_files_and_auto_map(saved):
+    files = set(os.listdir(saved["clf_dir"]))
+    assert {"config.json", "model.safetensors", "configuration_normlab.py", "modeling_normlab.py",
+            "norms.py", "tokenizer.json"} <= files
+    config = json.loads((saved["clf_dir"] / "config.json").read_text())
+    assert config["model_type"] == "normlab"
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_normlab.NormLabConfig",
+        "AutoModel": "modeling_normlab.NormLabModel",
+        "AutoModelForSequenceClassification": "modeling_normlab.NormLabForSequenceClassification",
+        "AutoModelForMaskedLM": "modeling_normlab.NormLabForMaskedLM",
+    }
+    # the copied code imports its siblings relatively, nothing from the project
+    for name in ("configuration_normlab.py", "modeling_normlab.py", "norms.py"):
+        code = (saved["clf_dir"] / name).read_text()
+        assert "from model" not in code and "import common" not in code and "from common" not in code
+
+
+def test_save_load_round_trip_classifier(saved):
+    loaded = NormLabForSequenceClassification.from_pretrained(saved["clf_dir"]).eval()
+    assert not loaded.training
+    for (name, a), b in zip(saved["clf"].state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**saved["batch"]).logits, saved["clf"](**saved["batch"]).logits,
+                                   atol=0, rtol=0)
+    assert loaded.config.embedding_norm is False and loaded.config.norm == "masked_batchnorm"
+
+
+def test_save_load_round_trip_masked_lm_keeps_weights_tied(saved):
+    loaded = NormLabForMaskedLM.from_pretrained(saved["mlm_dir"]).eval()
+    assert loaded.lm_head.decoder.weight is loaded.normlab.embeddings.word_embeddings.weight
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**saved["batch"]).logits, saved["mlm"](**saved["batch"]).logits,
+                                   atol=0, rtol=0)
+
+
+def test_auto_classes(saved):
+    config = AutoConfig.from_pretrained(saved["clf_dir"])
+    assert isinstance(config, NormLabConfig)
+    assert isinstance(AutoConfig.for_model("normlab", hidden_size=64, num_attention_heads=4), NormLabConfig)
+    assert type(AutoModel.from_config(config)) is NormLabModel
+    assert type(AutoModelForSequenceClassification.from_config(config)) is NormLabForSequenceClassification
+    assert type(AutoModelForMaskedLM.from_config(config)) is NormLabForMaskedLM
+
+    clf = AutoModelForSequenceClassification.from_pretrained(saved["clf_dir"]).eval()
+    assert type(clf) is NormLabForSequenceClassification
+    with torch.no_grad():
+        torch.testing.assert_close(clf(**saved["batch"]).logits, saved["clf"](**saved["batch"]).logits)
+    base = AutoModel.from_pretrained(saved["clf_dir"]).eval()  # the encoder out of a classifier checkpoint
+    assert type(base) is NormLabModel
+    with torch.no_grad():
+        torch.testing.assert_close(base(**saved["batch"]).last_hidden_state,
+                                   saved["clf"].normlab(**saved["batch"]).last_hidden_state)
+    assert type(AutoModelForMaskedLM.from_pretrained(saved["mlm_dir"])) is NormLabForMaskedLM
+
+
+REMOTE_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    try:
+        import model  # noqa: F401
+    except ModuleNotFoundError:
+        pass
+    else:
+        sys.exit("the project is importable here; this test must run where it is not")
+    from transformers import AutoModel, AutoModelForSequenceClassification
+    ckpt, inputs_path, out_path = sys.argv[1:4]
+    inputs = torch.load(inputs_path)
+    clf = AutoModelForSequenceClassification.from_pretrained(ckpt, trust_remote_code=True).eval()
+    base = AutoModel.from_pretrained(ckpt, trust_remote_code=True).eval()
+    with torch.no_grad():
+        result = {"logits": clf(**inputs).logits, "hidden": base(**inputs).last_hidden_state,
+                  "module": type(clf).__module__, "base": type(base).__name__}
+    torch.save(result, out_path)
+""")
+
+
+def test_trust_remote_code_in_a_fresh_process_without_the_project(saved, tmp_path):
+    inputs = {k: v for k, v in saved["batch"].items()}
+    torch.save(inputs, tmp_path / "inputs.pt")
+    (tmp_path / "load.py").write_text(REMOTE_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "hf_modules"))
+    proc = subprocess.run(
+        [sys.executable, "load.py", str(saved["clf_dir"]), "inputs.pt", "out.pt"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = torch.load(tmp_path / "out.pt")
+    assert result["module"].startswith("transformers_modules"), result["module"]  # the checkpoint's own code
+    assert result["base"] == "NormLabModel"
+    with torch.no_grad():
+        torch.testing.assert_close(result["logits"], saved["clf"](**inputs).logits, atol=0, rtol=0)
+        torch.testing.assert_close(result["hidden"], saved["clf"].normlab(**inputs).last_hidden_state)
+
+
+def test_text_classification_pipeline(saved):
+    classifier = pipeline("text-classification", model=str(saved["clf_dir"]), device="cpu")
+    text = "the movie was great fun"
+    results = classifier([text, "a boring film"], top_k=None)
+    assert len(results) == 2
+    scores = {r["label"]: r["score"] for r in results[0]}
+    assert set(scores) == {"negative", "positive"}
+    enc = saved["tokenizer"](text, return_tensors="pt")
+    with torch.no_grad():
+        probs = saved["clf"](**enc).logits.softmax(-1)[0]
+    assert scores["negative"] == pytest.approx(probs[0].item(), abs=1e-5)
+    assert scores["positive"] == pytest.approx(probs[1].item(), abs=1e-5)
+
+
+def test_fill_mask_pipeline(saved):
+    fill = pipeline("fill-mask", model=str(saved["mlm_dir"]), device="cpu")
+    results = fill("the cat [MASK] on the mat", top_k=3)
+    assert len(results) == 3
+    tok = saved["tokenizer"]
+    enc = tok("the cat [MASK] on the mat", return_tensors="pt")
+    position = (enc["input_ids"][0] == tok.mask_token_id).nonzero().item()
+    with torch.no_grad():
+        probs = saved["mlm"](**enc).logits[0, position].softmax(-1)
+    top = probs.topk(3)
+    assert [r["token"] for r in results] == top.indices.tolist()
+    for r, p in zip(results, top.values.tolist()):
+        assert r["score"] == pytest.approx(p, abs=1e-5)
+        assert "[MASK]" not in r["sequence"]
+
+
+def test_tokenizer_round_trip(saved):
+    tok = AutoTokenizer.from_pretrained(saved["clf_dir"])
+    assert tok.pad_token_id == 0 and tok.mask_token == "[MASK]"
+    assert tok("the cat")["input_ids"] == saved["tokenizer"]("the cat")["input_ids"]
