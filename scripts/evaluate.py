@@ -1,0 +1,381 @@
+"""Evaluate a checkpoint saved by train.py: accuracy, macro-F1, loss and the confusion matrix.
+
+    python scripts/evaluate.py runs/default                     # the run's final/ on the run's eval split
+    python scripts/evaluate.py runs/default/final --split train --json
+    python scripts/evaluate.py runs/default --data reviews.csv --text-column review --label-column stars
+    python scripts/evaluate.py runs/default --text "a gorgeous film" --text "a dull mess"
+    accelerate launch --num_processes 2 scripts/evaluate.py runs/default   # big sets: shards, gathered once
+
+The model and tokenizer load from the checkpoint alone, in this fresh process (trust_remote_code: the model code
+travels inside the checkpoint). The run's dataset comes from the run's config.yaml next to final/ (or the config
+block of final/README.md when final/ was copied elsewhere). Every example is scored exactly once, also across
+processes (accelerate's gather_for_metrics drops the duplicates that even out the last batches).
+
+Problems with the input (missing checkpoint, missing columns, labels the model does not know, a tokenizer
+larger than the model's vocabulary) end with one line on stderr and exit code 2.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # for common.data (the run's dataset), as train.py finds it
+
+DATA_FORMATS = (".parquet", ".csv", ".tsv", ".jsonl", ".json")
+
+
+class EvalError(ValueError):
+    """Bad input; the message names the problem and what would be valid."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Finding and loading the checkpoint
+
+
+def resolve_checkpoint(path: str) -> Path:
+    """An HF model directory (config.json), or a run directory whose final/ is one."""
+    p = Path(path)
+    if not p.exists():
+        raise EvalError(f"checkpoint not found: {p} does not exist; give a run directory (with final/) or its final/")
+    if (p / "config.json").is_file():
+        return p
+    if (p / "final" / "config.json").is_file():
+        return p / "final"
+    hint = ""
+    if (p / "checkpoints").is_dir() or (p / "summary.json").is_file():
+        hint = " (the run has no final/: it did not complete; training checkpoints in checkpoints/ resume with train.py)"
+    raise EvalError(f"no checkpoint in {p}: expected config.json there or in {p / 'final'}{hint}")
+
+
+def run_config(checkpoint: Path) -> dict | None:
+    """The training config: <run>/config.yaml next to final/, else the YAML block of final/README.md."""
+    import yaml
+
+    saved = checkpoint.parent / "config.yaml"
+    if saved.is_file():
+        return yaml.safe_load(saved.read_text())
+    card = checkpoint / "README.md"
+    if card.is_file():
+        match = re.search(r"## Config\s*```yaml\n(.*?)```", card.read_text(), re.S)
+        if match:
+            return yaml.safe_load(match.group(1))
+    return None
+
+
+def load_model(checkpoint: Path):
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stdout/stderr stay the results and the errors
+
+    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise EvalError(f"{checkpoint} holds a {', '.join(architectures)} model; evaluate.py scores sequence "
+                        f"classifiers (train with task=classification)")
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=True)
+    if len(tokenizer) > config.vocab_size:
+        raise EvalError(f"vocabulary mismatch: the tokenizer in {checkpoint} has {len(tokenizer)} tokens but the model's "
+                        f"vocab_size is {config.vocab_size}; save the tokenizer the model was trained with")
+    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, trust_remote_code=True)
+    return model, tokenizer
+
+
+def label_set(model) -> list[str]:
+    """Label names by class id (config.id2label)."""
+    id2label = {int(k): v for k, v in model.config.id2label.items()}
+    return [str(id2label[i]) for i in range(len(id2label))]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data: (texts, label ids, description)
+
+
+def read_table(path: Path):
+    """A parquet/csv/tsv/jsonl/json file as a pandas DataFrame."""
+    import pandas as pd
+
+    if not path.is_file():
+        raise EvalError(f"data file not found: {path}")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            return pd.read_parquet(path)
+        if suffix in (".csv", ".tsv"):
+            return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False, na_values=[""])
+        if suffix in (".jsonl", ".json"):
+            try:
+                return pd.read_json(path, lines=True)
+            except ValueError:
+                return pd.read_json(path)
+    except EvalError:
+        raise
+    except Exception as e:  # parser errors: one line
+        raise EvalError(f"could not read {path}: {' '.join(str(e).split())[:200]}") from None
+    raise EvalError(f"data file {path} has an unsupported extension; use one of: {', '.join(DATA_FORMATS)}")
+
+
+def check_columns(columns, text_column, label_column, source):
+    missing = [c for c in (text_column, label_column) if c not in columns]
+    if missing:
+        flags = {text_column: "--text-column", label_column: "--label-column"}
+        raise EvalError(f"{source} has no column {' or '.join(repr(c) for c in missing)} (columns present: "
+                        f"{', '.join(map(str, columns))}); name the right ones with "
+                        f"{' and '.join(flags[c] for c in missing)}")
+
+
+def to_label_ids(values, names: list[str], source: str) -> list[int]:
+    """Class ids from integer ids or label names; anything outside the model's label set is an error."""
+    ids, bad = [], []
+    by_name = {name: i for i, name in enumerate(names)}
+    for row, v in enumerate(values):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            bad.append((row, v))
+            continue
+        if isinstance(v, str) and v in by_name:
+            ids.append(by_name[v])
+            continue
+        try:
+            as_float = float(v)
+        except (TypeError, ValueError):
+            bad.append((row, v))
+            continue
+        if as_float.is_integer() and 0 <= int(as_float) < len(names):
+            ids.append(int(as_float))
+        else:
+            bad.append((row, v))
+    if bad:
+        found = sorted({repr(v) for _, v in bad})
+        valid = ", ".join(f"{i} ({n})" if n != str(i) else str(i) for i, n in enumerate(names))
+        raise EvalError(f"{len(bad)} rows of {source} have labels outside the model's label set {{{valid}}}: "
+                        f"{', '.join(found[:5])}{' ...' if len(found) > 5 else ''} (first: row {bad[0][0]})")
+    return ids
+
+
+def check_texts(texts, column, source):
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+    if bad:
+        raise EvalError(f"{len(bad)} of {len(texts)} rows of {source} have empty or non-text values in column "
+                        f"{column!r} (first: row {bad[0]}); drop or fill them")
+
+
+def file_examples(path: Path, text_column, label_column, names):
+    df = read_table(path)
+    check_columns(list(df.columns), text_column, label_column, str(path))
+    if len(df) == 0:
+        raise EvalError(f"{path} has no rows")
+    texts = df[text_column].tolist()
+    check_texts(texts, text_column, str(path))
+    return texts, to_label_ids(df[label_column].tolist(), names, str(path)), {"source": str(path), "split": None}
+
+
+def run_examples(checkpoint: Path, split: str, names):
+    """The run's own dataset (data section of its config), split `split`, all rows."""
+    cfg = run_config(checkpoint)
+    if cfg is None:
+        raise EvalError(f"no run config for {checkpoint} (looked for {checkpoint.parent / 'config.yaml'} and the "
+                        f"config block of {checkpoint / 'README.md'}); evaluate a file with --data FILE")
+    from common.data import resolve_dataset
+
+    d = dict(cfg["data"])
+    d.update(eval_split=split, max_eval_samples=None)
+    # task=mlm: find and text-check the split without the training-time label checks; the labels are checked
+    # against the model's label set below, with this script's message
+    dsd = resolve_dataset({"data": d, "task": "mlm"})
+    ds = dsd[split]
+    source = f"split {split!r} of {d.get('path') or d.get('name')}"
+    check_columns(ds.column_names, d["text_column"], d["label_column"], source)
+    columns = ds.select_columns([d["text_column"], d["label_column"]])[:]  # plain lists, fast
+    texts = columns[d["text_column"]]
+    return texts, to_label_ids(columns[d["label_column"]], names, source), {
+        "source": d.get("path") or d.get("name"), "split": split}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Metrics
+
+
+def classification_metrics(y_true: list[int], y_pred: list[int], names: list[str]) -> dict:
+    """Accuracy, per-class precision/recall/F1, macro-F1 and the confusion matrix (rows true, columns predicted).
+
+    Macro-F1 averages F1 over the classes that occur in the labels or the predictions (scikit-learn's default);
+    a class with no predicted or no true examples has precision or recall 0."""
+    k = len(names)
+    cm = [[0] * k for _ in range(k)]
+    for t, p in zip(y_true, y_pred):
+        cm[t][p] += 1
+    per_class, f1s = [], []
+    for c in range(k):
+        tp = cm[c][c]
+        predicted = sum(cm[r][c] for r in range(k))
+        support = sum(cm[c])
+        precision = tp / predicted if predicted else 0.0
+        recall = tp / support if support else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        per_class.append({"label": names[c], "precision": precision, "recall": recall, "f1": f1, "support": support})
+        if support or predicted:
+            f1s.append(f1)
+    n = len(y_true)
+    return {"num_examples": n, "accuracy": sum(cm[c][c] for c in range(k)) / n if n else float("nan"),
+            "macro_f1": sum(f1s) / len(f1s) if f1s else float("nan"), "per_class": per_class,
+            "labels": names, "confusion_matrix": cm}
+
+
+def format_table(result: dict) -> str:
+    names, cm = result["labels"], result["confusion_matrix"]
+    where = result["dataset"]["source"] + (f" [{result['dataset']['split']}]" if result["dataset"]["split"] else "")
+    lines = [f"checkpoint: {result['checkpoint']}", f"data:       {where}, {result['num_examples']} examples", "",
+             f"accuracy   {result['accuracy']:.4f}", f"macro-F1   {result['macro_f1']:.4f}",
+             f"loss       {result['loss']:.4f}", "",
+             "confusion matrix (rows: true label, columns: predicted label)"]
+    width = max(8, *(len(n) for n in names), *(len(str(x)) for row in cm for x in row)) + 2
+    lines.append(" " * width + "".join(n.rjust(width) for n in names))
+    for name, row in zip(names, cm):
+        lines.append(name.ljust(width) + "".join(str(x).rjust(width) for x in row))
+    lines += ["", "label".ljust(width) + "".join(h.rjust(11) for h in ("precision", "recall", "f1", "support"))]
+    for c in result["per_class"]:
+        lines.append(c["label"].ljust(width) + f"{c['precision']:11.4f}{c['recall']:11.4f}{c['f1']:11.4f}{c['support']:11d}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scoring
+
+
+def encode(tokenizer, texts, max_length):
+    enc = tokenizer(list(texts), truncation=True, max_length=max_length)
+    keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
+    return [{k: enc[k][i] for k in keys} for i in range(len(texts))]
+
+
+def max_length_of(model, tokenizer) -> int:
+    limit = model.config.max_position_embeddings
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    return min(limit, tok_max) if isinstance(tok_max, int) and tok_max > 0 else limit
+
+
+def score(accelerator, model, tokenizer, texts, labels, batch_size):
+    """Per-example (loss, prediction, label) for the whole set, every example once across processes."""
+    import torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+    from transformers import DataCollatorWithPadding
+
+    features = encode(tokenizer, texts, max_length_of(model, tokenizer))
+    for f, y in zip(features, labels):
+        f["labels"] = y
+    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))  # little padding
+    loader = DataLoader([features[i] for i in order], batch_size=batch_size, shuffle=False,
+                        collate_fn=DataCollatorWithPadding(tokenizer))
+    loader = accelerator.prepare(loader)
+    rows = []
+    with torch.no_grad():
+        for batch in loader:
+            y = batch.pop("labels")
+            logits = model(**batch).logits.float()  # (B, C)
+            loss = F.cross_entropy(logits, y, reduction="none")  # (B,)
+            per_example = torch.stack([loss, logits.argmax(-1).float(), y.float()], dim=1)  # (B, 3)
+            rows.append(accelerator.gather_for_metrics(per_example).cpu())
+    every = torch.cat(rows) if rows else torch.zeros(0, 3)
+    return every[:, 0].tolist(), every[:, 1].long().tolist(), every[:, 2].long().tolist()
+
+
+def predict_texts(accelerator, model, tokenizer, texts, names):
+    import torch
+    from transformers import DataCollatorWithPadding
+
+    batch = DataCollatorWithPadding(tokenizer)(encode(tokenizer, texts, max_length_of(model, tokenizer)))
+    with torch.no_grad():
+        probs = model(**{k: v.to(accelerator.device) for k, v in batch.items()}).logits.float().softmax(-1).cpu()
+    out = []
+    for text, p in zip(texts, probs):
+        c = int(p.argmax())
+        out.append({"text": text, "label": names[c], "label_id": c, "probability": float(p[c]),
+                    "probabilities": {n: float(x) for n, x in zip(names, p)}})
+    return out
+
+
+def evaluate(args):
+    """(result dict, accelerator): metrics on the requested examples and/or predictions for --text."""
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    if args.data is not None and not Path(args.data).is_file():
+        raise EvalError(f"data file not found: {args.data}")
+    import torch
+    from accelerate import Accelerator
+
+    # several processes on a machine without GPUs (configs/accelerate/cpu_2proc.yaml): CPU + gloo, as train.py
+    cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available()
+    accelerator = Accelerator(cpu=cpu_processes)
+    model, tokenizer = load_model(checkpoint)
+    names = label_set(model)
+    if args.batch_stats:  # BN family: normalize with each batch's own statistics (the train/eval gap)
+        flagged = [m for m in model.modules() if hasattr(m, "use_batch_stats_in_eval")]
+        if not flagged:
+            raise EvalError(f"--batch-stats: {checkpoint} has no batch-statistics norms (norm={model.config.norm})")
+        for m in flagged:
+            m.use_batch_stats_in_eval = True
+    model.eval()
+    model = model.to(accelerator.device)
+    result = {"checkpoint": str(checkpoint), "norm": getattr(model.config, "norm", None),
+              "norm_placement": getattr(model.config, "norm_placement", None)}
+    if args.data is not None or args.split is not None or not args.text:
+        if args.data is not None:
+            texts, labels, where = file_examples(Path(args.data), args.text_column, args.label_column, names)
+        else:
+            texts, labels, where = run_examples(checkpoint, args.split or "validation", names)
+        losses, preds, golds = score(accelerator, model, tokenizer, texts, labels, args.batch_size)
+        result["dataset"] = {**where, "text_column": args.text_column if args.data else None,
+                             "label_column": args.label_column if args.data else None}
+        result.update(classification_metrics(golds, preds, names))
+        result["loss"] = sum(losses) / len(losses) if losses else float("nan")
+    if args.text:
+        result["predictions"] = predict_texts(accelerator, model, tokenizer, args.text, names)
+    result["num_processes"] = accelerator.num_processes
+    return result, accelerator
+
+
+def format_predictions(predictions) -> str:
+    return "\n".join(f"{p['label']}\t{p['probability']:.4f}\t{p['text']}" for p in predictions)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="a run directory (uses its final/) or an HF model directory")
+    parser.add_argument("--split", default=None, help="split of the run's dataset (default: validation)")
+    parser.add_argument("--data", default=None, help="evaluate a parquet/csv/tsv/jsonl file instead")
+    parser.add_argument("--text-column", default="sentence", help="text column of --data (default: sentence)")
+    parser.add_argument("--label-column", default="label", help="label column of --data (default: label)")
+    parser.add_argument("--text", action="append", default=[], help="predict this text (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--batch-size", type=int, default=64, help="examples per batch per process")
+    parser.add_argument("--batch-stats", action="store_true",
+                        help="BN-family norms: use each batch's statistics instead of the running ones")
+    args = parser.parse_args(argv)
+    if args.data is not None and args.split is not None:
+        parser.error("give --split (the run's dataset) or --data FILE, not both")
+    if args.batch_size < 1:
+        parser.error("--batch-size must be >= 1")
+    try:
+        result, accelerator = evaluate(args)
+    except ValueError as err:  # EvalError, and common.data's DataError / ConfigError
+        print(f"evaluate.py: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    if accelerator.is_main_process:
+        if args.json:
+            print(json.dumps(result, indent=1))
+        else:
+            parts = [format_table(result)] if "accuracy" in result else []
+            if result.get("predictions"):
+                parts.append("predicted\tprobability\ttext\n" + format_predictions(result["predictions"]))
+            print("\n\n".join(parts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

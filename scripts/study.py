@@ -1,0 +1,431 @@
+"""Run a norm study: every variant over a log-spaced learning-rate grid, with and without warmup, over seeds.
+
+    python scripts/study.py --preset quick                      # configs/study/quick.yaml
+    python scripts/study.py --preset quick --only variant=post_ln,pre_ln --only seed=0
+    python scripts/study.py --preset full --study-dir studies/full-a100 train.max_steps=2000
+    python scripts/study.py --preset quick --dry-run            # print the runs, train nothing
+
+The grid is data (configs/study/<preset>.yaml, documented there). Each run is one `train.py` process:
+    python train.py --config <variant file> <study overrides> <variant overrides> train.lr=.. train.warmup_steps=..
+        seed=.. output_dir=STUDY/runs/<run> wandb.group=<study name> <command-line overrides>
+writing STUDY/runs/<run>/ and its log to STUDY/logs/<run>.log. With several GPUs, one run per GPU at a time
+(`accelerate launch` with CUDA_VISIBLE_DEVICES=<gpu>); otherwise one run after another.
+
+STUDY/study.json records the grid, the command and every run's status. A run that diverges or crashes is
+recorded there and the study goes on; running the same command again skips runs whose summary.json says
+completed or diverged (and resumes interrupted ones from their last checkpoint). At the end the report is
+written (scripts/report.py) unless --no-report.
+"""
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
+AXES = ("variant", "lr", "warmup", "seed")  # what --only can narrow
+FINISHED = ("completed", "diverged")  # a rerun skips these; anything else (failed, interrupted) is run again
+GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project"}
+
+
+class StudyError(ValueError):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The grid
+
+
+def resolve_preset(preset: str) -> Path:
+    path = Path(preset)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    candidate = STUDY_CONFIG_DIR / f"{preset}.yaml"
+    if candidate.is_file():
+        return candidate
+    choices = sorted(p.stem for p in STUDY_CONFIG_DIR.glob("*.yaml"))
+    raise StudyError(f"--preset {preset!r} not found; choose one of {', '.join(choices)} or give a YAML file path")
+
+
+def lr_grid(spec) -> list[float]:
+    """A list of LRs, or {min, max, num}: num log-spaced values from min to max (3 significant digits)."""
+    if isinstance(spec, list) and spec and all(isinstance(x, (int, float)) and x > 0 for x in spec):
+        return [float(x) for x in spec]
+    if isinstance(spec, dict) and set(spec) == {"min", "max", "num"}:
+        lo, hi, num = spec["min"], spec["max"], spec["num"]
+        if not (isinstance(num, int) and num >= 1 and 0 < lo <= hi):
+            raise StudyError(f"lr: {spec} needs 0 < min <= max and an integer num >= 1")
+        if num == 1:
+            return [float(lo)]
+        return [float(f"{lo * (hi / lo) ** (i / (num - 1)):.3g}") for i in range(num)]
+    raise StudyError(f"lr: {spec!r} must be a list of positive numbers or {{min: .., max: .., num: ..}}")
+
+
+def _overrides(mapping, where) -> list[str]:
+    if mapping is None:
+        return []
+    if not isinstance(mapping, dict):
+        raise StudyError(f"{where} must be a mapping of train.py keys to values, e.g. {{train.max_steps: 200}}")
+    return [_format_override(k, v) for k, v in mapping.items()]
+
+
+def _format_override(key, value):
+    # yaml.safe_load on the train.py side reads these back: lists/bools/null as JSON (valid YAML)
+    return f"{key}={json.dumps(value) if isinstance(value, (list, dict, bool)) or value is None else value}"
+
+
+def _on_off(value):
+    # YAML 1.1 reads a bare on/off as a boolean; the study means the names
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else str(value)
+
+
+def load_grid(path: Path) -> dict:
+    """The study file, checked and normalised: variants -> {config, overrides, warmup}, lr -> list, ..."""
+    grid = yaml.safe_load(Path(path).read_text()) or {}
+    unknown = set(grid) - GRID_KEYS
+    if unknown:
+        raise StudyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(GRID_KEYS))}")
+    for key in ("name", "variants", "lr", "seeds"):
+        if key not in grid:
+            raise StudyError(f"{path}: missing '{key}'")
+    warmup = grid.get("warmup") or {"on": None}
+    if isinstance(warmup, dict):
+        warmup = {_on_off(k): v for k, v in warmup.items()}
+    if not isinstance(warmup, dict) or not set(warmup) <= {"on", "off"}:
+        raise StudyError(f"{path}: warmup must map on/off to train.warmup_steps, e.g. {{on: 30, off: 0}}")
+    variants = {}
+    for name, spec in grid["variants"].items():
+        spec = {"config": spec} if isinstance(spec, str) or spec is None else dict(spec)
+        bad = set(spec) - {"config", "overrides", "warmup"}
+        if bad:
+            raise StudyError(f"{path}: variant {name}: unknown key(s) {', '.join(sorted(bad))}; valid: config, overrides, warmup")
+        settings = [_on_off(w) for w in spec.get("warmup", list(warmup))]
+        if not set(settings) <= set(warmup):
+            raise StudyError(f"{path}: variant {name}: warmup {settings} not among the study's settings {list(warmup)}")
+        config = spec.get("config")
+        if config is not None:
+            config_path = Path(config) if str(config).endswith((".yaml", ".yml")) else Path("configs") / f"{config}.yaml"
+            if not (REPO_ROOT / config_path).is_file() and not config_path.is_file():
+                raise StudyError(f"{path}: variant {name}: config file {config_path} not found")
+            config = str(config_path)
+        variants[name] = {"config": config, "overrides": _overrides(spec.get("overrides"), f"variant {name} overrides"),
+                          "warmup": list(settings)}
+    seeds = grid["seeds"]
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+        raise StudyError(f"{path}: seeds must be a non-empty list of integers")
+    return {"name": str(grid["name"]), "description": grid.get("description", ""),
+            "overrides": _overrides(grid.get("overrides"), "overrides"), "variants": variants,
+            "lr": lr_grid(grid["lr"]), "warmup": warmup, "seeds": seeds,
+            "comparisons": grid.get("comparisons", []), "wandb_project": grid.get("wandb_project")}
+
+
+def run_name(variant, lr, warmup, seed) -> str:
+    return f"{variant}-lr{lr:g}-wu{warmup}-s{seed}"
+
+
+def expand(grid: dict) -> list[dict]:
+    """Every run of the grid: variant x lr x (the variant's warmup settings) x seed, in that nesting order."""
+    runs = []
+    for variant, spec in grid["variants"].items():
+        for lr in grid["lr"]:
+            for warmup in spec["warmup"]:
+                for seed in grid["seeds"]:
+                    runs.append({"name": run_name(variant, lr, warmup, seed), "variant": variant, "lr": lr,
+                                 "warmup": warmup, "seed": seed})
+    return runs
+
+
+def parse_only(items: list[str]) -> dict:
+    """["variant=post_ln,pre_ln,seed=0"] -> {"variant": {"post_ln", "pre_ln"}, "seed": {"0"}}.
+
+    Comma-separated key=value items; an item without "=" is one more value of the previous key; repeated keys
+    (within one --only or across several) are alternatives, different keys must all match."""
+    only = {}
+    for text in items:
+        key = None
+        for item in filter(None, (s.strip() for s in text.split(","))):
+            if "=" in item:
+                key, value = (s.strip() for s in item.split("=", 1))
+            elif key is None:
+                raise StudyError(f"--only {text!r}: expected key=value items, e.g. variant=post_ln,pre_ln,seed=0")
+            else:
+                value = item
+            if key not in AXES:
+                raise StudyError(f"--only: unknown key {key!r}; narrow by one of: {', '.join(AXES)}")
+            only.setdefault(key, set()).add(value)
+    return only
+
+
+def _matches(axis, value, wanted: str) -> bool:
+    if axis == "lr":
+        try:
+            return math.isclose(float(value), float(wanted), rel_tol=1e-6)
+        except ValueError:
+            return False
+    return str(value) == wanted
+
+
+def narrow(runs: list[dict], only: dict) -> list[dict]:
+    """The runs matching every --only key; a value that matches no run of the grid is an error (a typo)."""
+    for axis, wanted in only.items():
+        present = sorted({r[axis] for r in runs}, key=lambda v: (isinstance(v, str), v))
+        for w in wanted:
+            if not any(_matches(axis, v, w) for v in present):
+                raise StudyError(f"--only {axis}={w}: not in the grid; choose from {', '.join(f'{v:g}' if axis == 'lr' else str(v) for v in present)}")
+    return [r for r in runs if all(any(_matches(a, r[a], w) for w in ws) for a, ws in only.items())]
+
+
+def train_command(grid, run, study_dir: Path, extra: list[str], launcher: list[str]) -> list[str]:
+    spec = grid["variants"][run["variant"]]
+    cmd = list(launcher) + [str(REPO_ROOT / "train.py")]
+    if spec["config"]:
+        cmd += ["--config", spec["config"]]
+    warmup_steps = grid["warmup"][run["warmup"]]
+    cmd += grid["overrides"] + spec["overrides"] + [f"train.lr={run['lr']:g}", f"seed={run['seed']}"]
+    if warmup_steps is not None:
+        cmd.append(f"train.warmup_steps={warmup_steps}")
+    cmd += [f"output_dir={study_dir / 'runs' / run['name']}", f"wandb.group={grid['name']}",
+            _format_override("wandb.tags", [grid["name"], run["variant"], f"warmup-{run['warmup']}"]),
+            "train.resume=auto"]  # an interrupted run continues from its last checkpoint
+    if grid.get("wandb_project"):
+        cmd.append(f"wandb.project={grid['wandb_project']}")
+    return cmd + list(extra)
+
+
+def validate_commands(grid, runs, extra):
+    """Check every run's config with train.py's own loader before training anything (a typo costs seconds)."""
+    sys.path.insert(0, str(REPO_ROOT))
+    from common.config import ConfigError, load_config
+
+    seen = set()
+    for run in runs:
+        spec = grid["variants"][run["variant"]]
+        key = (run["variant"], run["warmup"])
+        if key in seen:
+            continue
+        seen.add(key)
+        overrides = grid["overrides"] + spec["overrides"] + list(extra) + [f"train.lr={run['lr']:g}"]
+        config = str(REPO_ROOT / spec["config"]) if spec["config"] else None
+        try:
+            load_config(config, overrides)
+        except ConfigError as err:
+            raise StudyError(f"variant {run['variant']}: {err}") from None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running
+
+
+def read_status(run_dir: Path) -> str | None:
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def subprocess_runner(cmd: list[str], log_path: Path, env: dict) -> int:
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
+                                env=env)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C reached train.py too: it saves a checkpoint and writes summary.json (status interrupted), which
+            # the next `study.py` resumes. Give it the time to do so; a second Ctrl-C kills it.
+            try:
+                proc.wait(timeout=300)
+            except (KeyboardInterrupt, subprocess.TimeoutExpired):
+                proc.kill()
+            raise
+
+
+def _tail(path: Path, n=3) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])[-500:]
+
+
+class Study:
+    """study.json, kept current after every run (safe to read while the study runs)."""
+
+    def __init__(self, study_dir: Path, grid: dict, grid_file: Path, command: str):
+        self.dir = study_dir
+        self.path = study_dir / "study.json"
+        self.lock = threading.Lock()
+        old = json.loads(self.path.read_text()) if self.path.exists() else {}
+        if old.get("name") not in (None, grid["name"]):
+            raise StudyError(f"{study_dir} holds study {old['name']!r}, not {grid['name']!r}; pick another --study-dir")
+        self.data = {"name": grid["name"], "description": grid["description"], "grid_file": str(grid_file),
+                     "grid": {k: grid[k] for k in ("variants", "lr", "warmup", "seeds")},
+                     "common_overrides": grid["overrides"], "comparisons": grid["comparisons"],
+                     "wandb_project": grid["wandb_project"], "command": command,
+                     # every invocation that trained into this directory (a study may be built in pieces)
+                     "commands": [c for c in old.get("commands", []) if c != command] + [command],
+                     "runs": old.get("runs", {})}
+
+    def record(self, name, fresh=False, **fields):
+        """Update a run's entry (fresh: start it over, dropping what an earlier attempt recorded)."""
+        with self.lock:
+            if fresh:
+                self.data["runs"][name] = {}
+            self.data["runs"].setdefault(name, {}).update(fields)
+            tmp = self.path.with_name("study.json.tmp")
+            tmp.write_text(json.dumps(self.data, indent=1))
+            os.replace(tmp, self.path)
+
+
+def gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runner=subprocess_runner,
+              parallel=1, gpus=0, print_fn=print) -> dict:
+    """Train every run not finished yet; returns {run name: status}. Never raises for a run's failure."""
+    study_dir.mkdir(parents=True, exist_ok=True)
+    (study_dir / "logs").mkdir(exist_ok=True)
+    study = Study(study_dir, grid, grid_file, command)
+    launcher = [sys.executable]
+    if gpus > 0:  # one process per GPU, pinned with CUDA_VISIBLE_DEVICES
+        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"]
+    statuses, todo = {}, []
+    for run in runs:
+        status = read_status(study_dir / "runs" / run["name"])
+        base = {k: run[k] for k in ("variant", "lr", "warmup", "seed")}
+        if status in FINISHED:
+            statuses[run["name"]] = status
+            study.record(run["name"], **base, status=status)
+        else:
+            todo.append(run)
+            study.record(run["name"], fresh=True, **base, status="pending",
+                         command=shlex.join(train_command(grid, run, study_dir, extra, launcher)))
+    print_fn(f"study {grid['name']}: {len(runs)} runs selected, {len(runs) - len(todo)} already finished, "
+             f"{len(todo)} to train -> {study_dir}")
+    # GPU ids as this process sees them (a CUDA_VISIBLE_DEVICES set by the user is honoured, not replaced)
+    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    free_gpus = visible[:gpus] if len(visible) >= gpus else [str(i) for i in range(gpus)]
+    gpu_lock = threading.Lock()
+    counter = iter(range(1, len(todo) + 1))
+
+    def one(run):
+        cmd = train_command(grid, run, study_dir, extra, launcher)
+        env = dict(os.environ)
+        gpu = None
+        if gpus:
+            with gpu_lock:
+                gpu = free_gpus.pop(0)
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        elif parallel > 1 and "OMP_NUM_THREADS" not in os.environ:
+            # several CPU runs at once: split the cores instead of letting every run spin on all of them
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // parallel))
+        log = study_dir / "logs" / f"{run['name']}.log"
+        study.record(run["name"], status="running", log=str(log.relative_to(study_dir)))
+        start = time.time()
+        try:
+            returncode = runner(cmd, log, env)
+            error = None
+        except Exception as err:  # a runner that cannot even start (missing python, ...) is a failed run too
+            returncode, error = -1, f"{type(err).__name__}: {err}"
+        finally:
+            if gpu is not None:
+                with gpu_lock:
+                    free_gpus.append(gpu)
+        elapsed = time.time() - start
+        status = read_status(study_dir / "runs" / run["name"])
+        if status is None or (returncode != 0 and status not in FINISHED):
+            status = "failed"
+        fields = dict(status=status, returncode=returncode, duration_s=round(elapsed, 1))
+        if status == "failed":
+            fields["error"] = error or _tail(log)
+        study.record(run["name"], **fields)
+        statuses[run["name"]] = status
+        print_fn(f"[{next(counter)}/{len(todo)}] {run['name']}: {status} in {elapsed:.0f}s"
+                 + (f" (exit {returncode}; see {log})" if status == "failed" else ""))
+
+    if parallel <= 1:
+        for run in todo:
+            one(run)
+    else:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            list(pool.map(one, todo))
+    counts = {}
+    for status in statuses.values():
+        counts[status] = counts.get(status, 0) + 1
+    print_fn(f"study {grid['name']} done: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return statuses
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (see the module docstring).",
+        usage="study.py --preset quick|full|FILE.yaml [--only key=value,...] [--study-dir DIR] [--dry-run] [key=value ...]")
+    parser.add_argument("--preset", required=True, help="quick, full (configs/study/<name>.yaml) or a study YAML file")
+    parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="narrow the grid: keys variant, lr, warmup (on/off), seed; e.g. "
+                             "--only variant=post_ln,pre_ln --only seed=0 (repeat a key for alternatives)")
+    parser.add_argument("--study-dir", type=Path, default=None, help="default: studies/<study name>")
+    parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
+    parser.add_argument("--parallel", type=int, default=None,
+                        help="runs at once (default: one per visible GPU, 1 on CPU; on CPU the cores are split "
+                             "between them with OMP_NUM_THREADS)")
+    parser.add_argument("--no-report", action="store_true", help="do not run scripts/report.py at the end")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py overrides for every run")
+    args = parser.parse_args(argv)
+    try:
+        bad = [o for o in args.overrides if "=" not in o]
+        if bad:
+            raise StudyError(f"unexpected argument {bad[0]!r}: extra train.py overrides are key=value")
+        grid_file = resolve_preset(args.preset)
+        grid = load_grid(grid_file)
+        runs = narrow(expand(grid), parse_only(args.only))
+        study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
+        validate_commands(grid, runs, args.overrides)
+    except StudyError as err:
+        print(f"study.py: error: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for run in runs:
+            status = read_status(study_dir / "runs" / run["name"])
+            action = f"skip ({status})" if status in FINISHED else "train"
+            print(f"{action:18s} {shlex.join(train_command(grid, run, study_dir, args.overrides, [sys.executable]))}")
+        print(f"{len(runs)} runs ({sum(read_status(study_dir / 'runs' / r['name']) not in FINISHED for r in runs)} to train)"
+              f" in {study_dir}")
+        return 0
+    gpus = gpu_count()
+    if gpus > 1:  # one run per GPU, pinned
+        parallel = min(args.parallel or gpus, gpus)
+    else:  # CPU or one GPU: no pinning; one run at a time unless asked
+        gpus, parallel = 0, args.parallel or 1
+    command = shlex.join(["python", "scripts/study.py", *(argv if argv is not None else sys.argv[1:])])
+    try:
+        run_study(grid, grid_file, study_dir, runs, args.overrides, command=command, parallel=parallel, gpus=gpus)
+    except StudyError as err:
+        print(f"study.py: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\nstudy interrupted; run the same command again to continue (finished runs are skipped, "
+              f"interrupted ones resume from their last checkpoint)", file=sys.stderr)
+        return 130
+    if not args.no_report:
+        subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "report.py"), str(study_dir)], cwd=REPO_ROOT)
+    return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
