@@ -1,0 +1,685 @@
+"""NormLab's performance numbers, measured side by side in one run and printed as ratios.
+
+    python scripts/bench.py [--json] [--quick] [--device cpu|cuda] [--repeats N] [--threads N] [--batches N]
+                            [--compile | --no-compile] [--compile-hf] [--diagnose] [--out FILE] [--config FILE]
+
+Four sections (issue 5), each with its goal:
+  1. layernorm   CustomLayerNorm forward+backward time / torch.nn.LayerNorm at training shapes (hidden 128,
+                 batch 32, lengths 16..64), per implementation path of CustomLayerNorm and for the path training
+                 uses by default. float32 on CPU; float32 and bfloat16 on CUDA.                 Goal <= 1.0x.
+  2. throughput  training throughput in real (non-pad) tokens/s of NormLabForSequenceClassification (the default
+                 config's model) over HF BertForSequenceClassification of the same size (attn_implementation
+                 "sdpa", same dropout), on the same real SST-2 length-grouped batches; full step = forward,
+                 backward, grad clipping, AdamW step (the optimizer train.py builds). NormLab eager, and compiled
+                 (`model.compile()`, as train.compile=true does).                                Goal >= 1.3x.
+  3. padding     pad fraction of random batches vs the length-grouped batches training uses, SST-2 train,
+                 train.batch_size, epoch 0 of each sampler; counted on the collated attention masks.  Goal <= 5%.
+  4. memory      peak memory of one training step, NormLab vs HF (method printed with the numbers).
+
+Fairness: every timed contestant runs inside the same loop, interleaved with the others (LayerNorm: per timed
+sample; training: per optimizer step, the order rotating), and each figure is a median over repetitions, so
+machine noise (other processes, frequency changes) hits all contestants alike. Both models receive the identical
+padded batches; tokens/s counts real tokens only. NormLab's packed layout (`NormLabModel.unpad`) skips pad
+positions inside the model while HF computes them: the output says so (with length-grouped batches there are
+few pads to skip).
+
+`--diagnose` adds NormLab with torch's LayerNorm and NormLab without unpadding as extra contestants.
+`--quick` uses 2000 training rows, few batches and few repeats (seconds, for tests); its numbers are not
+meaningful. The CUDA paths run only when torch.cuda.is_available() and are reported untested otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+GOALS = {"layernorm": 1.0, "throughput": 1.3, "padding": 0.05}
+QUICK_TRAIN_SAMPLES = 2000  # --quick: the first N training rows (tokenizer, padding and throughput batches)
+LN_LENGTHS = (16, 32, 64)  # sequence lengths of the LayerNorm shapes (B, L, D); SST-2 batches span ~10..64
+
+
+# ----------------------------------------------------------------------------------------------------------
+# timing: interleaved repetitions, medians
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved_medians(contestants: dict, repeats: int, device, inner: int = 1) -> dict:
+    """contestants: name -> fn() doing one unit of work. Each repetition times `inner` calls of every
+    contestant, the order rotating by one each repetition; returns name -> per-call seconds of every
+    repetition. The caller warms up first."""
+    names = list(contestants)
+    times = {n: [] for n in names}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for n in order:
+            fn = contestants[n]
+            gc.collect()
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            _sync(device)
+            times[n].append((time.perf_counter() - t0) / inner)
+    return times
+
+
+def _summary(samples: list[float]) -> dict:
+    return {"median_s": statistics.median(samples), "min_s": min(samples), "max_s": max(samples),
+            "repeats": len(samples)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# machine
+
+
+def machine_info(device) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import transformers
+
+    info = {
+        "cpu": cpu,
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device": str(device),
+        "cuda_available": torch.cuda.is_available(),
+        "load_average_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 1. CustomLayerNorm vs torch.nn.LayerNorm
+
+
+def _ln_paths():
+    """(paths to time, the path training uses by default). Paths come from model/norms.py."""
+    from model import norms
+
+    paths = [p for p in getattr(norms, "LAYERNORM_IMPLS", ("auto",))]
+    default = os.environ.get("NORMLAB_LN_IMPL", "auto")
+    return paths, default
+
+
+def _resolved_ln_path(module, x) -> str:
+    resolve = getattr(module, "_resolve_impl", None)
+    return resolve(x) if resolve is not None else getattr(module, "impl", "default")
+
+
+def bench_layernorm(device, dtypes, hidden: int, batch: int, lengths, repeats: int, allow_compile: bool) -> dict:
+    from model.norms import CustomLayerNorm
+
+    paths, default_path = _ln_paths()
+    rows, skipped = [], {}
+    for dtype in dtypes:
+        for L in lengths:
+            torch.manual_seed(0)
+            x = torch.randn(batch, L, hidden, device=device, dtype=dtype, requires_grad=True)
+            dy = torch.randn_like(x)
+            contestants, resolved = {}, {}
+            ref = torch.nn.LayerNorm(hidden, device=device, dtype=dtype)
+
+            def make(mod):
+                def run():
+                    x.grad = None
+                    mod.weight.grad = mod.bias.grad = None
+                    mod(x).backward(dy)
+                return run
+
+            contestants["torch"] = make(ref)
+            for p in paths:
+                mod = CustomLayerNorm(hidden, device=device, dtype=dtype, impl=p)
+                resolved[p] = _resolved_ln_path(mod, x.detach())
+                if resolved[p] == "compiled" and not allow_compile:
+                    skipped[p] = "needs torch.compile: skipped (--no-compile, default with --quick)"
+                    continue
+                contestants[p] = make(mod)
+            for p, fn in list(contestants.items()):  # warm-up: compiles the compiled path once per process
+                try:
+                    for _ in range(3):
+                        fn()
+                except Exception as err:  # noqa: BLE001 - e.g. an untested device/dtype: report it, time the rest
+                    if p == "torch":
+                        raise
+                    skipped[f"{p} ({str(dtype).replace('torch.', '')}, L={L})"] = f"failed: {err!r}"[:300]
+                    del contestants[p]
+            # calibrate: about 2 ms of the reference's work per timed sample
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(10):
+                contestants["torch"]()
+            _sync(device)
+            per = (time.perf_counter() - t0) / 10
+            inner = max(1, min(200, int(0.002 / max(per, 1e-7))))
+            times = interleaved_medians(contestants, repeats, device, inner)
+            t_ref = statistics.median(times["torch"])
+            for p in paths:
+                if p not in times:
+                    continue
+                t = statistics.median(times[p])
+                paired = statistics.median(a / b for a, b in zip(times[p], times["torch"]))
+                rows.append({"dtype": str(dtype).replace("torch.", ""), "shape": [batch, L, hidden], "path": p,
+                             "resolves_to": resolved[p], "custom_us": t * 1e6, "torch_us": t_ref * 1e6,
+                             "ratio": t / t_ref, "paired_ratio_median": paired,
+                             "training_default": p == default_path})
+    summary = {}
+    for dtype in dtypes:
+        name = str(dtype).replace("torch.", "")
+        for p in paths:
+            ratios = [r["ratio"] for r in rows if r["dtype"] == name and r["path"] == p]
+            if ratios:
+                summary[f"{name}/{p}"] = math.exp(statistics.mean(math.log(v) for v in ratios))  # geometric mean
+    return {"what": "CustomLayerNorm fwd+bwd time / torch.nn.LayerNorm fwd+bwd time (lower is better)",
+            "goal": f"<= {GOALS['layernorm']}", "training_path": default_path, "paths": paths,
+            "skipped_paths": skipped, "rows": rows, "geomean_ratio": summary,
+            "training_ratio": {str(d).replace("torch.", ""): summary.get(f"{str(d).replace('torch.', '')}/{default_path}")
+                               for d in dtypes}}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# data: the real SST-2 batches training uses
+
+
+def load_data(cfg):
+    from common.data import build_dataloaders, get_tokenizer, label_names, resolve_dataset, tokenize_splits
+
+    d = cfg["data"]
+    dsd = resolve_dataset(cfg)
+    tokenizer = get_tokenizer(cfg, dsd[d["train_split"]][d["text_column"]])
+    tokenized = tokenize_splits(dsd, tokenizer, cfg)
+    num_labels = len(label_names(dsd, cfg))
+    return tokenizer, tokenized, num_labels, build_dataloaders
+
+
+def _loader_for(cfg, tokenizer, tokenized, build_dataloaders, group_by_length: bool):
+    c = {**cfg, "data": {**cfg["data"], "group_by_length": group_by_length}}
+    train_loader, _ = build_dataloaders(c, tokenizer, tokenized)
+    train_loader.batch_sampler.set_epoch(0)
+    return train_loader
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 3. padding
+
+
+def bench_padding(cfg, tokenizer, tokenized, build_dataloaders) -> dict:
+    """Pad fraction over one epoch (epoch 0) of each sampler, counted on the collated attention masks, i.e. on
+    exactly what the model receives: 1 - real tokens / (batch rows x padded length), summed over batches."""
+    from common.data import pad_fraction
+
+    out = {"what": "padded positions / all positions over one epoch of train batches (lower is better)",
+           "goal": f"<= {GOALS['padding']}", "batch_size": cfg["train"]["batch_size"], "seed": cfg["seed"],
+           "epoch": 0, "examples": len(tokenized[cfg["data"]["train_split"]])}
+    for name, grouped in (("random", False), ("length_grouped", True)):
+        real = slots = 0
+        per_batch = []
+        for batch in _loader_for(cfg, tokenizer, tokenized, build_dataloaders, grouped):
+            m = batch["attention_mask"]
+            real += int(m.sum())
+            slots += m.numel()
+            per_batch.append(pad_fraction(m))
+        out[name] = {"pad_fraction": 1.0 - real / slots, "mean_batch_pad_fraction": statistics.mean(per_batch),
+                     "batches": len(per_batch), "real_tokens": real, "padded_slots": slots}
+    out["reduction"] = out["random"]["pad_fraction"] / max(out["length_grouped"]["pad_fraction"], 1e-12)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# 2. throughput and 4. memory: the two models
+
+
+def build_models(cfg, vocab_size: int, pad_token_id: int, num_labels: int, seed: int):
+    """NormLab (the default config's model) and an HF BERT of identical size; same seed for both."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from common.config import model_config_from
+    from model import NormLabForSequenceClassification
+
+    nl_config = model_config_from(cfg, vocab_size=vocab_size, pad_token_id=pad_token_id, num_labels=num_labels)
+    torch.manual_seed(seed)
+    normlab = NormLabForSequenceClassification(nl_config)
+    m = cfg["model"]
+    hf_config = BertConfig(
+        vocab_size=vocab_size, hidden_size=nl_config.hidden_size, num_hidden_layers=nl_config.num_hidden_layers,
+        num_attention_heads=nl_config.num_attention_heads, intermediate_size=nl_config.intermediate_size,
+        hidden_act=nl_config.hidden_act, hidden_dropout_prob=nl_config.hidden_dropout_prob,
+        attention_probs_dropout_prob=nl_config.attention_probs_dropout_prob,
+        max_position_embeddings=nl_config.max_position_embeddings, type_vocab_size=nl_config.type_vocab_size,
+        initializer_range=nl_config.initializer_range, layer_norm_eps=nl_config.norm_eps,
+        pad_token_id=pad_token_id, num_labels=num_labels, classifier_dropout=nl_config.classifier_dropout,
+    )
+    hf_config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    hf = BertForSequenceClassification(hf_config)
+    assert m["hidden_size"] == hf.config.hidden_size
+    return normlab, hf
+
+
+def param_counts(normlab, hf) -> dict:
+    n_nl = sum(p.numel() for p in normlab.parameters())
+    n_hf = sum(p.numel() for p in hf.parameters())
+    pooler = sum(p.numel() for p in hf.bert.pooler.parameters()) if getattr(hf.bert, "pooler", None) else 0
+    hf_emb_norm = sum(p.numel() for p in hf.bert.embeddings.LayerNorm.parameters())
+    nl_emb_norm = sum(p.numel() for p in normlab.normlab.embeddings.norm.parameters()) \
+        if normlab.normlab.embeddings.norm is not None else 0
+    final = normlab.normlab.encoder.final_norm
+    nl_final = sum(p.numel() for p in final.parameters()) if final is not None else 0
+    explained = n_hf - pooler - hf_emb_norm + nl_emb_norm + nl_final
+    return {
+        "normlab": n_nl, "hf_bert": n_hf, "difference_hf_minus_normlab": n_hf - n_nl,
+        "explanation": (f"HF has BERT's pooler (dense D->D + tanh: {pooler} params) that NormLab's classifier "
+                        f"omits; HF normalizes the embeddings ({hf_emb_norm}) where pre-LN NormLab has "
+                        f"{'an embedding norm (' + str(nl_emb_norm) + ')' if nl_emb_norm else 'none'} and "
+                        f"{'a final norm (' + str(nl_final) + ')' if nl_final else 'no final norm'}; every other "
+                        f"tensor has the same shape"),
+        "explained_exactly": explained == n_nl,
+    }
+
+
+def make_optimizer(model, t: dict):
+    """The optimizer train.py builds: AdamW, weight decay on >= 2-D tensors only, betas from the config."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": t["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=t["lr"], betas=(t["adam_beta1"], t["adam_beta2"]))
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
+
+
+def make_step(model, optimizer, max_grad_norm: float):
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(batch):
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def take_batches(cfg, tokenizer, tokenized, build_dataloaders, n: int, device) -> list[dict]:
+    loader = _loader_for(cfg, tokenizer, tokenized, build_dataloaders, cfg["data"]["group_by_length"])
+    batches = []
+    for batch in loader:
+        batches.append({k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS})
+        if len(batches) == n:
+            break
+    return batches
+
+
+def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device, repeats: int,
+                     compile_normlab: bool, compile_hf: bool, diagnose: bool = False) -> tuple[dict, dict]:
+    t = cfg["train"]
+    seed = cfg["seed"]
+    normlab, hf = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
+    params = param_counts(normlab, hf)
+    models = {"normlab_eager": normlab, "hf_bert_eager": hf}
+    if compile_normlab:
+        compiled, _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
+        compiled.compile()  # as train.py does for train.compile=true
+        models["normlab_compiled"] = compiled
+    if diagnose:
+        # the same NormLab with torch.nn.LayerNorm: what CustomLayerNorm costs inside the model
+        c = {**cfg, "model": {**cfg["model"], "norm": "layernorm"}}
+        models["normlab_eager_torch_ln"], _ = build_models(c, vocab_size, pad_token_id, num_labels, seed)
+        if hasattr(normlab.normlab, "unpad"):  # and without skipping pad positions (padded layout)
+            m, _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
+            m.normlab.unpad = False
+            models["normlab_eager_padded_layout"] = m
+    if compile_hf:
+        _, hf_c = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
+        hf_c.compile()
+        models["hf_bert_compiled"] = hf_c
+    steps = {}
+    for name, model in models.items():
+        model.to(device).train()
+        steps[name] = make_step(model, make_optimizer(model, t), t["max_grad_norm"])
+
+    real_tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+    slots = sum(b["attention_mask"].numel() for b in batches)
+    warmup_s = {}
+    for name, step in steps.items():  # one pass over every batch shape: compiles (and recompiles) happen here
+        t0 = time.perf_counter()
+        for b in batches:
+            step(b)
+        _sync(device)
+        warmup_s[name] = time.perf_counter() - t0
+
+    # Interleaved at the finest grain, one optimizer step: for every batch each contestant takes its step in
+    # turn (order rotating), so a burst of load from another process lands on all of them.
+    names = list(steps)
+    per_rep = {n: [] for n in names}  # seconds of one pass over all batches, per repetition
+    paired = {n: [] for n in names if n != "hf_bert_eager"}  # per step: HF time / this contestant's time
+    k = 0
+    for _ in range(repeats):
+        rep = {n: 0.0 for n in names}
+        for b in batches:
+            order = names[k % len(names):] + names[: k % len(names)]
+            k += 1
+            dt = {}
+            for n in order:
+                _sync(device)
+                t0 = time.perf_counter()
+                steps[n](b)
+                _sync(device)
+                dt[n] = time.perf_counter() - t0
+                rep[n] += dt[n]
+            for n in paired:
+                paired[n].append(dt["hf_bert_eager"] / dt[n])
+        for n in names:
+            per_rep[n].append(rep[n])
+    contestants = {}
+    for name, samples in per_rep.items():
+        s = _summary(samples)
+        contestants[name] = {"real_tokens_per_s": real_tokens / s["median_s"],
+                             "step_ms_median": s["median_s"] / len(batches) * 1e3,
+                             "step_ms_min": s["min_s"] / len(batches) * 1e3,
+                             "step_ms_max": s["max_s"] / len(batches) * 1e3,
+                             "warmup_s": warmup_s[name]}
+    hf_tps = contestants["hf_bert_eager"]["real_tokens_per_s"]
+    ratios = {f"{n}_over_hf_bert_eager": c["real_tokens_per_s"] / hf_tps for n, c in contestants.items()
+              if n != "hf_bert_eager"}
+    paired_median = {f"{n}_over_hf_bert_eager": statistics.median(v) for n, v in paired.items()}
+    if compile_hf and compile_normlab:
+        ratios["normlab_compiled_over_hf_bert_compiled"] = (contestants["normlab_compiled"]["real_tokens_per_s"]
+                                                           / contestants["hf_bert_compiled"]["real_tokens_per_s"])
+    lengths = [int(b["input_ids"].shape[1]) for b in batches]
+    out = {
+        "what": "real (non-pad) training tokens per second, full step: forward, backward, clip, AdamW (higher is better)",
+        "goal": f">= {GOALS['throughput']} (NormLab over HF BERT)",
+        "batches": len(batches), "batch_size": cfg["train"]["batch_size"], "padded_lengths": lengths,
+        "real_tokens_per_pass": real_tokens, "pad_fraction_of_these_batches": 1 - real_tokens / slots,
+        "same_padded_batches_for_all": True, "repeats": repeats,
+        "normlab_skips_padding": bool(getattr(normlab.normlab, "unpad", False)),
+        "normlab_layernorm_path": os.environ.get("NORMLAB_LN_IMPL", "auto")
+        + ("" if compile_normlab else " (pinned: --no-compile)"),
+        "compiled": "normlab_compiled" in models,
+        "compile_note": None if compile_normlab else "not run (--no-compile, default with --quick)",
+        "contestants": contestants, "ratios": ratios,
+        "paired_step_ratio_median": paired_median,  # robustness check: median over steps of the per-step ratio
+        "params": params,
+    }
+    return out, {"normlab": normlab, "hf_bert": hf}
+
+
+def _step_peak_cpu(step, batch) -> int:
+    """Peak bytes held by torch's CPU allocator during one step, above what was live when it started.
+
+    torch.profiler(profile_memory=True) records every op's allocations and frees; summing them in op start
+    order gives the live-bytes curve of the step, whose maximum is the peak (activations, gradients, temporaries,
+    optimizer scratch). It counts tensor bytes, not allocator slack or the Python heap, and so is identical
+    from run to run and independent of what else ran in the process."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(batch)
+    cur = peak = 0
+    for e in sorted(prof.events(), key=lambda e: e.time_range.start):
+        cur += e.self_cpu_memory_usage
+        peak = max(peak, cur)
+    return peak
+
+
+def bench_memory(cfg, models: dict, batch: dict, device) -> dict:
+    """Peak memory of one training step on the longest of the timed batches (the same batch for both). Measured
+    on the second step (the first creates the AdamW state); `resident_bytes` = parameters + AdamW state,
+    `step_peak_bytes` = the step's peak above that, `total_peak_bytes` = their sum."""
+    t = cfg["train"]
+    if device.type == "cuda":
+        method = ("torch.cuda.max_memory_allocated during the 2nd step minus torch.cuda.memory_allocated at its "
+                  "start (tensor bytes on the GPU)")
+    else:
+        method = ("torch.profiler(profile_memory=True): running sum of every op's CPU allocations minus frees during "
+                  "the 2nd step, maximum above the bytes live at its start (exact tensor bytes; excludes "
+                  "allocator slack and the Python heap)")
+    out = {"what": "peak memory of one training step (lower is better)", "method": method,
+           "batch_shape": list(batch["input_ids"].shape)}
+    for name, model in models.items():
+        model.to(device).train()
+        opt = make_optimizer(model, t)
+        step = make_step(model, opt, t["max_grad_norm"])
+        step(batch)  # creates the AdamW state
+        resident = sum(p.numel() * p.element_size() for p in model.parameters())
+        resident += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
+                        if isinstance(v, torch.Tensor))
+        if device.type == "cuda":
+            _sync(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            start = torch.cuda.memory_allocated(device)
+            step(batch)
+            _sync(device)
+            peak = torch.cuda.max_memory_allocated(device) - start
+        else:
+            peak = _step_peak_cpu(step, batch)
+        out[name] = {"resident_bytes": resident, "step_peak_bytes": peak, "total_peak_bytes": resident + peak}
+    out["ratio_total_normlab_over_hf"] = out["normlab"]["total_peak_bytes"] / out["hf_bert"]["total_peak_bytes"]
+    out["ratio_step_normlab_over_hf"] = out["normlab"]["step_peak_bytes"] / out["hf_bert"]["step_peak_bytes"]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# output
+
+
+def _goal_mark(ok: bool) -> str:
+    return "meets goal" if ok else "MISSES goal"
+
+
+def print_report(res: dict) -> None:
+    m = res["machine"]
+    print(f"NormLab bench  ({'QUICK: tiny sizes, numbers not meaningful' if res['settings']['quick'] else 'full'})")
+    print(f"machine: {m['cpu']}, {m['cpu_cores']} cores ({m['torch_threads']} torch threads), torch {m['torch']}, "
+          f"transformers {m['transformers']}, device {m['device']}" + (f" ({m['gpu']})" if m.get("gpu") else ""))
+    print(f"load average at start / end: {m['load_average_start']} / {m.get('load_average_end')}  "
+          f"(other processes inflate and scatter timings; ratios are interleaved medians)")
+    print(f"command: {res['settings']['command']}")
+
+    ln = res["layernorm"]
+    print(f"\n1. CustomLayerNorm fwd+bwd / torch.nn.LayerNorm  (training path: '{ln['training_path']}'"
+          f"{' pinned by --no-compile, training default is auto' if not res['settings']['compile'] else ''}; "
+          f"goal {ln['goal']}; * = training path)")
+    print(f"   {'dtype':<9}{'shape':<16}{'path':<11}{'runs as':<11}{'custom us':>10}{'torch us':>10}{'ratio':>8}"
+          f"{'paired':>8}")
+    for r in ln["rows"]:
+        star = " *" if r["training_default"] else ""
+        print(f"   {r['dtype']:<9}{'x'.join(map(str, r['shape'])):<16}{r['path']:<11}{r['resolves_to']:<11}"
+              f"{r['custom_us']:>10.1f}{r['torch_us']:>10.1f}{r['ratio']:>7.2f}x{r['paired_ratio_median']:>7.2f}x{star}")
+    for dt, v in ln["training_ratio"].items():
+        if v is None:
+            print(f"   {dt}: the training path was not measured (see below)")
+            continue
+        print(f"   {dt} geometric mean, training path: {v:.2f}x  -> {_goal_mark(v <= GOALS['layernorm'])}")
+    for k, v in ln["geomean_ratio"].items():
+        print(f"   geometric mean {k}: {v:.2f}x")
+    print("   (ratio = median custom / median torch; paired = median over repetitions of the per-repetition ratio)")
+    for k, v in ln["skipped_paths"].items():
+        print(f"   path '{k}': {v}")
+    print(f"   {res['cuda_note']}")
+
+    tp = res["throughput"]
+    print(f"\n2. Training throughput, real tokens/s ({tp['batches']} SST-2 length-grouped batches of "
+          f"{tp['batch_size']}, padded lengths {tp['padded_lengths']}, pad {tp['pad_fraction_of_these_batches']:.1%}; "
+          f"same padded batches for every model; {tp['repeats']} interleaved repeats; goal {tp['goal']})")
+    print(f"   {'model':<29}{'tokens/s':>10}{'ms/step med':>13}{'min':>8}{'max':>8}{'warm-up s':>11}")
+    for n, c in tp["contestants"].items():
+        print(f"   {n:<29}{c['real_tokens_per_s']:>10.0f}{c['step_ms_median']:>13.1f}{c['step_ms_min']:>8.1f}"
+              f"{c['step_ms_max']:>8.1f}{c['warmup_s']:>11.1f}")
+    for k, v in tp["ratios"].items():
+        extra = tp["paired_step_ratio_median"].get(k)
+        extra = f" (median of per-step ratios {extra:.2f}x)" if extra is not None else ""
+        print(f"   {k}: {v:.2f}x{extra}  -> {_goal_mark(v >= GOALS['throughput'])}")
+    if tp["normlab_skips_padding"]:
+        print("   note: NormLab packs the real tokens internally (unpad) and so skips pad positions; both models "
+              "receive the identical padded batches, and tokens/s counts real tokens only")
+    if tp["compile_note"]:
+        print(f"   compiled NormLab: {tp['compile_note']}")
+    p = tp["params"]
+    print(f"   parameters: NormLab {p['normlab']:,}, HF BERT {p['hf_bert']:,} (difference {p['difference_hf_minus_normlab']:,}"
+          f"{', fully explained' if p['explained_exactly'] else ', NOT fully explained'}): {p['explanation']}")
+
+    pd = res["padding"]
+    print(f"\n3. Pad fraction, SST-2 train ({pd['examples']:,} rows), batch {pd['batch_size']}, epoch 0 "
+          f"(goal {pd['goal']} for length-grouped)")
+    for n in ("random", "length_grouped"):
+        v = pd[n]
+        print(f"   {n:<16}{v['pad_fraction']:>8.2%}  (mean per batch {v['mean_batch_pad_fraction']:.2%}, "
+              f"{v['batches']} batches)")
+    lg = pd["length_grouped"]["pad_fraction"]
+    print(f"   length-grouped -> {_goal_mark(lg <= GOALS['padding'])}; {pd['reduction']:.0f}x less padding than random")
+
+    mem = res["memory"]
+    mib = 2 ** 20
+    print(f"\n4. Peak memory of one training step, batch {'x'.join(map(str, mem['batch_shape']))}")
+    print(f"   method: {mem['method']}")
+    for n in ("normlab", "hf_bert"):
+        v = mem[n]
+        print(f"   {n:<9} params+AdamW {v['resident_bytes'] / mib:7.1f} MiB, step peak {v['step_peak_bytes'] / mib:7.1f} MiB, "
+              f"total {v['total_peak_bytes'] / mib:7.1f} MiB")
+    print(f"   NormLab / HF: total {mem['ratio_total_normlab_over_hf']:.2f}x, step peak {mem['ratio_step_normlab_over_hf']:.2f}x")
+    secs = ", ".join(f"{k} {v:.0f}" for k, v in res["settings"]["section_s"].items())
+    print(f"\ntotal bench time {res['settings']['wall_s']:.0f} s ({secs})")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# main
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (tests); numbers not meaningful")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available, else cpu")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved repetitions of the throughput pass (default 9; quick 3); LayerNorm gets 5x as many")
+    ap.add_argument("--batches", type=int, default=None, help="SST-2 batches per throughput repetition (default 12; quick 2)")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--compile", dest="compile", action="store_true", default=None,
+                    help="also time the compiled NormLab (default on, off with --quick)")
+    ap.add_argument("--no-compile", dest="compile", action="store_false")
+    ap.add_argument("--compile-hf", action="store_true", help="also time a compiled HF BERT (slow to compile)")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="also time NormLab with torch's LayerNorm, and with its padded layout (unpad=False)")
+    ap.add_argument("--out", default=None, help="also write the JSON object to this file")
+    ap.add_argument("--config", default=None, help="a config variant (default: configs/default.yaml)")
+    args = ap.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        ap.error(f"--repeats={args.repeats} must be >= 1")
+    if args.batches is not None and args.batches < 1:
+        ap.error(f"--batches={args.batches} must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    wall0 = time.perf_counter()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench.py: --device cuda but torch.cuda.is_available() is False; use --device cpu", file=sys.stderr)
+        return 2
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    quick = args.quick
+    repeats = args.repeats or (3 if quick else 9)
+    n_batches = args.batches or (2 if quick else 12)
+    do_compile = (not quick) if args.compile is None else args.compile
+
+    if not do_compile:
+        # Nothing in this run may call torch.compile: CustomLayerNorm's default ("auto") would compile its kernels
+        # for large inputs, so pin the reference path (what training does with NORMLAB_LN_IMPL=reference).
+        os.environ["NORMLAB_LN_IMPL"] = "reference"
+
+    from common.config import load_config
+
+    overrides = [f"data.max_train_samples={QUICK_TRAIN_SAMPLES}"] if quick else []
+    cfg = load_config(args.config, overrides)
+
+    res = {"machine": machine_info(device),
+           "settings": {"quick": quick, "repeats": repeats, "batches": n_batches, "compile": do_compile,
+                        "compile_hf": args.compile_hf, "config": args.config, "config_overrides": overrides,
+                        "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)}}
+
+    # 1. LayerNorm at training shapes
+    dtypes = [torch.float32] + ([torch.bfloat16] if device.type == "cuda" else [])
+    lengths = (32,) if quick else LN_LENGTHS
+    section_s = res["settings"]["section_s"] = {}
+    t0 = time.perf_counter()
+    # LayerNorm samples are short (~2 ms): many more of them than of training passes, for stable medians
+    res["layernorm"] = bench_layernorm(device, dtypes, cfg["model"]["hidden_size"], cfg["train"]["batch_size"],
+                                       lengths, 5 * repeats, do_compile)
+    res["cuda_note"] = ("CUDA paths measured on " + res["machine"].get("gpu", "GPU") if device.type == "cuda" else
+                        "CUDA paths (fp32/bf16 LayerNorm, GPU throughput and memory): untested, no GPU in this run")
+
+    section_s["layernorm"] = time.perf_counter() - t0
+
+    # 3. padding (needs the data; cheap next to the timings)
+    t0 = time.perf_counter()
+    tokenizer, tokenized, num_labels, build_dataloaders = load_data(cfg)
+    section_s["data"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    res["padding"] = bench_padding(cfg, tokenizer, tokenized, build_dataloaders)
+    section_s["padding"] = time.perf_counter() - t0
+
+    # 2. throughput on the first batches of the training loader
+    t0 = time.perf_counter()
+    batches = take_batches(cfg, tokenizer, tokenized, build_dataloaders, n_batches, device)
+    res["throughput"], models = bench_throughput(
+        cfg, batches, len(tokenizer), tokenizer.pad_token_id, num_labels, device, repeats, do_compile, args.compile_hf,
+        args.diagnose)
+
+    section_s["throughput"] = time.perf_counter() - t0
+
+    # 4. memory, on the longest timed batch
+    t0 = time.perf_counter()
+    longest = max(batches, key=lambda b: b["input_ids"].numel())
+    res["memory"] = bench_memory(cfg, models, longest, device)
+    section_s["memory"] = time.perf_counter() - t0
+
+    res["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    res["settings"]["wall_s"] = time.perf_counter() - wall0
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print_report(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
