@@ -1,0 +1,235 @@
+"""Run-directory bookkeeping for train.py: atomic checkpoints, exact resume, the final model, summary.json.
+
+A checkpoint is `<output_dir>/checkpoints/step_N/`: accelerate's `save_state` (model, optimizer, scheduler, grad
+scaler, every process's RNG) plus `trainer_state.json` (step, epoch, batches consumed in the epoch, spike
+detector, best metric, and the size of every file, so a truncated file is caught before it is loaded).
+
+Atomicity: everything is written into `checkpoints/.tmp-step_N/` and renamed to `step_N/` only once complete
+(a rename within one directory is atomic on POSIX). A kill during a save leaves a `.tmp-*` folder that is never
+read and is removed by the next save; the previous checkpoint stays intact. `final/` is written the same way.
+"""
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CHECKPOINTS = "checkpoints"
+TRAINER_STATE = "trainer_state.json"
+STATE_FORMAT = 1
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, half-written or corrupted; the message names it and what to do."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# small atomic writers
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write a file so that readers see the old content or the new one, never half of it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path):
+    """The parsed JSON file, or None when it is missing or unreadable (a caller decides if that is an error)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Move a fully written `tmp` directory to `final`, replacing an older `final` (rename is atomic; a
+    directory cannot be renamed over a non-empty one, so the old one is first moved aside, then deleted)."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# finding checkpoints
+
+
+def checkpoints_root(output_dir) -> Path:
+    return Path(output_dir) / CHECKPOINTS
+
+
+def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
+    """(step, path) of every `step_N` directory (valid or not), oldest first."""
+    root = checkpoints_root(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def _file_sizes(folder: Path) -> dict:
+    return {
+        str(p.relative_to(folder)): p.stat().st_size
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != TRAINER_STATE
+    }
+
+
+def validate_checkpoint(path) -> dict:
+    """The checkpoint's trainer state, or CheckpointError saying what is wrong with it."""
+    path = Path(path)
+    fix = "delete it, or resume from an earlier checkpoint with train.resume=<output_dir>/checkpoints/step_N"
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist; give train.resume=auto or an existing checkpoints/step_N")
+    state = read_json(path / TRAINER_STATE)
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or "files" not in state:
+        raise CheckpointError(f"checkpoint {path} is half-written or corrupted ({TRAINER_STATE} missing or unreadable); {fix}")
+    for name, size in state["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing; {fix}")
+        if f.stat().st_size != size:
+            raise CheckpointError(
+                f"checkpoint {path} is corrupted: {name} has {f.stat().st_size} bytes, {size} were written; {fix}"
+            )
+    return state
+
+
+def find_latest_checkpoint(output_dir) -> tuple[Path | None, list[str]]:
+    """The newest valid checkpoint under output_dir (or None), and a message per invalid newer one skipped."""
+    skipped = []
+    for _, path in reversed(list_checkpoints(output_dir)):
+        try:
+            validate_checkpoint(path)
+            return path, skipped
+        except CheckpointError as e:
+            skipped.append(f"skipping {e}")
+    return None, skipped
+
+
+def resolve_resume(resume, output_dir) -> tuple[Path | None, list[str]]:
+    """train.resume -> (checkpoint path or None, warnings). `auto`: newest valid checkpoint in output_dir (None
+    on a fresh run); a path: that checkpoint, or the newest valid one of a run directory given instead."""
+    if resume is None:
+        return None, []
+    if resume == "auto":
+        return find_latest_checkpoint(output_dir)
+    path = Path(resume)
+    if not (path / TRAINER_STATE).exists() and checkpoints_root(path).is_dir():  # a run directory
+        found, skipped = find_latest_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"train.resume={resume}: no valid checkpoint under {checkpoints_root(path)}; " + "; ".join(skipped))
+        return found, skipped
+    validate_checkpoint(path)
+    return path, []
+
+
+# ----------------------------------------------------------------------------------------------------------
+# RNG: resuming mid-epoch must put the generators back *after* the data loader has started (see train.py)
+
+
+def capture_rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# save / load
+
+
+def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, keep: int) -> Path:
+    """Write checkpoints/step_{step} atomically on every process's behalf; keep the newest `keep`. Collective:
+    every process must call it (each saves its own RNG state)."""
+    root = checkpoints_root(output_dir)
+    final = root / f"step_{step}"
+    tmp = root / f".tmp-step_{step}"
+    if accelerator.is_main_process:
+        for stale in root.glob(".tmp-step_*") if root.is_dir() else []:
+            shutil.rmtree(stale, ignore_errors=True)  # left by a kill during an earlier save
+    accelerator.wait_for_everyone()
+    tmp.mkdir(parents=True, exist_ok=True)
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        state = {"format": STATE_FORMAT, **trainer_state, "files": _file_sizes(tmp)}
+        atomic_write_json(tmp / TRAINER_STATE, state)  # written last: its presence marks a complete checkpoint
+        replace_dir(tmp, final)
+        # Keep the newest `keep` up to this step. Newer ones belong to a timeline abandoned by resuming from an
+        # older checkpoint (metrics.jsonl was rewound too), so they go.
+        checkpoints = list_checkpoints(output_dir)
+        older = [p for s, p in checkpoints if s <= step]
+        newer = [p for s, p in checkpoints if s > step]
+        for old in older[:-keep] + newer:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator, path) -> dict:
+    """Restore model, optimizer, scheduler and RNG from a checkpoint; returns its trainer state."""
+    state = validate_checkpoint(path)
+    try:
+        accelerator.load_state(str(path))
+    except Exception as e:  # a size mismatch, a truncated tensor file, an unpicklable RNG file...
+        msg = " ".join(str(e).split())[:300]
+        raise CheckpointError(
+            f"checkpoint {path} could not be loaded ({type(e).__name__}: {msg}); it is corrupted or was written by a "
+            f"different model config; resume from another checkpoint or start a new output_dir"
+        ) from e
+    return state
+
+
+__all__ = [
+    "CheckpointError", "CHECKPOINTS", "TRAINER_STATE", "atomic_write_text", "atomic_write_json", "read_json",
+    "replace_dir", "checkpoints_root", "list_checkpoints", "validate_checkpoint", "find_latest_checkpoint",
+    "resolve_resume", "capture_rng_state", "restore_rng_state", "save_checkpoint", "load_checkpoint",
+]

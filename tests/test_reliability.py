@@ -1,0 +1,149 @@
+"""Nothing is lost, nothing is a puzzle (issue 6): SIGTERM saves and exits cleanly, a `kill -9` run resumes to
+bitwise the same weights, checkpoints are atomic and a damaged one is named, divergence is a status, the same
+seed gives the same losses, and bad input is one line on stderr with nothing deleted."""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from train_utils import (
+    assert_same_weights, env, final_weights, losses, python_cmd, rows, run_cmd, run_here, summary,
+)
+
+# 40 steps over 19 batches per epoch: resumes land mid-epoch and in the second epoch. Dropout is on (RNG state
+# restored on resume).
+REFERENCE = ["train.max_steps=40", "train.save_steps=10", "train.eval_steps=20"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference") / "run"
+    assert run_here(out, *REFERENCE) == 0
+    return out
+
+
+def start(out, *overrides) -> subprocess.Popen:
+    return subprocess.Popen(python_cmd(out, *overrides), cwd=Path(__file__).resolve().parent.parent, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(proc, out, step, timeout=180) -> int:
+    """Block until metrics.jsonl has a training row at `step` or later; return the last step seen."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, f"run ended early: {proc.stderr.read()[-2000:]}"
+        try:
+            done = max((s for s, _ in losses(out)), default=0)
+        except (OSError, ValueError):  # not there yet, or a line being written
+            done = 0
+        if done >= step:
+            return done
+        time.sleep(0.02)
+    raise AssertionError(f"no step {step} within {timeout}s")
+
+
+def test_same_seed_same_losses(reference, tmp_path):
+    assert run_here(tmp_path / "again", *REFERENCE) == 0
+    assert losses(tmp_path / "again") == losses(reference)
+    assert_same_weights(final_weights(tmp_path / "again"), final_weights(reference))
+
+
+def test_sigterm_saves_a_checkpoint_and_the_resumed_run_has_the_same_losses(reference, tmp_path):
+    out = tmp_path / "run"
+    proc = start(out, *REFERENCE)
+    wait_for_step(proc, out, 6)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    s = summary(out)
+    assert s["status"] == "interrupted" and 6 <= s["step"] < 40
+    assert s["last_checkpoint"].endswith(f"step_{s['step']}") and Path(s["last_checkpoint"]).is_dir()
+    assert not (out / "final").exists()  # final/ only for a completed run
+
+    assert run_here(out, *REFERENCE, "train.resume=auto") == 0
+    assert summary(out)["status"] == "completed"
+    assert losses(out) == losses(reference)  # metrics.jsonl rewound to the checkpoint, then the same losses
+    assert [r for r in rows(out) if "eval/loss" in r] == [r for r in rows(reference) if "eval/loss" in r]
+    assert_same_weights(final_weights(out), final_weights(reference))
+
+
+def test_kill_9_then_resume_gives_bitwise_equal_weights(reference, tmp_path):
+    out = tmp_path / "run"
+    proc = start(out, *REFERENCE)
+    wait_for_step(proc, out, 23)  # past the step-20 checkpoint, mid second epoch
+    proc.kill()
+    proc.wait(timeout=60)
+    assert not (out / "summary.json").exists()
+
+    assert run_here(out, *REFERENCE, "train.resume=auto") == 0
+    assert summary(out)["status"] == "completed"
+    assert_same_weights(final_weights(out), final_weights(reference))
+    assert losses(out) == losses(reference)
+
+
+def test_damaged_checkpoints_are_named_and_skipped(reference, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    (out / "summary.json").unlink()  # pretend the run stopped after its step-40 checkpoint...
+    shutil.rmtree(out / "final")
+    ckpt = out / "checkpoints" / "step_40"
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # ...and that checkpoint was damaged
+    (out / "checkpoints" / ".tmp-step_50").mkdir()  # a kill during a save leaves this: never read
+
+    assert run_here(out, *REFERENCE, f"train.resume={ckpt}") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(ckpt) in err and "corrupted" in err
+    assert weights.stat().st_size == 1000  # nothing deleted or rewritten
+
+    # auto skips the damaged newest checkpoint (saying so) and continues from step 30 to the same weights
+    assert run_here(out, *REFERENCE, "train.resume=auto") == 0
+    assert "skipping checkpoint" in capsys.readouterr().err
+    assert_same_weights(final_weights(out), final_weights(reference))
+    assert not (out / "checkpoints" / ".tmp-step_50").exists()
+
+
+def test_divergence_is_a_status_and_keeps_the_last_good_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    # lr 1e30, no warmup: the first update blows the weights up, the next forward overflows
+    assert run_here(out, "train.lr=1e30", "train.warmup_steps=0", "train.max_steps=20", "train.save_steps=1") == 0
+    s = summary(out)
+    assert s["status"] == "diverged" and s["step"] < 20
+    assert s["last_checkpoint"].endswith(f"step_{s['step']}") and Path(s["last_checkpoint"]).is_dir()
+    assert not (out / "final").exists()
+    last = rows(out)[-1]
+    assert last["events/nonfinite"] == 1 and last["step"] == s["step"] + 1
+
+
+def test_bad_input_is_one_line_and_deletes_nothing(reference, tmp_path, capsys):
+    # from the command line: one line on stderr, exit 2, no traceback, before any data is loaded
+    result = run_cmd(python_cmd(tmp_path / "x", "model.nrom=rmsnorm"), timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and result.stderr.strip().count("\n") == 0
+    assert "model.nrom" in result.stderr and "norm" in result.stderr
+    assert not (tmp_path / "x").exists()
+
+    # --debug shows the traceback
+    with pytest.raises(ValueError):
+        import train
+
+        train.main([f"output_dir={tmp_path / 'x'}", "train.lr=-1", "--debug"])
+
+    # a missing data path
+    assert run_here(tmp_path / "y", "data.path=/nonexistent/sst2.parquet") == 2
+    assert "/nonexistent/sst2.parquet" in capsys.readouterr().err
+
+    # an output_dir holding a finished run of another config: refused, nothing touched
+    before = {p: p.stat().st_mtime_ns for p in reference.rglob("*")}
+    assert run_here(reference, *REFERENCE, "train.lr=1e-4") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "train.lr" in err and "output_dir" in err
+    assert {p: p.stat().st_mtime_ns for p in reference.rglob("*")} == before
+    # ...and the same config without train.resume is refused too (never overwritten)
+    assert run_here(reference, *REFERENCE) == 2
+    assert "finished run" in capsys.readouterr().err
