@@ -310,7 +310,15 @@ def resolve_dataset(cfg: dict, task: str | None = None):
 
     d, default_task = _data_cfg(cfg)
     task = task or default_task
-    dsd, source = _find_dataset(d)
+    # No "Generating train split" bars: loading local files takes a second, and a bad file must end in exactly
+    # one error line on stderr, not bars first.
+    bars_were_off = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        dsd, source = _find_dataset(d)
+    finally:
+        if not bars_were_off:
+            datasets.enable_progress_bars()
     splits = [d["train_split"], d["eval_split"]]
     for split in splits:
         if split not in dsd:

@@ -147,3 +147,38 @@ def test_bad_input_is_one_line_and_deletes_nothing(reference, tmp_path, capsys):
     # ...and the same config without train.resume is refused too (never overwritten)
     assert run_here(reference, *REFERENCE) == 2
     assert "finished run" in capsys.readouterr().err
+
+
+def _write_csv(path, rows_, header="sentence,label"):
+    path.write_text("\n".join([header, *rows_]) + "\n")
+    return path
+
+
+GOOD_ROWS = [f"a fine sentence number {i},{i % 2}" for i in range(30)]
+
+# (what is wrong, how to make the data file or None, extra overrides, words the one-line error must contain)
+BAD_INPUTS = [
+    ("unknown value", None, ["model.norm=layrnorm"], ["model.norm", "layernorm"]),
+    ("max_length beyond positions", None, ["data.max_length=200"], ["max_length", "max_position_embeddings"]),
+    ("empty dataset", lambda p: _write_csv(p, []), [], ["empty"]),
+    ("empty text rows", lambda p: _write_csv(p, GOOD_ROWS + [",1", ",0"]), [], ["sentence", "empty"]),
+    ("labels out of range", lambda p: _write_csv(p, GOOD_ROWS + ["one more,7"]), ["data.num_labels=2"], ["label", "7"]),
+    ("labels missing", lambda p: _write_csv(p, [f"text {i}" for i in range(30)], header="sentence"), [], ["label"]),
+    ("text not text", lambda p: _write_csv(p, [f"{i},{i % 2}" for i in range(30)]), [], ["sentence", "text"]),
+]
+
+
+@pytest.mark.parametrize("case,make_data,overrides,words", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_each_bad_input_is_one_named_line(case, make_data, overrides, words, tmp_path, capsys):
+    """Issue 6 item 4, through train.main: exit 2, one `error:` line naming the problem, nothing deleted."""
+    keep = tmp_path / "keep.txt"
+    keep.write_text("a user's file")
+    if make_data is not None:
+        overrides = [f"data.path={make_data(tmp_path / 'data.csv')}", *overrides]
+    assert run_here(tmp_path / "run", *overrides) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    for word in words:
+        assert word.lower() in err[0].lower(), (word, err[0])
+    assert keep.read_text() == "a user's file"
+    assert not (tmp_path / "run" / "final").exists()
