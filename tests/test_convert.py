@@ -10,15 +10,6 @@ from transformers import BertConfig, BertForSequenceClassification, BertModel, M
 
 from model.convert import bert_to_normlab, megatron_bert_to_normlab
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is fastest, and on a shared machine a second thread mostly waits for the first."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 SMALL = dict(
     vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
     max_position_embeddings=24, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,

@@ -23,15 +23,6 @@ from transformers import (
 
 from model import NormLabConfig, NormLabForMaskedLM, NormLabForSequenceClassification, NormLabModel
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is fastest, and on a shared machine a second thread mostly waits for the first."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0 = NormLabConfig.pad_token_id
 CORPUS = ["the cat sat on the mat", "a dog is a good dog", "the movie was great fun",
           "a terrible and boring film", "what a wonderful day", "the plot made no sense"]

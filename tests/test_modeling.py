@@ -12,15 +12,6 @@ from model import NormLabConfig, NormLabForMaskedLM, NormLabForSequenceClassific
 from model.configuration_normlab import BATCH_STAT_NORMS, NORM_PLACEMENTS, NORM_TYPES
 from model.modeling_normlab import NormLabAttention, TokenLayout, deepnorm_alpha, deepnorm_beta
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is fastest, and on a shared machine a second thread mostly waits for the first."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 VOCAB = 60
 PAD = 0
 

@@ -2,7 +2,6 @@
 bitwise the same weights, checkpoints are atomic and a damaged one is named, divergence is a status, the same
 seed gives the same losses, and bad input is one line on stderr with nothing deleted."""
 
-import os
 import shutil
 import signal
 import subprocess
