@@ -51,7 +51,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-GOALS = {"layernorm": 1.0, "throughput": 1.3, "padding": 0.05}
+GOALS = {"layernorm": 1.0, "throughput": 1.3, "padding": 0.05, "logging": 0.10}
 QUICK_TRAIN_SAMPLES = 2000  # --quick: the first N training rows (tokenizer, padding and throughput batches)
 LN_LENGTHS = (16, 32, 64)  # sequence lengths of the LayerNorm shapes (B, L, D); SST-2 batches span ~10..64
 
@@ -334,6 +334,34 @@ def make_step(model, optimizer, max_grad_norm: float):
     return step
 
 
+def make_logged_step(model, optimizer, max_grad_norm: float):
+    """make_step plus the stability logging train.py does on every logging step (train.log_steps=1): hidden
+    states and attention-logit maxima from the forward, per-block grad norms, the weight snapshot and update
+    ratios, and the one host transfer of the results."""
+    from common.metrics import StabilityProbe, clip_coefficient
+    from model.norms import BatchStatNorm
+
+    probe = StabilityProbe(model, BatchStatNorm)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(batch):
+        probe.arm()
+        out = model(**batch, output_hidden_states=True)
+        probe.read_forward(out.hidden_states, batch["attention_mask"])
+        out.loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        probe.read_grads(clip_coefficient(grad_norm, max_grad_norm))
+        probe.snapshot()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        probe.read_update()
+        measured = [probe.act_sumsq, probe.logit_max, probe.grad_norm, probe.update_ratio, out.loss.detach()]
+        torch.cat([t.reshape(-1).float() for t in measured]).tolist()  # the host sync of train.py's gather_row
+        return out.loss
+
+    return step
+
+
 def take_batches(cfg, tokenizer, tokenized, build_dataloaders, n: int, device) -> list[dict]:
     loader = _loader_for(cfg, tokenizer, tokenized, build_dataloaders, cfg["data"]["group_by_length"])
     batches = []
@@ -351,6 +379,8 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
     normlab, hf = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
     params = param_counts(normlab, hf)
     models = {"normlab_eager": normlab, "hf_bert_eager": hf}
+    # the same NormLab again, with train.py's per-step stability logging: what the logging costs
+    models["normlab_eager_logged"], _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
     if compile_normlab:
         compiled, _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
         compiled.compile()  # as train.py does for train.compile=true
@@ -370,7 +400,8 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
     steps = {}
     for name, model in models.items():
         model.to(device).train()
-        steps[name] = make_step(model, make_optimizer(model, t), t["max_grad_norm"])
+        make = make_logged_step if name == "normlab_eager_logged" else make_step
+        steps[name] = make(model, make_optimizer(model, t), t["max_grad_norm"])
 
     real_tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     slots = sum(b["attention_mask"].numel() for b in batches)
@@ -415,8 +446,11 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
                              "warmup_s": warmup_s[name]}
     hf_tps = contestants["hf_bert_eager"]["real_tokens_per_s"]
     ratios = {f"{n}_over_hf_bert_eager": c["real_tokens_per_s"] / hf_tps for n, c in contestants.items()
-              if n != "hf_bert_eager"}
-    paired_median = {f"{n}_over_hf_bert_eager": statistics.median(v) for n, v in paired.items()}
+              if n not in ("hf_bert_eager", "normlab_eager_logged")}
+    logging_overhead = (contestants["normlab_eager_logged"]["step_ms_median"]
+                        / contestants["normlab_eager"]["step_ms_median"] - 1)
+    paired_median = {f"{n}_over_hf_bert_eager": statistics.median(v) for n, v in paired.items()
+                     if n != "normlab_eager_logged"}
     if compile_hf and compile_normlab:
         ratios["normlab_compiled_over_hf_bert_compiled"] = (contestants["normlab_compiled"]["real_tokens_per_s"]
                                                            / contestants["hf_bert_compiled"]["real_tokens_per_s"])
@@ -433,6 +467,7 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
         "compiled": "normlab_compiled" in models,
         "compile_note": None if compile_normlab else "not run (--no-compile, default with --quick)",
         "contestants": contestants, "ratios": ratios,
+        "logging_overhead": logging_overhead,  # step time with stability logging every step / without, minus 1
         "paired_step_ratio_median": paired_median,  # robustness check: median over steps of the per-step ratio
         "params": params,
     }
@@ -545,6 +580,9 @@ def print_report(res: dict) -> None:
         extra = tp["paired_step_ratio_median"].get(k)
         extra = f" (median of per-step ratios {extra:.2f}x)" if extra is not None else ""
         print(f"   {k}: {v:.2f}x{extra}  -> {_goal_mark(v >= GOALS['throughput'])}")
+    print(f"   stability logging every step (normlab_eager_logged vs normlab_eager): "
+          f"{tp['logging_overhead']:+.1%} step time  -> {_goal_mark(tp['logging_overhead'] <= GOALS['logging'])} "
+          f"(goal <= {GOALS['logging']:.0%})")
     if tp["normlab_skips_padding"]:
         print("   note: NormLab packs the real tokens internally (unpad) and so skips pad positions; both models "
               "receive the identical padded batches, and tokens/s counts real tokens only")
