@@ -419,8 +419,8 @@ def main(argv=None) -> int:
         print(f"study.py: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"\nstudy interrupted; run the same command again to continue (finished runs are skipped, "
-              f"interrupted ones resume from their last checkpoint)", file=sys.stderr)
+        print("\nstudy interrupted; run the same command again to continue (finished runs are skipped, "
+              "interrupted ones resume from their last checkpoint)", file=sys.stderr)
         return 130
     if not args.no_report:
         subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "report.py"), str(study_dir)], cwd=REPO_ROOT)
