@@ -69,6 +69,7 @@ class StabilityProbe:
             self.bn_by_block = [[m for m in blk.modules() if isinstance(m, batch_stat_norm_cls)] for blk in self.blocks]
             if not any(self.bn_by_block):
                 self.bn_by_block = []
+        self._buffer = None  # the weight snapshot's storage, reused across logged steps
         self._reset()
 
     def _reset(self):
@@ -105,7 +106,10 @@ class StabilityProbe:
     @torch.no_grad()
     def snapshot(self) -> None:
         """Copy the block weights before the optimizer step (and their norms, while they are at hand)."""
-        self._before = [[p.detach().clone() for p in group] for group in self.params]
+        if self._buffer is None:  # allocated once: a clone per tensor per logged step costs more than the copy
+            self._buffer = [[torch.empty_like(p) for p in group] for group in self.params]
+        torch._foreach_copy_([b for group in self._buffer for b in group], [p.detach() for group in self.params for p in group])
+        self._before = self._buffer
         self._before_norm = _per_block_norm(self._before)
 
     @torch.no_grad()

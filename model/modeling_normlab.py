@@ -151,7 +151,7 @@ class NormLabAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.record_logit_max:
-            self.last_logit_max = self._logit_max(q, k, layout.mask)
+            self.last_logit_max = self._logit_max(q, k, layout)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=layout.attn_bias, dropout_p=self.dropout_p if self.training else 0.0
         )  # (B, H, L, Dh); pad keys get weight exactly 0
@@ -159,14 +159,17 @@ class NormLabAttention(nn.Module):
         return self.out_proj(layout.pack(y))  # back to x's layout before the projection: pads cost nothing
 
     @torch.no_grad()
-    def _logit_max(self, q, k, mask):
+    def _logit_max(self, q, k, layout: TokenLayout):
         """Largest pre-softmax logit q.k/sqrt(Dh) over heads, real queries and real keys (padding excluded, so the
-        probe, like the outputs, does not depend on how much padding the batch has)."""
-        logits = (q @ k.transpose(-2, -1)) * (self.head_dim**-0.5)  # (B, H, L, L)
-        if mask is not None:
-            pair = mask[:, None, :, None] & mask[:, None, None, :]  # (B, 1, L, L): real query and real key
-            logits = logits.masked_fill(~pair, float("-inf"))
-        return logits.amax().detach()
+        probe, like the outputs, does not depend on how much padding the batch has). Cheap on purpose (it runs
+        on every logged step): pad keys are pushed down with the attention bias already built, pad queries are
+        dropped after the max over keys, and the positive scale is applied to the one number at the end."""
+        logits = q @ k.transpose(-2, -1)  # (B, H, L, L), unscaled
+        if layout.mask is None:
+            return (logits.amax() * self.head_dim**-0.5).detach()
+        per_query = logits.add_(layout.attn_bias).amax(-1)  # (B, H, L): max over real keys
+        per_query = per_query.masked_fill(~layout.mask[:, None, :], float("-inf"))  # drop pad queries
+        return (per_query.amax() * self.head_dim**-0.5).detach()
 
 
 class NormLabFeedForward(nn.Module):
