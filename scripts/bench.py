@@ -320,13 +320,21 @@ def make_optimizer(model, t: dict):
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 
 
+def _nonfinite_check(loss, grad_norm) -> float:
+    """What train.py does on every step, logged or not: the divergence check's host sync of loss and grad norm."""
+    flags = torch.stack([~torch.isfinite(loss.detach().float()), ~torch.isfinite(grad_norm.float())])
+    flags.tolist()
+    return grad_norm.item()
+
+
 def make_step(model, optimizer, max_grad_norm: float):
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step(batch):
         loss = model(**batch).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        _nonfinite_check(loss, grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return loss
@@ -349,7 +357,7 @@ def make_logged_step(model, optimizer, max_grad_norm: float):
         out = model(**batch, output_hidden_states=True)
         probe.read_forward(out.hidden_states, batch["attention_mask"])
         out.loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        grad_norm = _nonfinite_check(out.loss, torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
         probe.read_grads(clip_coefficient(grad_norm, max_grad_norm))
         probe.snapshot()
         optimizer.step()
