@@ -302,6 +302,20 @@ def _grid(n, width=4.2, height=3.2):
     return fig, list(axes.flat[:n])
 
 
+def _label_axis(ax, xlabel: str, ylabel: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save_figure(fig, title: str, path) -> None:
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_loss_curves(runs, variants, lrs, path):
     fig, axes = _grid(len(lrs))
     by = defaultdict(list)
@@ -323,14 +337,8 @@ def plot_loss_curves(runs, variants, lrs, path):
                     ax.plot(run_steps[finite][-1], run_values[finite][-1], "x",
                             color=_style(series, variants)["color"], markersize=8)
         ax.set_title(f"lr = {lr:g}")
-        ax.set_xlabel("step")
-        ax.set_ylabel("train loss (EMA)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle("Training loss (mean over seeds, EMA-smoothed; x = a diverged run stopped)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _label_axis(ax, "step", "train loss (EMA)")
+    _save_figure(fig, "Training loss (mean over seeds, EMA-smoothed; x = a diverged run stopped)", path)
 
 
 def plot_grad_norm(runs, variants, lrs, path):
@@ -345,14 +353,8 @@ def plot_grad_norm(runs, variants, lrs, path):
                 ax.plot(steps, _ema(values), color=cmap(i / max(len(lrs) - 1, 1)), label=f"lr {lr:g}", linewidth=1.2)
         ax.set_yscale("log")
         ax.set_title(series_label(series))
-        ax.set_xlabel("step")
-        ax.set_ylabel("grad norm (pre-clip)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle("Global gradient norm before clipping (mean over seeds, EMA-smoothed)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _label_axis(ax, "step", "grad norm (pre-clip)")
+    _save_figure(fig, "Global gradient norm before clipping (mean over seeds, EMA-smoothed)", path)
 
 
 def final_act_rms(run: Run) -> np.ndarray:
@@ -375,14 +377,8 @@ def plot_act_rms(runs, variants, lrs, path):
         ax.set_yscale("log")
         ax.set_title(f"lr = {lr:g}")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("layer")
-        ax.set_ylabel("activation RMS at the end")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle("Residual-stream activation RMS per layer at the last step (completed runs, mean over seeds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _label_axis(ax, "layer", "activation RMS at the end")
+    _save_figure(fig, "Residual-stream activation RMS per layer at the last step (completed runs, mean over seeds)", path)
 
 
 def plot_lr_sensitivity(lr_rows, series_rows, variants, path):
@@ -400,10 +396,7 @@ def plot_lr_sensitivity(lr_rows, series_rows, variants, path):
                             capsize=3, label=series_label(series), **_style(series, variants))
     for ax, ylabel in ((ax_loss, "min(final loss, initial loss)"), (ax_acc, "final val accuracy")):
         ax.set_xscale("log")
-        ax.set_xlabel("learning rate")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _label_axis(ax, "learning rate", ylabel)
     ax_loss.set_title("Final train loss (mean over seeds; diverged = initial)")
     ax_acc.set_title("Validation accuracy (mean ± std over seeds)")
     labels = [series_label((r["variant"], r["warmup"])) for r in series_rows]
