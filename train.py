@@ -42,6 +42,7 @@ from common.checkpointing import (
 )
 from common.config import ConfigError, flatten_config, load_config, model_config_from, parse_cli, save_config
 from common.metrics import MetricsWriter, StabilityProbe, StepCounters, clip_coefficient, gather_row
+from common.optim import adamw
 from common.stability import LossSpikeDetector
 
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT = 0, 1, 2
@@ -153,15 +154,6 @@ def resolve_trackers(cfg: dict) -> tuple[list[str], str]:
 
 # ----------------------------------------------------------------------------------------------------------
 # building blocks of the loop
-
-
-def adamw(model, t: dict) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (nanoGPT's rule): biases, norm gains/biases, DyT's alpha and
-    every other 1-D parameter are not decayed (decaying a norm's gain towards 0 fights the normalization)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": t["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=t["lr"], betas=(t["adam_beta1"], t["adam_beta2"]))
 
 
 @torch.no_grad()

@@ -51,6 +51,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from common.optim import adamw  # noqa: E402  (the optimizer train.py uses)
+
 GOALS = {"layernorm": 1.0, "throughput": 1.3, "padding": 0.05, "logging": 0.10}
 QUICK_TRAIN_SAMPLES = 2000  # --quick: the first N training rows (tokenizer, padding and throughput batches)
 LN_LENGTHS = (16, 32, 64)  # sequence lengths of the LayerNorm shapes (B, L, D); SST-2 batches span ~10..64
@@ -309,14 +311,6 @@ def param_counts(normlab, hf) -> dict:
     }
 
 
-def make_optimizer(model, t: dict):
-    """The optimizer train.py builds: AdamW, weight decay on >= 2-D tensors only, betas from the config."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": t["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=t["lr"], betas=(t["adam_beta1"], t["adam_beta2"]))
-
-
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 
 
@@ -409,7 +403,7 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
     for name, model in models.items():
         model.to(device).train()
         make = make_logged_step if name == "normlab_eager_logged" else make_step
-        steps[name] = make(model, make_optimizer(model, t), t["max_grad_norm"])
+        steps[name] = make(model, adamw(model, t), t["max_grad_norm"])
 
     real_tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     slots = sum(b["attention_mask"].numel() for b in batches)
@@ -516,7 +510,7 @@ def bench_memory(cfg, models: dict, batch: dict, device) -> dict:
            "batch_shape": list(batch["input_ids"].shape)}
     for name, model in models.items():
         model.to(device).train()
-        opt = make_optimizer(model, t)
+        opt = adamw(model, t)
         step = make_step(model, opt, t["max_grad_norm"])
         step(batch)  # creates the AdamW state
         resident = sum(p.numel() * p.element_size() for p in model.parameters())

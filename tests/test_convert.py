@@ -42,6 +42,15 @@ def _randomize_norms(model, seed):
                 m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g))
 
 
+def _assert_same_on_padded_batch(ours, hf, seed):
+    """Both encoders on one random padded batch with token types: equal last_hidden_state on real tokens."""
+    input_ids, attention_mask, token_type_ids = _padded_batch(seed)
+    with torch.no_grad():
+        expected = hf(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+        got = ours(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+    _assert_same_on_real_tokens(got, expected, attention_mask)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bert_matches_hf(seed):
     torch.manual_seed(seed)
@@ -54,11 +63,7 @@ def test_bert_matches_hf(seed):
     assert cfg.norm_eps == hf.config.layer_norm_eps
     assert ours.encoder.final_norm is None
 
-    input_ids, attention_mask, token_type_ids = _padded_batch(seed)
-    with torch.no_grad():
-        expected = hf(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
-        got = ours(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
-    _assert_same_on_real_tokens(got, expected, attention_mask)
+    _assert_same_on_padded_batch(ours, hf, seed)
 
 
 def test_bert_from_task_model_and_without_padding():
@@ -82,11 +87,7 @@ def test_megatron_bert_matches_hf(seed):
     assert (cfg.norm, cfg.norm_placement, cfg.embedding_norm) == ("layernorm", "pre", False)
     assert ours.embeddings.norm is None and ours.encoder.final_norm is not None
 
-    input_ids, attention_mask, token_type_ids = _padded_batch(seed)
-    with torch.no_grad():
-        expected = hf(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
-        got = ours(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
-    _assert_same_on_real_tokens(got, expected, attention_mask)
+    _assert_same_on_padded_batch(ours, hf, seed)
 
 
 def test_wrong_model_type_raises():
