@@ -453,7 +453,7 @@ def _train(cfg, accelerator, resume_path, wandb_mode) -> int:
 
     def checkpoint():
         nonlocal saved_at
-        save_checkpoint(accelerator, out, step, trainer_state(), keep=t["save_total_limit"])
+        save_checkpoint(accelerator, out, step, trainer_state(), keep=t["save_total_limit"], tokenizer=tokenizer)
         saved_at = step
 
     model.train()

@@ -186,9 +186,10 @@ def restore_rng_state(state: dict) -> None:
 # save / load
 
 
-def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, keep: int) -> Path:
+def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, keep: int, tokenizer=None) -> Path:
     """Write checkpoints/step_{step} atomically on every process's behalf; keep the newest `keep`. Collective:
-    every process must call it (each saves its own RNG state)."""
+    every process must call it (each saves its own RNG state). The tokenizer, when given, is saved alongside so
+    `AutoTokenizer.from_pretrained(checkpoint)` works on any checkpoint, not only on final/."""
     root = checkpoints_root(output_dir)
     final = root / f"step_{step}"
     tmp = root / f".tmp-step_{step}"
@@ -200,6 +201,8 @@ def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, kee
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         state = {"format": STATE_FORMAT, **trainer_state, "files": _file_sizes(tmp)}
         atomic_write_json(tmp / TRAINER_STATE, state)  # written last: its presence marks a complete checkpoint
         replace_dir(tmp, final)
