@@ -17,6 +17,7 @@ EVALUATE = REPO_ROOT / "scripts" / "evaluate.py"
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 import evaluate  # noqa: E402
+from train_utils import free_port  # noqa: E402
 
 EVAL_ROWS = 96
 TINY = ["model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",
@@ -134,7 +135,7 @@ def test_two_processes_score_every_example_once(run_dir, tmp_path, capsys):
     code, single, err = run_main(capsys, run_dir, "--data", path, "--json")
     assert code == 0, err
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-              str(REPO_ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", "29547"]
+              str(REPO_ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
     double = subprocess.run([*launch, str(EVALUATE), str(run_dir), "--data", str(path), "--json", "--batch-size", "4"],
                             capture_output=True, text=True, env=env(), cwd=REPO_ROOT, timeout=300)
     assert double.returncode == 0, double.stderr[-2000:]

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from train_utils import (
-    REPO, accelerate_cmd, env, losses, rows, run_cmd, run_here, summary, train_rows,
+    REPO, accelerate_cmd, env, free_port, losses, rows, run_cmd, run_here, summary, train_rows,
 )
 
 LAYER_KEYS = ("grad_norm", "act_rms", "attn_logit_max", "update_ratio")
@@ -101,7 +101,8 @@ def test_two_cpu_processes_keep_the_lr_schedule_and_masked_bn_in_sync(tmp_path):
     out = tmp_path / "ddp"
     cmd = accelerate_cmd(out, "model.norm=masked_batchnorm", "train.max_steps=10", "train.eval_steps=5",
                          "train.save_steps=5", "train.warmup_steps=3",
-                         launch_args=("--config_file", str(REPO / "configs/accelerate/cpu_2proc.yaml")))
+                         launch_args=("--config_file", str(REPO / "configs/accelerate/cpu_2proc.yaml"),
+                                      "--main_process_port", str(free_port())))
     result = run_cmd(cmd)
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(out)

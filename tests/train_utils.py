@@ -51,6 +51,16 @@ def python_cmd(out, *overrides) -> list[str]:
     return [sys.executable, str(REPO / "train.py"), f"output_dir={out}", *TINY, *overrides]
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now: multi-process tests must not share a fixed rendezvous port (a previous
+    run's port can still be held while the next test starts)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def accelerate_cmd(out, *overrides, launch_args=("--num_processes", "1")) -> list[str]:
     launcher = [sys.executable, "-m", "accelerate.commands.launch", *launch_args]
     return [*launcher, str(REPO / "train.py"), f"output_dir={out}", *TINY, *overrides]
