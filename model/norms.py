@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from .configuration_normlab import NORM_TYPES
+from .cpu_kernels import cpu_kernels
 
 
 def _real_token_mask(x, mask):
@@ -134,50 +135,6 @@ def _compilable(x):  # x (N, M)
     return x.shape[0] >= 2 and x.shape[1] >= 2
 
 
-# The CPU fast path: model/layernorm_cpu.cpp, the same math as C++ loops *and* a C++ autograd node. At training
-# shapes (~1000 rows x 128) the Python around a kernel (autograd.Function, the compiled graph's wrapper, views)
-# costs more than the kernel; torch.nn.LayerNorm pays none of it, so a Python-wrapped kernel cannot match it.
-# torch.utils.cpp_extension builds the file once per machine (about a minute on 2 cores; cached under
-# TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions) and reloads it in well under a second afterwards.
-# -march=native tunes the loops to this CPU, so the extension's name carries a digest of the CPU's model and
-# flags: a cache shared by different machines never hands one of them the other's build. -ffp-contract=off keeps
-# each multiply and add separately rounded, as in the reference ops (fused multiply-adds made the exactly-zero
-# gradient of a one-element row come out as rounding noise). A failed build (no
-# compiler, no ninja, a checkpoint's copied code without the .cpp next to it) warns once and leaves the other paths.
-_CPP = {"module": None, "broken": None}
-_CPP_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layernorm_cpu.cpp")
-
-
-def _cpu_digest():
-    import hashlib
-    import platform
-
-    ident = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            ident += "".join(line for line in f if line.startswith(("model name", "flags")))[:4096]
-    except OSError:
-        pass
-    return hashlib.sha1(ident.encode()).hexdigest()[:10]
-
-
-def cpp_extension():
-    """The built C++ LayerNorm extension (building it on first use), or None where it cannot be built."""
-    if _CPP["module"] is None and _CPP["broken"] is None:
-        try:
-            if not os.path.exists(_CPP_SOURCE):
-                raise FileNotFoundError(f"{_CPP_SOURCE} is missing")
-            from torch.utils.cpp_extension import load
-
-            _CPP["module"] = load(name=f"normlab_layernorm_cpu_{_cpu_digest()}", sources=[_CPP_SOURCE],
-                                  extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"], verbose=False)
-        except Exception as err:  # noqa: BLE001 - no compiler/ninja etc.: the other paths still work
-            _CPP["broken"] = repr(err)
-            warnings.warn(f"CustomLayerNorm: the C++ path is unavailable ({err!r}); using the compiled or "
-                          "reference path")
-    return _CPP["module"]
-
-
 class _LayerNormFunction(torch.autograd.Function):
     """LayerNorm over the last dim of a 2-D view, with the hand-derived backward. Saves x, mean and rstd only."""
 
@@ -246,8 +203,10 @@ class CustomLayerNorm(nn.Module):
       - "reference": the autograd.Function above in eager PyTorch ops.
       - "compiled": the same forward and backward math compiled by Inductor (standalone_compile; one kernel per
         direction, every size symbolic so padded batches of any shape reuse it).
-      - "cpp" (CPU): the same math as C++ loops with a C++ autograd node (model/layernorm_cpu.cpp), built once
-        per machine; float32/float64 (half precision is normalized in float32, like every path).
+      - "cpp" (CPU): the same math as C++ loops with a C++ autograd node (model/cpu_kernels.cpp, built once per
+        machine, see model/cpu_kernels.py); float32/float64 (half precision is normalized in float32, like every
+        path). At training shapes the Python around a kernel (autograd.Function, the compiled graph's wrapper,
+        views) costs more than the kernel; torch.nn.LayerNorm pays none of it, and with this path neither do we.
       - "auto": on CPU "cpp", on CUDA "compiled" (Triton) for inputs of at least 2**16 elements; where those are
         unavailable, "compiled" for such inputs, else "reference". Inside an outer torch.compile always
         "reference" (the outer compiler fuses it anyway).
@@ -288,7 +247,7 @@ class CustomLayerNorm(nn.Module):
             return "reference"
         if self.impl != "auto":
             return self.impl
-        if x.device.type == "cpu" and cpp_extension() is not None:
+        if x.device.type == "cpu" and cpu_kernels() is not None:
             return "cpp"
         if _COMPILED["broken"] is None and x.device.type in ("cpu", "cuda") and x.numel() >= _AUTO_COMPILE_MIN_NUMEL:
             return "compiled"
@@ -304,7 +263,7 @@ class CustomLayerNorm(nn.Module):
             if x.device.type != "cpu":
                 raise ValueError(f"CustomLayerNorm impl='cpp' runs on CPU only, got a {x.device.type} input; "
                                  f"choose one of: {', '.join(i for i in LAYERNORM_IMPLS if i != 'cpp')}")
-            ext = cpp_extension()
+            ext = cpu_kernels()
             if ext is not None:  # the whole call is C++: no reshape, no Python autograd node
                 if x.dtype in (torch.float32, torch.float64):
                     return ext.layer_norm(x.contiguous(), m, self.weight, self.bias, self.eps)

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
-from model import norms
+from model import cpu_kernels, norms
 from model.configuration_normlab import BATCH_STAT_NORMS, NORM_TYPES, NormLabConfig
 from model.norms import (
     LAYERNORM_IMPLS,
@@ -41,7 +41,7 @@ def _fast_paths_stay_healthy():
     fail, which would make their tests pass vacuously: fail them instead."""
     yield
     assert norms._COMPILED["broken"] is None, f"compiled LayerNorm path broke: {norms._COMPILED['broken']}"
-    assert norms._CPP["broken"] is None, f"C++ LayerNorm path broke: {norms._CPP['broken']}"
+    assert cpu_kernels._STATE["broken"] is None, f"C++ CPU kernels broke: {cpu_kernels._STATE['broken']}"
 
 
 def _config(norm, **kw):

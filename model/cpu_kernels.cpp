@@ -1,18 +1,16 @@
-// CustomLayerNorm's CPU kernels: the same forward and hand-derived backward as model/norms.py's reference path
-// (the derivation is in CustomLayerNorm's docstring), written as loops over raw rows and wrapped in a C++
-// torch::autograd::Function.
+// NormLab's CPU kernels (built and loaded by model/cpu_kernels.py; why C++ is explained there):
+//   1. layer_norm: CustomLayerNorm's "cpp" path, the same forward and hand-derived backward as model/norms.py's
+//      reference path (the derivation is in CustomLayerNorm's docstring), as loops over raw rows.
+//   2. dropout: modeling_normlab.Dropout's kernel, a counter-based random mask that the backward regenerates.
+// Each op's autograd node is a C++ torch::autograd::Function, like torch's own: no Python runs between kernels.
 //
-// Why C++ when Inductor already fuses the math into one kernel per direction: at training shapes
-// (~1000 rows x 128) a LayerNorm is so small that the Python around the kernels costs more than the
-// kernels: the torch.autograd.Function, the compiled graph's wrapper, reshapes. torch.nn.LayerNorm pays
-// none of that, since its autograd node and kernels are C++. This file gives the hand-written LayerNorm
-// the same plumbing, so the comparison comes down to the kernels.
-//
+// ---- 1. LayerNorm ----
 // Layout: x contiguous, of any shape whose trailing dims hold the M normalized elements, read as N = numel / M
 // rows (no reshape, so no extra autograd view nodes); weight, bias M elements each, or None.
 // Saved for backward: x, mean (N,), rstd (N,) = 1 / sqrt(var + eps), weight. xhat is recomputed.
 #include <torch/extension.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -233,8 +231,90 @@ at::Tensor layer_norm(const at::Tensor& x, int64_t M, const c10::optional<at::Te
   return LayerNormFunction::apply(x, M, w, b, eps);
 }
 
+// ---- 2. Dropout ----
+// keep element i  <=>  h(i) >= p * 2^32, with h a keyed 32-bit integer hash of the element's flat index
+// (two rounds of Wellons' lowbias32 mixer, keyed with the two halves of the splitmix64 hash of a 64-bit seed, so
+// that nearby seeds give unrelated masks). The mask is a pure
+// function of (seed, i): the backward regenerates it instead of saving it (one byte per element less memory),
+// every thread count gives the same mask, and the kernel vectorizes (8 hashes per AVX2 instruction sequence),
+// where torch's CPU bernoulli_ draws its numbers one by one from a shared Mersenne Twister.
+// The seed is drawn from torch's default CPU generator, so torch.manual_seed and a restored RNG state
+// (accelerate's checkpoints) reproduce every mask.
+
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+template <typename T>
+void dropout_range(const T* __restrict__ x, T* __restrict__ y, int64_t i0, int64_t i1, uint32_t k0, uint32_t k1,
+                   uint32_t threshold, T scale) {
+#pragma omp simd
+  for (int64_t i = i0; i < i1; ++i) {
+    const uint32_t h = mix32(mix32(static_cast<uint32_t>(i) ^ k0) + k1);
+    y[i] = x[i] * (h >= threshold ? scale : T(0));  // x * mask * scale, as torch's; branch-free: vectorizes
+  }
+}
+
+// y = x * mask(seed) / (1 - p), x contiguous
+at::Tensor dropout_apply(const at::Tensor& x, uint64_t seed, double p) {
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous(), "dropout: x must be a contiguous CPU tensor");
+  TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1)");
+  TORCH_CHECK(x.numel() <= (int64_t(1) << 32), "dropout: more than 2^32 elements");
+  auto y = at::empty_like(x);
+  const uint32_t threshold = static_cast<uint32_t>(std::min(std::llround(p * 4294967296.0), 4294967295LL));
+  uint64_t z = seed + 0x9E3779B97F4A7C15ULL;  // splitmix64 finalizer: every seed bit reaches both keys
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z ^= z >> 31;
+  const uint32_t k0 = static_cast<uint32_t>(z), k1 = static_cast<uint32_t>(z >> 32);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "normlab_dropout", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    const scalar_t scale = static_cast<scalar_t>(1.0 / (1.0 - p));
+    at::parallel_for(0, x.numel(), 32768, [&](int64_t i0, int64_t i1) {
+      dropout_range<scalar_t>(xp, yp, i0, i1, k0, k1, threshold, scale);
+    });
+  });
+  return y;
+}
+
+uint64_t draw_seed() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+}
+
+struct DropoutFunction : public torch::autograd::Function<DropoutFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double p) {
+    const uint64_t seed = draw_seed();
+    ctx->saved_data["seed"] = static_cast<int64_t>(seed);
+    ctx->saved_data["p"] = p;
+    return dropout_apply(x.contiguous(), seed, p);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(), "NormLab's C++ dropout does not support double backward (create_graph=True)");
+    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
+    return {dropout_apply(grads[0].contiguous(), seed, ctx->saved_data["p"].toDouble()), at::Tensor()};
+  }
+};
+
+at::Tensor dropout(const at::Tensor& x, double p) { return DropoutFunction::apply(x, p); }
+
+at::Tensor dropout_with_seed(const at::Tensor& x, int64_t seed, double p) {
+  return dropout_apply(x.contiguous(), static_cast<uint64_t>(seed), p);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layer_norm", &layer_norm, "layer_norm(x, M, weight, bias, eps): LayerNorm of x's rows of M elements, differentiable");
+  m.def("dropout", &dropout, "dropout(x, p): training-mode dropout, differentiable; seed from torch's CPU generator");
+  m.def("dropout_with_seed", &dropout_with_seed, "dropout_with_seed(x, seed, p): the mask for a given seed (tests)");
 }
