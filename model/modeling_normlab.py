@@ -173,14 +173,17 @@ class NormLabAttention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, Dh)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.record_logit_max:
+        fast_dropout = _fast_cpu_dropout(q, self.dropout_p, self.training)
+        if self.record_logit_max and not fast_dropout:
             self.last_logit_max = self._logit_max(q, k, layout)
-        if _fast_cpu_dropout(q, self.dropout_p, self.training):
+        if fast_dropout:
             # SDPA's CPU kernels have no dropout: with dropout it runs its math fallback, these same ops with a
             # bernoulli_ mask. Written out here, the attention weights get the fast dropout instead.
             scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5  # (B, H, L, L)
             if layout.attn_bias is not None:
                 scores = scores + layout.attn_bias
+            if self.record_logit_max:  # the logits are at hand: the probe costs a max, not another matmul
+                self.last_logit_max = self._max_over_real_queries(scores.detach(), layout)
             y = self.attn_dropout(scores.softmax(dim=-1)) @ v  # (B, H, L, Dh)
         else:
             y = F.scaled_dot_product_attention(
@@ -196,11 +199,20 @@ class NormLabAttention(nn.Module):
         on every logged step): pad keys are pushed down with the attention bias already built, pad queries are
         dropped after the max over keys, and the positive scale is applied to the one number at the end."""
         logits = q @ k.transpose(-2, -1)  # (B, H, L, L), unscaled
+        if layout.attn_bias is not None:
+            logits.add_(layout.attn_bias)
+        return self._max_over_real_queries(logits, layout) * self.head_dim**-0.5
+
+    @staticmethod
+    @torch.no_grad()
+    def _max_over_real_queries(scores, layout: TokenLayout):
+        """scores (B, H, L, L) with the attention bias added (pad keys pushed far down) -> the max over heads and
+        real queries of the max over keys. A positive scale commutes with the max, so it may come before or after."""
         if layout.mask is None:
-            return (logits.amax() * self.head_dim**-0.5).detach()
-        per_query = logits.add_(layout.attn_bias).amax(-1)  # (B, H, L): max over real keys
+            return scores.amax().detach()
+        per_query = scores.amax(-1)  # (B, H, L): max over real keys
         per_query = per_query.masked_fill(~layout.mask[:, None, :], float("-inf"))  # drop pad queries
-        return (per_query.amax() * self.head_dim**-0.5).detach()
+        return per_query.amax().detach()
 
 
 class NormLabFeedForward(nn.Module):
