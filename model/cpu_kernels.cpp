@@ -307,14 +307,10 @@ struct DropoutFunction : public torch::autograd::Function<DropoutFunction> {
 
 at::Tensor dropout(const at::Tensor& x, double p) { return DropoutFunction::apply(x, p); }
 
-at::Tensor dropout_with_seed(const at::Tensor& x, int64_t seed, double p) {
-  return dropout_apply(x.contiguous(), static_cast<uint64_t>(seed), p);
-}
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layer_norm", &layer_norm, "layer_norm(x, M, weight, bias, eps): LayerNorm of x's rows of M elements, differentiable");
   m.def("dropout", &dropout, "dropout(x, p): training-mode dropout, differentiable; seed from torch's CPU generator");
-  m.def("dropout_with_seed", &dropout_with_seed, "dropout_with_seed(x, seed, p): the mask for a given seed (tests)");
 }
