@@ -247,7 +247,7 @@ class CustomLayerNorm(nn.Module):
             return "reference"
         if self.impl != "auto":
             return self.impl
-        if x.device.type == "cpu" and cpu_kernels() is not None:
+        if x.is_cpu and cpu_kernels() is not None:
             return "cpp"
         if _COMPILED["broken"] is None and x.device.type in ("cpu", "cuda") and x.numel() >= _AUTO_COMPILE_MIN_NUMEL:
             return "compiled"
@@ -255,17 +255,17 @@ class CustomLayerNorm(nn.Module):
 
     def forward(self, x, mask=None):
         nd = len(self.normalized_shape)
-        if tuple(x.shape[x.dim() - nd:]) != self.normalized_shape:
+        if x.shape[x.dim() - nd:] != self.normalized_shape:
             raise ValueError(f"CustomLayerNorm expects input (*, {self.normalized_shape}), got {tuple(x.shape)}")
         impl = self._resolve_impl(x)
         m = self._numel
         if impl == "cpp":
-            if x.device.type != "cpu":
+            if not x.is_cpu:
                 raise ValueError(f"CustomLayerNorm impl='cpp' runs on CPU only, got a {x.device.type} input; "
                                  f"choose one of: {', '.join(i for i in LAYERNORM_IMPLS if i != 'cpp')}")
             ext = cpu_kernels()
             if ext is not None:  # the whole call is C++: no reshape, no Python autograd node
-                if x.dtype in (torch.float32, torch.float64):
+                if x.dtype is torch.float32 or x.dtype is torch.float64:
                     return ext.layer_norm(x.contiguous(), m, self.weight, self.bias, self.eps)
                 w, b = (t.float() if t is not None else None for t in (self.weight, self.bias))
                 return ext.layer_norm(x.float().contiguous(), m, w, b, self.eps).to(x.dtype)
