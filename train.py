@@ -475,9 +475,9 @@ def _train(cfg, accelerator, resume_path, wandb_mode) -> int:
                     probing = logging_step and accelerator.sync_gradients
                     if probing:
                         probe.arm()
-                    outputs = model(**model_inputs(batch), output_hidden_states=probing)
+                    outputs = model(**model_inputs(batch))
                     if probing:
-                        probe.read_forward(outputs.hidden_states, batch["attention_mask"])
+                        probe.read_forward(batch["attention_mask"])
                     counters.add(outputs.loss, batch["attention_mask"])
                     accelerator.backward(outputs.loss)
                     if accelerator.sync_gradients:

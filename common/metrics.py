@@ -1,10 +1,10 @@
 """Stability metrics of the training loop, under the names of DESIGN.md (wandb and metrics.jsonl alike).
 
 Cost model: nothing here runs on a step that is not a logging step except `StepCounters.add` (two tensor adds,
-no host sync). On a logging step the loop asks the model for its hidden states and attention-logit maxima (the
-forward it runs anyway), takes per-block gradient norms with one `torch._foreach_norm`, snapshots the block
-weights before the optimizer step and diffs them after (two more `_foreach` calls), and moves everything to the
-host in one `gather` (one collective, one sync).
+no host sync). On a logging step the model records its per-block activation sums of squares and attention-logit
+maxima in the forward it runs anyway (`set_record_stability`), the loop takes per-block gradient norms with one
+`torch._foreach_norm`, copies the block weights into one flat buffer before the optimizer step and diffs them
+after, and moves everything to the host in one `gather` (one collective, one sync).
 
 Per-block metrics, for block i of `model.normlab.encoder.layers`:
   layers/{i}/grad_norm       L2 norm of the block's gradients, before clipping
@@ -54,9 +54,9 @@ def _per_block_norm(tensors_by_block) -> torch.Tensor:
 class StabilityProbe:
     """Per-block stability measurements of one logging step (see the module docstring).
 
-    Use, on a logging step: `arm()` before the forward (the forward must get output_hidden_states=True),
-    `read_forward(hidden_states, attention_mask)` after it, `read_grads(clip_coef)` after clipping,
-    `snapshot()` before `optimizer.step()`, `read_update()` after it, then `collect()`.
+    Use, on a logging step: `arm()` before the forward, `read_forward(attention_mask)` after it,
+    `read_grads(clip_coef)` after clipping, `snapshot()` before `optimizer.step()`, `read_update()` after it,
+    then `collect()`.
     """
 
     def __init__(self, model, batch_stat_norm_cls=None):
@@ -69,32 +69,33 @@ class StabilityProbe:
             self.bn_by_block = [[m for m in blk.modules() if isinstance(m, batch_stat_norm_cls)] for blk in self.blocks]
             if not any(self.bn_by_block):
                 self.bn_by_block = []
-        self._buffer = None  # the weight snapshot's storage, reused across logged steps
+        # The weight snapshot: all block weights in one flat float32 buffer (block after block), allocated once.
+        # One cat copies them in and one sub_ diffs them: a copy per tensor costs ~30 us each on CPU, ~2 ms a step.
+        self._block_sizes = [sum(p.numel() for p in group) for group in self.params]
+        self._before = self._after = None
         self._reset()
 
     def _reset(self):
         self.act_sumsq = self.act_count = self.logit_max = self.grad_norm = None
-        self._before = None
+        self._before_norm = None
         self.update_ratio = None
 
     def arm(self) -> None:
         self._reset()
-        self.model.set_record_logit_max(True)
+        self.model.set_record_stability(True)
 
     @torch.no_grad()
-    def read_forward(self, hidden_states, attention_mask) -> None:
-        """hidden_states = (embeddings, block 0, ..., block N-1), each (B, L, D); attention_mask (B, L)."""
+    def read_forward(self, attention_mask) -> None:
+        """Take what the armed forward recorded; attention_mask (B, L) of the batch it ran on."""
         mask = attention_mask.float()  # (B, L)
-        D = hidden_states[1].shape[-1]
-        # sum over features first: the mask multiplies a (B, L) tensor, not a (B, L, D) one
-        self.act_sumsq = torch.stack([(h.float().square().sum(-1) * mask).sum() for h in hidden_states[1:]])  # (N,)
-        self.act_count = mask.sum() * D  # real tokens x features
+        self.act_sumsq = self.model.base_model.encoder.last_act_sumsq.float()  # (N,) over real tokens
+        self.act_count = mask.sum() * self.model.config.hidden_size  # real tokens x features
         self.logit_max = torch.stack([
             blk.attention.last_logit_max.float() if blk.attention.last_logit_max is not None
             else torch.tensor(float("nan"), device=mask.device)
             for blk in self.blocks
         ])  # (N,)
-        self.model.set_record_logit_max(False)  # (also clears last_logit_max: read above first)
+        self.model.set_record_stability(False)  # (also clears what it recorded: read above first)
 
     @torch.no_grad()
     def read_grads(self, clip_coef: float) -> None:
@@ -103,22 +104,29 @@ class StabilityProbe:
         grads = [[p.grad for p in group if p.grad is not None] for group in self.params]
         self.grad_norm = _per_block_norm(grads) / clip_coef
 
+    def _flat_weights(self, out) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1).float() for group in self.params for p in group], out=out)
+
+    def _block_norms(self, flat) -> torch.Tensor:
+        return torch.stack(torch._foreach_norm(list(flat.split(self._block_sizes))))  # (N,)
+
     @torch.no_grad()
     def snapshot(self) -> None:
         """Copy the block weights before the optimizer step (and their norms, while they are at hand)."""
-        if self._buffer is None:  # allocated once: a clone per tensor per logged step costs more than the copy
-            self._buffer = [[torch.empty_like(p) for p in group] for group in self.params]
-        torch._foreach_copy_([b for group in self._buffer for b in group], [p.detach() for group in self.params for p in group])
-        self._before = self._buffer
-        self._before_norm = _per_block_norm(self._before)
+        if self._before is None:
+            p0 = self.params[0][0] if self.params and self.params[0] else None
+            device = p0.device if p0 is not None else None
+            self._before = torch.empty(sum(self._block_sizes), device=device)
+            self._after = torch.empty_like(self._before)
+        self._flat_weights(self._before)
+        self._before_norm = self._block_norms(self._before)
 
     @torch.no_grad()
     def read_update(self) -> None:
-        """||w_after - w_before|| / ||w_before|| per block; the snapshot becomes the difference, in place."""
-        before = [t for group in self._before for t in group]
-        torch._foreach_sub_(before, [p.detach() for group in self.params for p in group])  # now w_before - w_after
-        self.update_ratio = _per_block_norm(self._before) / self._before_norm.clamp_min(1e-12)
-        self._before = None
+        """||w_after - w_before|| / ||w_before|| per block."""
+        diff = self._before.sub_(self._flat_weights(self._after))  # in place: w_before - w_after
+        self.update_ratio = self._block_norms(diff) / self._before_norm.clamp_min(1e-12)
+        self._before_norm = None
 
     def stat_drift(self) -> torch.Tensor | None:
         if not self.bn_by_block:

@@ -162,7 +162,7 @@ class NormLabAttention(nn.Module):
         if config.norm_placement == "deepnorm":  # DeepNet's beta for the value rows of qkv and for out_proj
             beta = deepnorm_beta(config.num_hidden_layers)
             self.qkv.value_init_gain = self.out_proj.init_gain = beta  # read by _init_weights
-        # Stability probe for the training loop: see set_record_logit_max. Off by default (it costs a matmul).
+        # Stability probe for the training loop: see set_record_stability. Off by default (it costs a matmul).
         self.record_logit_max = False
         self.last_logit_max = None
 
@@ -276,17 +276,34 @@ class NormLabEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList([NormLabBlock(config) for _ in range(config.num_hidden_layers)])
         self.final_norm = build_norm(config) if config.norm_placement in PLACEMENTS_WITH_FINAL_NORM else None
+        # Stability probe: see set_record_stability. (N,) sum of squares of the residual stream after each block,
+        # over real tokens, read from the layout the blocks run in: no (B, L, D) copy per block.
+        self.record_act_sumsq = False
+        self.last_act_sumsq = None
 
     def forward(self, x, layout: TokenLayout, output_hidden_states=False):
         # returns last_hidden_state (B, L, D) and, if asked, (embedding output, block 0, ..., block N-1) as (B, L, D)
         hidden_states = (layout.unpack(x),) if output_hidden_states else None
+        sumsq = [] if self.record_act_sumsq else None
         for layer in self.layers:
             x = layer(x, layout)
             if output_hidden_states:
                 hidden_states += (layout.unpack(x),)
+            if sumsq is not None:
+                sumsq.append(_real_sumsq(x.detach(), layout))
+        if sumsq is not None:
+            self.last_act_sumsq = torch.stack(sumsq)  # (N,)
         if self.final_norm is not None:
             x = self.final_norm(x, layout.norm_mask)
         return layout.unpack(x), hidden_states
+
+
+def _real_sumsq(x, layout: TokenLayout):
+    """Sum of x**2 over the real tokens' features, x packed (1, T, D) or padded (B, L, D)."""
+    sq = x.float().square().sum(-1)  # (1, T) or (B, L)
+    if layout.norm_mask is not None:  # padded layout with padding: drop the pad positions
+        sq = sq * layout.norm_mask
+    return sq.sum()
 
 
 def _is_norm_module(module: nn.Module) -> bool:
@@ -329,13 +346,18 @@ class NormLabPreTrainedModel(PreTrainedModel):
         elif _is_norm_module(module):
             _init_norm(module, self.config)
 
-    def set_record_logit_max(self, flag: bool) -> None:
-        """Make every attention layer store `.last_logit_max` (its largest pre-softmax logit) at each forward."""
-        for m in self.modules():
-            if isinstance(m, NormLabAttention):
-                m.record_logit_max = bool(flag)
-                if not flag:
-                    m.last_logit_max = None
+    def set_record_stability(self, flag: bool) -> None:
+        """Make every forward store the training loop's stability probes: each attention layer's largest
+        pre-softmax logit over real tokens (`.last_logit_max`, a 0-dim tensor) and the encoder's per-block sum of
+        squares of the residual stream over real tokens (`encoder.last_act_sumsq`, (N,)). Off clears them."""
+        encoder = self.base_model.encoder  # (its blocks directly: walking every module costs ~0.1 ms a call)
+        encoder.record_act_sumsq = bool(flag)
+        for layer in encoder.layers:
+            layer.attention.record_logit_max = bool(flag)
+        if not flag:
+            encoder.last_act_sumsq = None
+            for layer in encoder.layers:
+                layer.attention.last_logit_max = None
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self._auto_class is not None:

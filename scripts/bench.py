@@ -338,9 +338,9 @@ def make_step(model, optimizer, max_grad_norm: float):
 
 
 def make_logged_step(model, optimizer, max_grad_norm: float):
-    """make_step plus the stability logging train.py does on every logging step (train.log_steps=1): hidden
-    states and attention-logit maxima from the forward, per-block grad norms, the weight snapshot and update
-    ratios, and the one host transfer of the results."""
+    """make_step plus the stability logging train.py does on every logging step (train.log_steps=1): activation
+    sums of squares and attention-logit maxima recorded in the forward, per-block grad norms, the weight
+    snapshot and update ratios, and the one host transfer of the results."""
     from common.metrics import StabilityProbe, clip_coefficient
     from model.norms import BatchStatNorm
 
@@ -349,8 +349,8 @@ def make_logged_step(model, optimizer, max_grad_norm: float):
 
     def step(batch):
         probe.arm()
-        out = model(**batch, output_hidden_states=True)
-        probe.read_forward(out.hidden_states, batch["attention_mask"])
+        out = model(**batch)
+        probe.read_forward(batch["attention_mask"])
         out.loss.backward()
         grad_norm = _nonfinite_check(out.loss, torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
         probe.read_grads(clip_coefficient(grad_norm, max_grad_norm))

@@ -289,7 +289,7 @@ def test_logit_max_recording_matches_direct_computation(qk_norm, train):
     input_ids, attention_mask = padded_batch()
     for layer in model.normlab.encoder.layers:
         assert layer.attention.record_logit_max is False and layer.attention.last_logit_max is None
-    model.set_record_logit_max(True)
+    model.set_record_stability(True)
     with torch.no_grad():
         out = model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
     for i, layer in enumerate(model.normlab.encoder.layers):  # post-LN: block i's attention sees hidden_states[i]
@@ -297,7 +297,7 @@ def test_logit_max_recording_matches_direct_computation(qk_norm, train):
         assert got.dim() == 0 and not got.requires_grad
         expected = _direct_logit_max(layer.attention, out.hidden_states[i], attention_mask)
         assert got.item() == pytest.approx(expected, rel=1e-5, abs=1e-6)
-    model.set_record_logit_max(False)
+    model.set_record_stability(False)
     assert all(layer.attention.last_logit_max is None for layer in model.normlab.encoder.layers)
 
 
@@ -313,7 +313,7 @@ def test_qk_norm_bounds_attention_logits():
         assert isinstance(attention, NormLabAttention) and (attention.q_norm is not None) == qk_norm
         with torch.no_grad():
             attention.qkv.weight.mul_(100.0)
-        model.set_record_logit_max(True)
+        model.set_record_stability(True)
         with torch.no_grad():
             model(input_ids, attention_mask=attention_mask)
         maxima[qk_norm] = attention.last_logit_max.item()

@@ -1,0 +1,67 @@
+"""StabilityProbe (common/metrics.py) against the same quantities computed directly from the model."""
+
+import pytest
+import torch
+
+from common.metrics import StabilityProbe, clip_coefficient
+from model import NormLabConfig, NormLabForSequenceClassification
+from model.norms import BatchStatNorm
+
+VOCAB = 50
+
+
+def _model(**overrides):
+    kw = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+              max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=2)
+    kw.update(overrides)
+    torch.manual_seed(0)
+    return NormLabForSequenceClassification(NormLabConfig(**kw))
+
+
+def _batch():
+    lengths = torch.tensor([9, 5, 2, 7])
+    mask = (torch.arange(9)[None, :] < lengths[:, None]).long()  # (4, 9), right-padded
+    ids = torch.randint(1, VOCAB, mask.shape, generator=torch.Generator().manual_seed(1)) * mask
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 1, 0])}
+
+
+@pytest.mark.parametrize("norm,unpad", [("layernorm", True), ("layernorm", False), ("batchnorm", True)],
+                         ids=["packed", "padded_layout", "naive_bn_padded"])
+def test_probe_matches_hidden_states_weights_and_grads(norm, unpad):
+    model = _model(norm=norm)
+    model.normlab.unpad = unpad
+    model.train()
+    batch = _batch()
+    real = batch["attention_mask"].bool()
+    probe = StabilityProbe(model, BatchStatNorm)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    probe.arm()
+    out = model(**batch, output_hidden_states=True)  # hidden states only for the reference below
+    probe.read_forward(batch["attention_mask"])
+    # act_rms = sqrt(act_sumsq / act_count): the residual stream after each block, over real tokens only
+    expected = torch.stack([h[real].square().sum() for h in out.hidden_states[1:]])
+    torch.testing.assert_close(probe.act_sumsq, expected, rtol=1e-5, atol=0)
+    assert probe.act_count.item() == real.sum().item() * 32
+    assert all(layer.attention.last_logit_max is None for layer in model.normlab.encoder.layers)
+    assert model.normlab.encoder.last_act_sumsq is None  # disarmed: the next forward records nothing
+    model(**batch)
+    assert model.normlab.encoder.last_act_sumsq is None
+
+    out.loss.backward()
+    blocks = [[p for n, p in model.named_parameters() if f"encoder.layers.{i}." in n] for i in range(3)]
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    coef = clip_coefficient(grad_norm.item(), 0.5)
+    assert coef < 1.0  # clipping happened: the probe must undo it
+    probe.read_grads(coef)
+    expected_grads = torch.stack([torch.cat([p.grad.reshape(-1) for p in b]).norm() / coef for b in blocks])
+    torch.testing.assert_close(probe.grad_norm, expected_grads, rtol=1e-5, atol=0)
+
+    before = [torch.cat([p.detach().reshape(-1) for p in b]).clone() for b in blocks]
+    probe.snapshot()
+    optimizer.step()
+    probe.read_update()
+    after = [torch.cat([p.detach().reshape(-1) for p in b]) for b in blocks]
+    expected_update = torch.stack([(a - b).norm() / b.norm() for a, b in zip(after, before)])
+    assert (expected_update > 0).all()
+    torch.testing.assert_close(probe.update_ratio, expected_update, rtol=1e-4, atol=0)
