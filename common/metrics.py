@@ -4,7 +4,8 @@ Cost model: nothing here runs on a step that is not a logging step except `StepC
 no host sync). On a logging step the model records its per-block activation sums of squares and attention-logit
 maxima in the forward it runs anyway (`set_record_stability`), the loop takes per-block gradient norms with one
 `torch._foreach_norm`, copies the block weights into one flat buffer before the optimizer step and diffs them
-after, and moves everything to the host in one `gather` (one collective, one sync).
+after (one pass each on CPU, model/cpu_kernels.cpp), and moves everything to the host in one `gather` (one
+collective, one sync).
 
 Per-block metrics, for block i of `model.normlab.encoder.layers`:
   layers/{i}/grad_norm       L2 norm of the block's gradients, before clipping
@@ -21,6 +22,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from model.cpu_kernels import cpu_kernels
 
 _LAYER = re.compile(r"(?:^|\.)encoder\.layers\.(\d+)\.")
 
@@ -69,15 +72,18 @@ class StabilityProbe:
             self.bn_by_block = [[m for m in blk.modules() if isinstance(m, batch_stat_norm_cls)] for blk in self.blocks]
             if not any(self.bn_by_block):
                 self.bn_by_block = []
-        # The weight snapshot: all block weights in one flat float32 buffer (block after block), allocated once.
-        # One cat copies them in and one sub_ diffs them: a copy per tensor costs ~30 us each on CPU, ~2 ms a step.
+        # The weight snapshot: all block weights in one flat float32 buffer (block after block), allocated at the
+        # first snapshot. On CPU, model/cpu_kernels.cpp copies them in and diffs them out in one pass each;
+        # elsewhere (CUDA, or no C++ kernels) torch ops do it in five.
+        self._flat_params = [p for group in self.params for p in group]
         self._block_sizes = [sum(p.numel() for p in group) for group in self.params]
-        self._before = self._after = None
+        self._owner = torch.tensor([i for i, group in enumerate(self.params) for _ in group], dtype=torch.long)
+        self._before = self._kernels = None
         self._reset()
 
     def _reset(self):
         self.act_sumsq = self.act_count = self.logit_max = self.grad_norm = None
-        self._before_norm = None
+        self._before_sq = None
         self.update_ratio = None
 
     def arm(self) -> None:
@@ -104,29 +110,40 @@ class StabilityProbe:
         grads = [[p.grad for p in group if p.grad is not None] for group in self.params]
         self.grad_norm = _per_block_norm(grads) / clip_coef
 
-    def _flat_weights(self, out) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1).float() for group in self.params for p in group], out=out)
+    def _per_block(self, per_tensor):
+        """(P,) per-tensor sums -> (N,) per-block sums."""
+        owner = self._owner.to(per_tensor.device)
+        return torch.zeros(self.num_layers, dtype=per_tensor.dtype, device=per_tensor.device).index_add_(0, owner, per_tensor)
 
-    def _block_norms(self, flat) -> torch.Tensor:
-        return torch.stack(torch._foreach_norm(list(flat.split(self._block_sizes))))  # (N,)
+    def _block_sumsq(self, flat) -> torch.Tensor:
+        norms = torch.stack(torch._foreach_norm(list(flat.split(self._block_sizes)))).double()  # (N,)
+        return norms * norms
 
     @torch.no_grad()
     def snapshot(self) -> None:
-        """Copy the block weights before the optimizer step (and their norms, while they are at hand)."""
+        """Copy the block weights before the optimizer step (and their squared norms, while they are at hand)."""
+        params = self._flat_params  # (read under no_grad; the C++ kernels only read their memory)
         if self._before is None:
-            p0 = self.params[0][0] if self.params and self.params[0] else None
-            device = p0.device if p0 is not None else None
-            self._before = torch.empty(sum(self._block_sizes), device=device)
-            self._after = torch.empty_like(self._before)
-        self._flat_weights(self._before)
-        self._before_norm = self._block_norms(self._before)
+            device = params[0].device if params else None
+            self._before = torch.empty(sum(self._block_sizes), device=device)  # float32
+            on_cpu = all(p.is_cpu and p.dtype == torch.float32 and p.is_contiguous() for p in params)
+            self._kernels = cpu_kernels() if on_cpu and params else None
+        if self._kernels is not None:
+            self._before_sq = self._per_block(self._kernels.snapshot_copy(params, self._before))
+        else:
+            torch.cat([p.reshape(-1).float() for p in params], out=self._before)
+            self._before_sq = self._block_sumsq(self._before)
 
     @torch.no_grad()
     def read_update(self) -> None:
         """||w_after - w_before|| / ||w_before|| per block."""
-        diff = self._before.sub_(self._flat_weights(self._after))  # in place: w_before - w_after
-        self.update_ratio = self._block_norms(diff) / self._before_norm.clamp_min(1e-12)
-        self._before_norm = None
+        params = self._flat_params
+        if self._kernels is not None:
+            diff_sq = self._per_block(self._kernels.snapshot_diff_sq(params, self._before))
+        else:  # the snapshot becomes w_before - w_after, in place
+            diff_sq = self._block_sumsq(self._before.sub_(torch.cat([p.reshape(-1).float() for p in params])))
+        self.update_ratio = (diff_sq / self._before_sq.clamp_min(1e-24)).sqrt().float()  # (N,)
+        self._before_sq = None
 
     def stat_drift(self) -> torch.Tensor | None:
         if not self.bn_by_block:

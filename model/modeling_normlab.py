@@ -210,9 +210,9 @@ class NormLabAttention(nn.Module):
         real queries of the max over keys. A positive scale commutes with the max, so it may come before or after."""
         if layout.mask is None:
             return scores.amax().detach()
-        per_query = scores.amax(-1)  # (B, H, L): max over real keys
-        per_query = per_query.masked_fill(~layout.mask[:, None, :], float("-inf"))  # drop pad queries
-        return per_query.amax().detach()
+        # the key bias again, as a query bias (B, 1, L, 1): pad-query rows sink below every real logit (to -inf
+        # where finfo.min is added twice); one add and one whole-tensor max, cheaper than a max per query row
+        return (scores + layout.attn_bias.transpose(-1, -2)).amax().detach()
 
 
 class NormLabFeedForward(nn.Module):
@@ -300,10 +300,10 @@ class NormLabEncoder(nn.Module):
 
 def _real_sumsq(x, layout: TokenLayout):
     """Sum of x**2 over the real tokens' features, x packed (1, T, D) or padded (B, L, D)."""
-    sq = x.float().square().sum(-1)  # (1, T) or (B, L)
-    if layout.norm_mask is not None:  # padded layout with padding: drop the pad positions
-        sq = sq * layout.norm_mask
-    return sq.sum()
+    if layout.norm_mask is None:  # every row is a real token (packed layout, or no padding): one dot product
+        flat = x.reshape(-1).float()
+        return torch.dot(flat, flat)
+    return (x.float().square().sum(-1) * layout.norm_mask).sum()  # padded layout: drop the pad positions
 
 
 def _is_norm_module(module: nn.Module) -> bool:
