@@ -1,7 +1,8 @@
 // NormLab's CPU kernels (built and loaded by model/cpu_kernels.py; why C++ is explained there):
 //   1. layer_norm: CustomLayerNorm's "cpp" path, the same forward and hand-derived backward as model/norms.py's
 //      reference path (the derivation is in CustomLayerNorm's docstring), as loops over raw rows.
-//   2. dropout: modeling_normlab.Dropout's kernel, a counter-based random mask that the backward regenerates.
+//   2. dropout: modeling_normlab.Dropout's kernel, a counter-based random mask that the backward regenerates
+//      (and, with an explicit seed, the kernel of the normlab::dropout op that torch.compile sees).
 //   3. weight snapshot: common/metrics.StabilityProbe's copy of the block weights before an optimizer step and
 //      their squared distance after it, one pass each.
 // Each op's autograd node is a C++ torch::autograd::Function, like torch's own: no Python runs between kernels.
@@ -385,4 +386,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("snapshot_copy", &snapshot_copy, "snapshot_copy(params, flat): copy params into flat; per-tensor sum of squares (float64)");
   m.def("snapshot_diff_sq", &snapshot_diff_sq, "snapshot_diff_sq(params, flat): per-tensor sum of (param - snapshot)^2 (float64)");
   m.def("dropout", &dropout, "dropout(x, p): training-mode dropout, differentiable; seed from torch's CPU generator");
+  m.def("dropout_with_seed", &dropout_apply, "dropout_with_seed(x, seed, p): x * mask(seed) / (1 - p), not differentiable (torch.compile's op)");
 }

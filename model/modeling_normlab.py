@@ -26,7 +26,8 @@ from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from .configuration_normlab import NormLabConfig
-from .cpu_kernels import cpu_kernels
+from .cpu_kernels import cpu_kernels, draw_dropout_seed, kernels_built
+from .cpu_kernels import dropout_op as cpu_dropout_op
 from .norms import NORM_REGISTRY, build_norm
 
 # Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
@@ -84,9 +85,8 @@ class TokenLayout:
 
 
 def _fast_cpu_dropout(x, p, training):
-    """The C++ kernel applies (model/cpu_kernels.cpp): CPU training, 0 < p < 1, outside torch.compile."""
-    return (training and 0.0 < p < 1.0 and x.device.type == "cpu" and not torch.compiler.is_compiling()
-            and cpu_kernels() is not None)
+    """NormLab's C++ dropout applies (model/cpu_kernels.cpp): CPU training, 0 < p < 1, the kernels built."""
+    return training and 0.0 < p < 1.0 and x.device.type == "cpu" and kernels_built()
 
 
 class Dropout(nn.Dropout):
@@ -95,11 +95,14 @@ class Dropout(nn.Dropout):
     one Mersenne-Twister number per element, sequentially: ~1.3 ms for one (640, 128) hidden state here, 6x the
     kernel's time and ~14% of a training step over the 14 dropouts of the default model.
     Same distribution (keep with probability 1 - p, exact to 2**-32; scale kept values by 1 / (1 - p)), and
-    torch.manual_seed / restored RNG states reproduce it, but not torch's masks bit for bit. Everywhere else
-    (CUDA, eval, torch.compile, a failed build) it is nn.Dropout."""
+    torch.manual_seed / restored RNG states reproduce it, but not torch's masks bit for bit. Inside torch.compile
+    the same kernel runs as the op `normlab::dropout` with a seed from the compiled graph's RNG. Everywhere else
+    (CUDA, eval, a failed build) it is nn.Dropout."""
 
     def forward(self, x):
         if not self.inplace and _fast_cpu_dropout(x, self.p, self.training):
+            if torch.compiler.is_compiling():  # the pybind function is opaque to the compiler; the op is not
+                return cpu_dropout_op(x, draw_dropout_seed(), self.p)
             return cpu_kernels().dropout(x, self.p)
         return super().forward(x)
 

@@ -117,3 +117,31 @@ def test_training_step_uses_the_kernel_and_learns():
         loss.backward()
         opt.step()
     assert loss.item() < 0.5 * first
+
+
+def test_under_torch_compile_it_is_one_op_with_the_forward_mask_in_the_backward():
+    """Inside torch.compile the kernel runs as the op normlab::dropout (Inductor's own CPU dropout costs about
+    half a training step); its seed comes from the compiled graph's RNG, so torch.manual_seed reproduces it."""
+    graphs = []
+
+    def capture(gm, example_inputs):  # a dynamo backend that keeps the traced graph, then runs it eagerly
+        graphs.append(gm)
+        return gm.forward
+
+    drop = Dropout(0.3).train()
+    x = torch.randn(64, 33, requires_grad=True)
+    torch.compile(lambda t: drop(t) * 2, backend=capture, fullgraph=True)(x)
+    targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert torch.ops.normlab.dropout in targets and F.dropout not in targets
+
+    f = torch.compile(lambda t: drop(t) * 2, backend="aot_eager", fullgraph=True)  # fake kernel + autograd formula
+    torch.manual_seed(0)
+    y = f(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    mask = (y != 0).float()
+    torch.testing.assert_close(y, x.detach() * mask * 2 / 0.7, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(x.grad, dy * mask * 2 / 0.7, atol=1e-6, rtol=1e-6)
+    assert abs(mask.mean().item() - 0.7) < 0.05
+    torch.manual_seed(0)
+    assert torch.equal(f(x), y)
