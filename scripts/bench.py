@@ -37,6 +37,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -70,12 +71,15 @@ def _sync(device):
 
 def interleaved_medians(contestants: dict, repeats: int, device, inner: int = 1) -> dict:
     """contestants: name -> fn() doing one unit of work. Each repetition times `inner` calls of every
-    contestant, the order rotating by one each repetition; returns name -> per-call seconds of every
-    repetition. The caller warms up first."""
+    contestant in a fresh random order (seeded: the same orders every run), so that no contestant always runs
+    right after the same other one and inherits its cache and allocator state; returns name -> per-call seconds
+    of every repetition. The caller warms up first."""
     names = list(contestants)
     times = {n: [] for n in names}
-    for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
+    shuffle = random.Random(0).shuffle
+    for _ in range(repeats):
+        order = list(names)
+        shuffle(order)
         for n in order:
             fn = contestants[n]
             gc.collect()
