@@ -85,6 +85,22 @@ def test_kill_9_then_resume_gives_bitwise_equal_weights(reference, tmp_path):
     assert losses(out) == losses(reference)
 
 
+def test_mlm_resume_from_a_mid_epoch_checkpoint_is_bitwise(tmp_path):
+    """MLM draws its masks in the data collator, from the same RNG as dropout: resume must reproduce both."""
+    mlm = ["task=mlm", "train.max_steps=30", "train.save_steps=10", "train.eval_steps=100"]
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert run_here(ref, *mlm) == 0
+    shutil.copytree(ref, out)  # as if the run had stopped right after its step-10 checkpoint (mid first epoch)
+    for ckpt in (out / "checkpoints").iterdir():
+        if ckpt.name != "step_10":
+            shutil.rmtree(ckpt)
+    shutil.rmtree(out / "final")
+    (out / "summary.json").unlink()
+    assert run_here(out, *mlm, "train.resume=auto") == 0
+    assert losses(out) == losses(ref)
+    assert_same_weights(final_weights(out), final_weights(ref))
+
+
 def test_damaged_checkpoints_are_named_and_skipped(reference, tmp_path, capsys):
     out = tmp_path / "run"
     shutil.copytree(reference, out)
