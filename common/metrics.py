@@ -112,8 +112,8 @@ class StabilityProbe:
 
     def _per_block(self, per_tensor):
         """(P,) per-tensor sums -> (N,) per-block sums."""
-        owner = self._owner.to(per_tensor.device)
-        return torch.zeros(self.num_layers, dtype=per_tensor.dtype, device=per_tensor.device).index_add_(0, owner, per_tensor)
+        out = torch.zeros(self.num_layers, dtype=per_tensor.dtype, device=per_tensor.device)
+        return out.index_add_(0, self._owner.to(per_tensor.device), per_tensor)
 
     def _block_sumsq(self, flat) -> torch.Tensor:
         norms = torch.stack(torch._foreach_norm(list(flat.split(self._block_sizes)))).double()  # (N,)

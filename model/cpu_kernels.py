@@ -91,7 +91,7 @@ if not hasattr(torch.ops.normlab, "dropout"):  # (a checkpoint's copy of this fi
     _op = torch.library.custom_op("normlab::dropout", _dropout_impl, mutates_args=())
     _op.register_fake(_dropout_fake)
     _op.register_autograd(_dropout_backward, setup_context=_dropout_setup_context)
-dropout_op = torch.ops.normlab.dropout  # dropout_op(x, seed, p), differentiable; modeling_normlab.Dropout's under compile
+dropout_op = torch.ops.normlab.dropout  # dropout_op(x, seed, p), differentiable: Dropout's kernel under compile
 
 
 def draw_dropout_seed() -> torch.Tensor:
