@@ -45,6 +45,7 @@ NULLABLE_TYPES = {
     "data.max_eval_samples": (int,),
     "data.tokenizer": (str,),
     "train.max_steps": (int,),
+    "train.cpu_threads": (int,),
     "train.mixed_precision": (str,),
     "train.resume": (str,),
     "wandb.group": (str,),
@@ -278,7 +279,7 @@ def _validate(cfg: dict):
     for key in ("lr", "max_grad_norm"):
         _check_min(cfg, f"train.{key}", 0, inclusive=False)
     for key in ("batch_size", "grad_accum_steps", "epochs", "max_steps", "eval_steps", "save_steps", "log_steps",
-                "save_total_limit"):
+                "save_total_limit", "cpu_threads"):
         _check_min(cfg, f"train.{key}", 1)
     _check_min(cfg, "train.warmup_steps", 0)
     _check_min(cfg, "train.weight_decay", 0)

@@ -77,6 +77,7 @@ def test_type_coercion(override, key, value):
         (["train.batch_size=0"], ["train.batch_size", ">= 1"]),
         (["train.lr=-1"], ["train.lr", "> 0"]),
         (["train.max_steps=0"], ["train.max_steps", ">= 1"]),
+        (["train.cpu_threads=0"], ["train.cpu_threads", ">= 1"]),
         (["train.compile=maybe"], ["train.compile", "expected bool"]),
         (["train.scheduler=cosin"], ["train.scheduler", "did you mean 'cosine'", "linear"]),
         (["train.mixed_precision=fp17"], ["train.mixed_precision", "bf16"]),

@@ -4,6 +4,7 @@ schedule, masked-BN statistics in sync), the MLM task, gradient accumulation, to
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -155,3 +156,37 @@ def test_torch_compile(tmp_path):
     from model import NormLabForSequenceClassification
 
     NormLabForSequenceClassification.from_pretrained(out / "final")
+
+
+def test_cpu_threads_default_to_the_cores_split_between_local_processes(monkeypatch):
+    """Plain `accelerate launch` exports OMP_NUM_THREADS=1 on a machine without GPUs; train.py sets the thread
+    count itself (train.cpu_threads), by default as `accelerate launch --cpu` would."""
+    import psutil
+
+    import train
+
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 8 if logical else 4)
+    monkeypatch.setattr(train.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert train.cpu_threads(None, "cpu", 1) == 4  # physical cores, not hyper-threads
+    assert train.cpu_threads(None, "cpu", 2) == 2
+    assert train.cpu_threads(None, "cpu", 8) == 1  # never 0
+    assert train.cpu_threads(3, "cpu", 2) == 3  # an explicit train.cpu_threads wins
+    assert train.cpu_threads(None, "cuda", 1) is None  # GPU runs keep torch's default
+    monkeypatch.setattr(train.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert train.cpu_threads(None, "cpu", 1) == 2  # a taskset/container limit counts
+
+
+def test_plain_accelerate_launch_uses_the_cores(tmp_path):
+    """End to end: under plain `accelerate launch` (which exports OMP_NUM_THREADS=1) a CPU run still uses the
+    cores, and summary.json says how many threads it ran with."""
+    import psutil
+
+    expected = max(1, min(psutil.cpu_count(logical=False) or 1, len(os.sched_getaffinity(0))))
+    out = tmp_path / "run"
+    res = run_cmd(accelerate_cmd(out, "train.max_steps=2", "train.eval_steps=100", "train.save_steps=100",
+                                 "train.cpu_threads=null"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert summary(out)["cpu_threads"] == expected
+    res = run_cmd(accelerate_cmd(tmp_path / "one", "train.max_steps=2", "train.eval_steps=100"))  # TINY pins 1
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert summary(tmp_path / "one")["cpu_threads"] == 1

@@ -18,6 +18,7 @@ TINY = [
     "data.max_train_samples=300", "data.max_eval_samples=96",
     "train.batch_size=16", "train.warmup_steps=4", "train.lr=2e-3",
     "wandb.mode=disabled",
+    "train.cpu_threads=1",  # not the machine's cores: see env()
 ]
 
 
