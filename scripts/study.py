@@ -331,9 +331,13 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
             with gpu_lock:
                 gpu = free_gpus.pop(0)
             env["CUDA_VISIBLE_DEVICES"] = gpu
-        elif parallel > 1 and "OMP_NUM_THREADS" not in os.environ:
-            # several CPU runs at once: split the cores instead of letting every run spin on all of them
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // parallel))
+        elif parallel > 1:
+            # several CPU runs at once: split the cores instead of letting every run spin on all of them (train.py
+            # sizes its thread pool from train.cpu_threads, not from OMP_NUM_THREADS, which accelerate overrides)
+            threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // parallel))
+            env["OMP_NUM_THREADS"] = threads
+            if not any(c.startswith("train.cpu_threads=") for c in cmd):
+                cmd.append(f"train.cpu_threads={threads}")
         log = study_dir / "logs" / f"{run['name']}.log"
         study.record(run["name"], status="running", log=str(log.relative_to(study_dir)))
         start = time.time()
@@ -383,7 +387,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
     parser.add_argument("--parallel", type=int, default=None,
                         help="runs at once (default: one per visible GPU, 1 on CPU; on CPU the cores are split "
-                             "between them with OMP_NUM_THREADS)")
+                             "between them: train.cpu_threads and OMP_NUM_THREADS)")
     parser.add_argument("--no-report", action="store_true", help="do not run scripts/report.py at the end")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py overrides for every run")
     args = parser.parse_args(argv)

@@ -370,6 +370,26 @@ def test_several_gpus_run_one_run_per_gpu_at_a_time(grid, tmp_path, monkeypatch)
     assert sorted(set(seen)) == ["0", "1"] and len(seen) == 6
 
 
+def test_parallel_cpu_runs_split_the_cores(grid, tmp_path, monkeypatch):
+    """Two CPU runs at once get half the cores each, as train.cpu_threads (train.py's thread count; accelerate
+    launch would override a bare OMP_NUM_THREADS) and as OMP_NUM_THREADS for everything else."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(study.os, "cpu_count", lambda: 8)
+    grid_file, g = grid
+    seen = []
+
+    def runner(cmd, log_path, env):
+        seen.append(([c for c in cmd if c.startswith("train.cpu_threads=")], env["OMP_NUM_THREADS"]))
+        out_dir = Path(next(c for c in cmd if c.startswith("output_dir=")).split("=", 1)[1])
+        out_dir.mkdir(parents=True)
+        (out_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+        return 0
+
+    study.run_study(g, grid_file, tmp_path / "st", study.expand(g)[:2], runner=runner, parallel=2, gpus=0,
+                    print_fn=lambda *a: None)
+    assert seen == [(["train.cpu_threads=4"], "4")] * 2
+
+
 def test_cli_dry_run_lists_runs_and_rejects_bad_input(grid, tmp_path, capsys):
     grid_file, _ = grid
     argv = ["--preset", str(grid_file), "--study-dir", str(tmp_path / "st"), "--dry-run"]
