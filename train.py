@@ -305,15 +305,22 @@ def write_summary(accelerator, cfg: dict, summary: dict, wandb_on: bool) -> None
 # the run
 
 
-def cpu_threads(setting, device_type: str, local_processes: int):
-    """Intra-op threads per process of a CPU run: `setting` (train.cpu_threads) if given, else the physical cores
-    this process may use, split between the machine's processes -- what `accelerate launch --cpu` picks. Plain
-    `accelerate launch` on a machine without GPUs exports OMP_NUM_THREADS=1, which left cores idle (the default
-    run took 2 min 52 s on 2 cores that way). None off CPU: torch's default stands."""
+def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ):
+    """Intra-op threads per process of a CPU run (None off CPU: torch's default stands):
+      1. `setting` (train.cpu_threads) if given;
+      2. else OMP_NUM_THREADS as the user set it -- except a 1 under `accelerate launch`, which exports
+         OMP_NUM_THREADS=1 on a machine without GPUs unless told otherwise (the default run took 2 min 52 s on one
+         of two cores that way);
+      3. else the physical cores this process may use, split between the machine's processes: what
+         `accelerate launch --cpu` picks."""
     if device_type != "cpu":
         return None
     if setting is not None:
         return setting
+    omp = env.get("OMP_NUM_THREADS", "").strip()
+    launched = "ACCELERATE_MIXED_PRECISION" in env  # set by every `accelerate launch`
+    if omp.isdigit() and int(omp) >= 1 and (int(omp) > 1 or not launched):
+        return int(omp)
     import psutil  # (accelerate's dependency)
 
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1

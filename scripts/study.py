@@ -332,8 +332,9 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
                 gpu = free_gpus.pop(0)
             env["CUDA_VISIBLE_DEVICES"] = gpu
         elif parallel > 1:
-            # several CPU runs at once: split the cores instead of letting every run spin on all of them (train.py
-            # sizes its thread pool from train.cpu_threads, not from OMP_NUM_THREADS, which accelerate overrides)
+            # several CPU runs at once: split the cores instead of letting every run spin on all of them (as
+            # train.cpu_threads too: under accelerate launch train.py cannot tell a 1 in OMP_NUM_THREADS from
+            # accelerate's default)
             threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // parallel))
             env["OMP_NUM_THREADS"] = threads
             if not any(c.startswith("train.cpu_threads=") for c in cmd):

@@ -371,8 +371,8 @@ def test_several_gpus_run_one_run_per_gpu_at_a_time(grid, tmp_path, monkeypatch)
 
 
 def test_parallel_cpu_runs_split_the_cores(grid, tmp_path, monkeypatch):
-    """Two CPU runs at once get half the cores each, as train.cpu_threads (train.py's thread count; accelerate
-    launch would override a bare OMP_NUM_THREADS) and as OMP_NUM_THREADS for everything else."""
+    """Two CPU runs at once get half the cores each, as train.cpu_threads (unambiguous under accelerate launch)
+    and as OMP_NUM_THREADS for everything else."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(study.os, "cpu_count", lambda: 8)
     grid_file, g = grid

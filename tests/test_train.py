@@ -160,20 +160,25 @@ def test_torch_compile(tmp_path):
 
 def test_cpu_threads_default_to_the_cores_split_between_local_processes(monkeypatch):
     """Plain `accelerate launch` exports OMP_NUM_THREADS=1 on a machine without GPUs; train.py sets the thread
-    count itself (train.cpu_threads), by default as `accelerate launch --cpu` would."""
+    count itself (train.cpu_threads), by default as `accelerate launch --cpu` would, and keeps a user's own
+    OMP_NUM_THREADS."""
     import psutil
 
     import train
 
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 8 if logical else 4)
     monkeypatch.setattr(train.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    assert train.cpu_threads(None, "cpu", 1) == 4  # physical cores, not hyper-threads
-    assert train.cpu_threads(None, "cpu", 2) == 2
-    assert train.cpu_threads(None, "cpu", 8) == 1  # never 0
-    assert train.cpu_threads(3, "cpu", 2) == 3  # an explicit train.cpu_threads wins
-    assert train.cpu_threads(None, "cuda", 1) is None  # GPU runs keep torch's default
+    launched = {"ACCELERATE_MIXED_PRECISION": "no", "OMP_NUM_THREADS": "1"}  # what accelerate launch exports
+    assert train.cpu_threads(None, "cpu", 1, launched) == 4  # physical cores, not hyper-threads
+    assert train.cpu_threads(None, "cpu", 2, launched) == 2
+    assert train.cpu_threads(None, "cpu", 8, launched) == 1  # never 0
+    assert train.cpu_threads(None, "cpu", 1, {}) == 4
+    assert train.cpu_threads(3, "cpu", 2, launched) == 3  # an explicit train.cpu_threads wins
+    assert train.cpu_threads(None, "cpu", 1, {"OMP_NUM_THREADS": "1"}) == 1  # python train.py: the user's 1
+    assert train.cpu_threads(None, "cpu", 1, {**launched, "OMP_NUM_THREADS": "3"}) == 3  # passed on by accelerate
+    assert train.cpu_threads(None, "cuda", 1, {}) is None  # GPU runs keep torch's default
     monkeypatch.setattr(train.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert train.cpu_threads(None, "cpu", 1) == 2  # a taskset/container limit counts
+    assert train.cpu_threads(None, "cpu", 1, {}) == 2  # a taskset/container limit counts
 
 
 def test_plain_accelerate_launch_uses_the_cores(tmp_path):
