@@ -33,9 +33,11 @@ import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
-AXES = ("variant", "lr", "warmup", "seed")  # what --only can narrow
+AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
 FINISHED = ("completed", "diverged")  # a rerun skips these; anything else (failed, interrupted) is run again
-GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project"}
+GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project",
+             "experiments", "init", "score"}
+EXPERIMENT_KEYS = {"description", "overrides", "variants", "lr", "warmup", "seeds"}
 
 
 class StudyError(ValueError):
@@ -89,59 +91,89 @@ def _on_off(value):
     return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else str(value)
 
 
-def load_grid(path: Path) -> dict:
-    """The study file, checked and normalised: variants -> {config, overrides, warmup}, lr -> list, ..."""
-    grid = yaml.safe_load(Path(path).read_text()) or {}
-    unknown = set(grid) - GRID_KEYS
-    if unknown:
-        raise StudyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(GRID_KEYS))}")
-    for key in ("name", "variants", "lr", "seeds"):
-        if key not in grid:
-            raise StudyError(f"{path}: missing '{key}'")
-    warmup = grid.get("warmup") or {"on": None}
-    if isinstance(warmup, dict):
-        warmup = {_on_off(k): v for k, v in warmup.items()}
-    if not isinstance(warmup, dict) or not set(warmup) <= {"on", "off"}:
-        raise StudyError(f"{path}: warmup must map on/off to train.warmup_steps, e.g. {{on: 30, off: 0}}")
+def _load_variants(where, variants_spec, warmup) -> dict:
     variants = {}
-    for name, spec in grid["variants"].items():
+    for name, spec in variants_spec.items():
         spec = {"config": spec} if isinstance(spec, str) or spec is None else dict(spec)
         bad = set(spec) - {"config", "overrides", "warmup"}
         if bad:
-            raise StudyError(f"{path}: variant {name}: unknown key(s) {', '.join(sorted(bad))}; valid: config, overrides, warmup")
+            raise StudyError(f"{where}: variant {name}: unknown key(s) {', '.join(sorted(bad))}; valid: config, overrides, warmup")
         settings = [_on_off(w) for w in spec.get("warmup", list(warmup))]
         if not set(settings) <= set(warmup):
-            raise StudyError(f"{path}: variant {name}: warmup {settings} not among the study's settings {list(warmup)}")
+            raise StudyError(f"{where}: variant {name}: warmup {settings} not among the study's settings {list(warmup)}")
         config = spec.get("config")
         if config is not None:
             config_path = Path(config) if str(config).endswith((".yaml", ".yml")) else Path("configs") / f"{config}.yaml"
             if not (REPO_ROOT / config_path).is_file() and not config_path.is_file():
-                raise StudyError(f"{path}: variant {name}: config file {config_path} not found")
+                raise StudyError(f"{where}: variant {name}: config file {config_path} not found")
             config = str(config_path)
         variants[name] = {"config": config, "overrides": _overrides(spec.get("overrides"), f"variant {name} overrides"),
                           "warmup": list(settings)}
-    seeds = grid["seeds"]
+    return variants
+
+
+def _load_experiment(where, spec: dict, defaults: dict) -> dict:
+    """One grid: variants x lr x warmup x seeds, with its own overrides (after the study's)."""
+    spec = {**defaults, **spec}
+    for key in ("variants", "lr", "seeds"):
+        if key not in spec:
+            raise StudyError(f"{where}: missing '{key}'")
+    warmup = spec.get("warmup") or {"on": None}
+    if isinstance(warmup, dict):
+        warmup = {_on_off(k): v for k, v in warmup.items()}
+    if not isinstance(warmup, dict) or not set(warmup) <= {"on", "off"}:
+        raise StudyError(f"{where}: warmup must map on/off to train.warmup_steps, e.g. {{on: 30, off: 0}}")
+    seeds = spec["seeds"]
     if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
-        raise StudyError(f"{path}: seeds must be a non-empty list of integers")
+        raise StudyError(f"{where}: seeds must be a non-empty list of integers")
+    return {"description": spec.get("description", ""), "variants": _load_variants(where, spec["variants"], warmup),
+            "overrides": _overrides(spec.get("overrides"), f"{where} overrides"),
+            "lr": lr_grid(spec["lr"]), "warmup": warmup, "seeds": seeds}
+
+
+def load_grid(path: Path) -> dict:
+    """The study file, checked and normalised: experiments -> {variants, lr, warmup, seeds, overrides}.
+
+    A file without `experiments` is one unnamed experiment (its run names carry no experiment prefix)."""
+    grid = yaml.safe_load(Path(path).read_text()) or {}
+    unknown = set(grid) - GRID_KEYS
+    if unknown:
+        raise StudyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(GRID_KEYS))}")
+    if "name" not in grid:
+        raise StudyError(f"{path}: missing 'name'")
+    shared = {k: grid[k] for k in ("variants", "lr", "warmup", "seeds") if k in grid}
+    if "experiments" in grid:
+        if not isinstance(grid["experiments"], dict) or not grid["experiments"]:
+            raise StudyError(f"{path}: experiments must map names to grids (variants, lr, warmup, seeds)")
+        experiments = {}
+        for name, spec in grid["experiments"].items():
+            bad = set(spec or {}) - EXPERIMENT_KEYS
+            if bad:
+                raise StudyError(f"{path}: experiment {name}: unknown key(s) {', '.join(sorted(bad))}; "
+                                 f"valid: {', '.join(sorted(EXPERIMENT_KEYS))}")
+            experiments[str(name)] = _load_experiment(f"{path}: experiment {name}", spec or {}, shared)
+    else:
+        experiments = {"": _load_experiment(str(path), shared, {})}
     return {"name": str(grid["name"]), "description": grid.get("description", ""),
-            "overrides": _overrides(grid.get("overrides"), "overrides"), "variants": variants,
-            "lr": lr_grid(grid["lr"]), "warmup": warmup, "seeds": seeds,
+            "overrides": _overrides(grid.get("overrides"), "overrides"), "experiments": experiments,
+            "init": grid.get("init"), "score": grid.get("score") or {},
             "comparisons": grid.get("comparisons", []), "wandb_project": grid.get("wandb_project")}
 
 
-def run_name(variant, lr, warmup, seed) -> str:
-    return f"{variant}-lr{lr:g}-wu{warmup}-s{seed}"
+def run_name(variant, lr, warmup, seed, experiment="") -> str:
+    return f"{experiment + '-' if experiment else ''}{variant}-lr{lr:g}-wu{warmup}-s{seed}"
 
 
 def expand(grid: dict) -> list[dict]:
-    """Every run of the grid: variant x lr x (the variant's warmup settings) x seed, in that nesting order."""
+    """Every run: experiment x variant x lr x (the variant's warmup settings) x seed, in that nesting order."""
     runs = []
-    for variant, spec in grid["variants"].items():
-        for lr in grid["lr"]:
-            for warmup in spec["warmup"]:
-                for seed in grid["seeds"]:
-                    runs.append({"name": run_name(variant, lr, warmup, seed), "variant": variant, "lr": lr,
-                                 "warmup": warmup, "seed": seed})
+    for experiment, exp in grid["experiments"].items():
+        for variant, spec in exp["variants"].items():
+            for lr in exp["lr"]:
+                for warmup in spec["warmup"]:
+                    for seed in exp["seeds"]:
+                        runs.append({"name": run_name(variant, lr, warmup, seed, experiment), "experiment": experiment,
+                                     "variant": variant, "lr": lr, "warmup": warmup, "seed": seed})
     return runs
 
 
@@ -186,16 +218,19 @@ def narrow(runs: list[dict], only: dict) -> list[dict]:
 
 
 def train_command(grid, run, study_dir: Path, extra: list[str], launcher: list[str]) -> list[str]:
-    spec = grid["variants"][run["variant"]]
+    exp = grid["experiments"][run["experiment"]]
+    spec = exp["variants"][run["variant"]]
     cmd = list(launcher) + [str(REPO_ROOT / "train.py")]
     if spec["config"]:
         cmd += ["--config", spec["config"]]
-    warmup_steps = grid["warmup"][run["warmup"]]
-    cmd += grid["overrides"] + spec["overrides"] + [f"train.lr={run['lr']:g}", f"seed={run['seed']}"]
+    warmup_steps = exp["warmup"][run["warmup"]]
+    cmd += (grid["overrides"] + exp["overrides"] + spec["overrides"]
+            + [f"train.lr={run['lr']:g}", f"seed={run['seed']}"])
     if warmup_steps is not None:
         cmd.append(f"train.warmup_steps={warmup_steps}")
     cmd += [f"output_dir={study_dir / 'runs' / run['name']}", f"wandb.group={grid['name']}",
-            _format_override("wandb.tags", [grid["name"], run["variant"], f"warmup-{run['warmup']}"]),
+            _format_override("wandb.tags", [t for t in (grid["name"], run["experiment"], run["variant"],
+                                                         f"warmup-{run['warmup']}") if t]),
             "train.resume=auto"]  # an interrupted run continues from its last checkpoint
     if grid.get("wandb_project"):
         cmd.append(f"wandb.project={grid['wandb_project']}")
@@ -209,17 +244,18 @@ def validate_commands(grid, runs, extra):
 
     seen = set()
     for run in runs:
-        spec = grid["variants"][run["variant"]]
-        key = (run["variant"], run["warmup"])
+        exp = grid["experiments"][run["experiment"]]
+        spec = exp["variants"][run["variant"]]
+        key = (run["experiment"], run["variant"], run["warmup"])
         if key in seen:
             continue
         seen.add(key)
-        overrides = grid["overrides"] + spec["overrides"] + list(extra) + [f"train.lr={run['lr']:g}"]
+        overrides = grid["overrides"] + exp["overrides"] + spec["overrides"] + list(extra) + [f"train.lr={run['lr']:g}"]
         config = str(REPO_ROOT / spec["config"]) if spec["config"] else None
         try:
             load_config(config, overrides)
         except ConfigError as err:
-            raise StudyError(f"variant {run['variant']}: {err}") from None
+            raise StudyError(f"{run['experiment'] + ' ' if run['experiment'] else ''}variant {run['variant']}: {err}") from None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -268,7 +304,7 @@ class Study:
         if old.get("name") not in (None, grid["name"]):
             raise StudyError(f"{study_dir} holds study {old['name']!r}, not {grid['name']!r}; pick another --study-dir")
         self.data = {"name": grid["name"], "description": grid["description"], "grid_file": str(grid_file),
-                     "grid": {k: grid[k] for k in ("variants", "lr", "warmup", "seeds")},
+                     "experiments": grid["experiments"], "init": grid["init"], "score": grid["score"],
                      "common_overrides": grid["overrides"], "comparisons": grid["comparisons"],
                      "wandb_project": grid["wandb_project"], "command": command,
                      # every invocation that trained into this directory (a study may be built in pieces)
@@ -307,7 +343,7 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
     statuses, todo = {}, []
     for run in runs:
         status = read_status(study_dir / "runs" / run["name"])
-        base = {k: run[k] for k in ("variant", "lr", "warmup", "seed")}
+        base = {k: run[k] for k in ("experiment", "variant", "lr", "warmup", "seed")}
         if status in FINISHED:
             statuses[run["name"]] = status
             study.record(run["name"], **base, status=status)
@@ -376,6 +412,30 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
     return statuses
 
 
+def wants_e1(grid: dict, only: dict) -> bool:
+    """E1 (scripts/init_study.py) runs when the study has an `init` block and --only experiment=... names e1 or
+    no experiment; `e1` is then taken out of the experiment filter (it has no training runs)."""
+    if not grid.get("init"):
+        return False
+    wanted = only.get("experiment")
+    if wanted is None:
+        return "seed" not in only and "variant" not in only and "lr" not in only and "warmup" not in only
+    if "e1" not in wanted:
+        return False
+    wanted.discard("e1")
+    return True
+
+
+def after_training(study_dir: Path, run_e1: bool, report: bool) -> None:
+    """E1, then the per-run records (scores of every final model), then the report: each a script of its own."""
+    scripts = REPO_ROOT / "scripts"
+    if run_e1:
+        subprocess.run([sys.executable, str(scripts / "init_study.py"), str(study_dir)], cwd=REPO_ROOT, check=True)
+    subprocess.run([sys.executable, str(scripts / "score_runs.py"), str(study_dir)], cwd=REPO_ROOT, check=True)
+    if report:
+        subprocess.run([sys.executable, str(scripts / "report.py"), str(study_dir)], cwd=REPO_ROOT)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (see the module docstring).",
@@ -398,7 +458,9 @@ def main(argv=None) -> int:
             raise StudyError(f"unexpected argument {bad[0]!r}: extra train.py overrides are key=value")
         grid_file = resolve_preset(args.preset)
         grid = load_grid(grid_file)
-        runs = narrow(expand(grid), parse_only(args.only))
+        only = parse_only(args.only)
+        run_e1 = wants_e1(grid, only)
+        runs = narrow(expand(grid), only) if only.get("experiment", {None}) != set() else []
         study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
         validate_commands(grid, runs, args.overrides)
     except StudyError as err:
@@ -427,8 +489,7 @@ def main(argv=None) -> int:
         print("\nstudy interrupted; run the same command again to continue (finished runs are skipped, "
               "interrupted ones resume from their last checkpoint)", file=sys.stderr)
         return 130
-    if not args.no_report:
-        subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "report.py"), str(study_dir)], cwd=REPO_ROOT)
+    after_training(study_dir, run_e1, not args.no_report)
     return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed
 
 

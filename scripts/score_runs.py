@@ -1,0 +1,167 @@
+"""Score every finished run of a study and write the compact per-run records the report reads.
+
+    python scripts/score_runs.py studies/quick [--out docs/study-v2/runs.jsonl]
+
+For each run in STUDY/study.json this loads final/ and predicts, with running statistics and length-sorted
+batches, the *dev* rows (the last `score.dev_rows` rows of the training split, which no run trains on: they pick
+best learning rates) and the validation split (what the report states). Runs of batch-statistics norms, and every
+run of experiment e3, are also scored on the validation split batched three ways, the same sentences each time:
+
+    sorted    length-sorted batches, padded to the longest sentence of the batch (little padding)
+    shuffled  one fixed random order shared by every model, padded to the batch's longest (much padding)
+    fixed     the sorted batches padded to data.max_length (same batches as `sorted`, more padding)
+
+each with running statistics and (BN family) with the batch's own statistics. A sentence's prediction can only
+depend on its batch through batch statistics, so a prediction that changes between batchings is a "flip".
+
+A record holds the run's grid coordinates, status, per-step curves (train loss, gradient norm, the largest
+attention logit over layers, the mean BN stat drift), the evaluations logged in training, and per batching the
+mean loss, the accuracy and every prediction as a string of class ids (one character per example), so the report
+can pair examples across runs without retraining.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from common.data import resolve_dataset  # noqa: E402
+from common.metrics import read_metrics  # noqa: E402
+from model import BATCH_STAT_NORMS, NormLabForSequenceClassification  # noqa: E402
+from model.norms import set_batch_stats_in_eval  # noqa: E402
+
+BATCHINGS = ("sorted", "shuffled", "fixed")
+SHUFFLE_SEED = 1234  # one order for every model, so their shuffled batches hold the same sentences
+
+
+def _sig(x, digits=5):
+    return None if x is None or not np.isfinite(x) else float(f"{x:.{digits}g}")
+
+
+def curves(metrics: list[dict]) -> dict:
+    """Per-step series the report plots; layer-wise keys reduced to one number per step."""
+    steps = [r for r in metrics if "train/loss" in r]
+    out = {"step": [r["step"] for r in steps], "loss": [_sig(r["train/loss"]) for r in steps],
+           "grad_norm": [_sig(r.get("train/grad_norm")) for r in steps]}
+    logit = [[v for k, v in r.items() if k.endswith("/attn_logit_max")] for r in steps]
+    if any(logit):
+        out["attn_logit_max"] = [_sig(max(v)) if v else None for v in logit]
+    drift = [[v for k, v in r.items() if k.startswith("bn/") and k.endswith("/stat_drift")] for r in steps]
+    if any(drift):
+        out["stat_drift"] = [_sig(float(np.mean(v))) if v else None for v in drift]
+    out["eval"] = [{"step": r["step"], "loss": _sig(r["eval/loss"]), "accuracy": _sig(r["eval/accuracy"])}
+                   for r in metrics if "eval/loss" in r]
+    return out
+
+
+def batches(lengths: list[int], how: str, batch_size: int) -> list[list[int]]:
+    order = np.argsort(lengths, kind="stable")
+    if how == "shuffled":
+        order = np.random.default_rng(SHUFFLE_SEED).permutation(len(lengths))
+    return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+
+
+@torch.no_grad()
+def predict(model, encoded, labels, how: str, batch_size: int, max_length: int, pad_id: int) -> dict:
+    """Mean loss, accuracy and the predicted class of every example (in dataset order) under one batching."""
+    n = len(labels)
+    preds, losses = np.zeros(n, dtype=np.int64), np.zeros(n)
+    for idx in batches([len(e) for e in encoded], how, batch_size):
+        width = max_length if how == "fixed" else max(len(encoded[i]) for i in idx)
+        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(idx), width, dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, :len(encoded[i])] = torch.tensor(encoded[i])
+            mask[row, :len(encoded[i])] = 1
+        logits = model(input_ids=ids, attention_mask=mask).logits.float()  # (B, C)
+        y = torch.tensor([labels[i] for i in idx])
+        losses[idx] = F.cross_entropy(logits, y, reduction="none").numpy()
+        preds[idx] = logits.argmax(-1).numpy()
+    return {"loss": _sig(losses.mean()), "accuracy": _sig(float((preds == np.array(labels)).mean())),
+            "pred": "".join(map(str, preds.tolist()))}
+
+
+def score_sets(cfg: dict, dev_rows: int) -> dict:
+    """{"dev": (texts, labels), "val": (texts, labels)} from the run's own data config."""
+    data = {**cfg["data"], "max_train_samples": None, "max_eval_samples": None}
+    dsd = resolve_dataset({**cfg, "data": data})
+    train, val = dsd[data["train_split"]], dsd[data["eval_split"]]
+    start = len(train) - dev_rows
+    if start < (cfg["data"].get("max_train_samples") or len(train)):
+        raise SystemExit(f"score_runs.py: the last {dev_rows} training rows overlap the rows the runs train on")
+    dev = train.select(range(start, len(train)))
+    col, lab = data["text_column"], data["label_column"]
+    return {"dev": (dev[col], dev[lab]), "val": (val[col], val[lab])}
+
+
+def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) -> dict:
+    from transformers import AutoTokenizer
+
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    max_length = cfg["data"]["max_length"]
+    model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
+    out = {}
+    for split, (texts, labels) in sets.items():
+        encoded = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
+        hows = BATCHINGS if (full_batchings and split == "val") else ("sorted",)
+        modes = ("running", "batch") if (full_batchings and cfg["model"]["norm"] in BATCH_STAT_NORMS) else ("running",)
+        for mode in modes:
+            set_batch_stats_in_eval(model, mode == "batch")
+            for how in hows:
+                out[f"{split}/{how}/{mode}"] = predict(model, encoded, list(labels), how, batch_size, max_length,
+                                                     tokenizer.pad_token_id)
+    return out
+
+
+def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> dict:
+    run_dir = study_dir / "runs" / name
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    rec = {k: entry.get(k) for k in ("experiment", "variant", "lr", "warmup", "seed")}
+    model_cfg = cfg.get("model", {})
+    rec.update(name=name, status=summary.get("status", entry.get("status")), norm=model_cfg.get("norm"),
+               placement=model_cfg.get("norm_placement"), qk_norm=bool(model_cfg.get("qk_norm")),
+               grouped=bool(cfg.get("data", {}).get("group_by_length")), duration_s=entry.get("duration_s"),
+               loss_spikes=summary.get("loss_spikes"))
+    if (run_dir / "metrics.jsonl").is_file():
+        rec["curves"] = curves(read_metrics(run_dir / "metrics.jsonl"))
+    if rec["status"] == "completed" and (run_dir / "final").is_dir():
+        full = rec["experiment"] == "e3" or rec["norm"] in BATCH_STAT_NORMS
+        rec["scores"] = score_run(run_dir, sets, full, batch_size)
+    return rec
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Score a study's final models; write its per-run records.")
+    parser.add_argument("study_dir", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="default: STUDY/runs.jsonl")
+    args = parser.parse_args(argv)
+    study = json.loads((args.study_dir / "study.json").read_text())
+    score = {"dev_rows": 2000, "batch_size": 32, **(study.get("score") or {})}
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    sets, out = None, args.out or args.study_dir / "runs.jsonl"
+    rows = []
+    for name, entry in sorted(study["runs"].items()):
+        if sets is None and (args.study_dir / "runs" / name / "config.yaml").is_file():
+            cfg = yaml.safe_load((args.study_dir / "runs" / name / "config.yaml").read_text())
+            sets = score_sets(cfg, score["dev_rows"])
+        rows.append(record(args.study_dir, name, entry, sets, score["batch_size"]))
+        print(f"scored {name}: {rows[-1]['status']}", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    print(f"{len(rows)} records -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
