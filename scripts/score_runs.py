@@ -16,8 +16,8 @@ depend on its batch through batch statistics, so a prediction that changes betwe
 
 A record holds the run's grid coordinates, status, per-step curves (train loss, gradient norm, the largest
 attention logit over layers, the mean BN stat drift), the evaluations logged in training, and per batching the
-mean loss, the accuracy and every prediction as a string of class ids (one character per example), so the report
-can pair examples across runs without retraining.
+mean loss, the accuracy and every prediction as a string of class ids (one character per example; the gold labels
+go to labels.json beside the records), so the report can pair examples across runs without retraining.
 """
 
 import argparse
@@ -113,13 +113,15 @@ def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) 
     out = {}
     for split, (texts, labels) in sets.items():
         encoded = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
-        hows = BATCHINGS if (full_batchings and split == "val") else ("sorted",)
-        modes = ("running", "batch") if (full_batchings and cfg["model"]["norm"] in BATCH_STAT_NORMS) else ("running",)
+        full = full_batchings and split == "val"
+        hows = BATCHINGS if full else ("sorted",)
+        modes = ("running", "batch") if (full and cfg["model"]["norm"] in BATCH_STAT_NORMS) else ("running",)
         for mode in modes:
             set_batch_stats_in_eval(model, mode == "batch")
             for how in hows:
                 out[f"{split}/{how}/{mode}"] = predict(model, encoded, list(labels), how, batch_size, max_length,
                                                      tokenizer.pad_token_id)
+        set_batch_stats_in_eval(model, False)
     return out
 
 
@@ -159,6 +161,9 @@ def main(argv=None) -> int:
         print(f"scored {name}: {rows[-1]['status']}", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    if sets is not None:  # the gold labels, once: the report scores the saved predictions against them
+        labels = {split: "".join(str(int(y)) for y in ys) for split, (_, ys) in sets.items()}
+        (out.parent / "labels.json").write_text(json.dumps(labels))
     print(f"{len(rows)} records -> {out}")
     return 0
 

@@ -412,6 +412,36 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
     return statuses
 
 
+def machine() -> str:
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, {os.cpu_count()} CPU cores"
+    except ImportError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPU cores, no GPU"
+
+
+def record_invocation(study_dir: Path, command: str, started: float) -> None:
+    """Append this command's commit, machine, wall time and CPU time (of the runs it started) to study.json."""
+    path = study_dir / "study.json"
+    data = json.loads(path.read_text())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                            text=True).stdout.strip() or None
+    times = os.times()
+    data.setdefault("invocations", []).append({
+        "command": command, "commit": commit, "machine": machine(), "started": time.strftime(
+            "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 1),
+        "cpu_s": round(times.children_user + times.children_system, 1)})
+    tmp = path.with_name("study.json.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
 def wants_e1(grid: dict, only: dict) -> bool:
     """E1 (scripts/init_study.py) runs when the study has an `init` block and --only experiment=... names e1 or
     no experiment; `e1` is then taken out of the experiment filter (it has no training runs)."""
@@ -480,6 +510,7 @@ def main(argv=None) -> int:
     else:  # CPU or one GPU: no pinning; one run at a time unless asked
         gpus, parallel = 0, args.parallel or 1
     command = shlex.join(["python", "scripts/study.py", *(argv if argv is not None else sys.argv[1:])])
+    started = time.time()
     try:
         run_study(grid, grid_file, study_dir, runs, args.overrides, command=command, parallel=parallel, gpus=gpus)
     except StudyError as err:
@@ -489,6 +520,7 @@ def main(argv=None) -> int:
         print("\nstudy interrupted; run the same command again to continue (finished runs are skipped, "
               "interrupted ones resume from their last checkpoint)", file=sys.stderr)
         return 130
+    record_invocation(study_dir, command, started)
     after_training(study_dir, run_e1, not args.no_report)
     return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed
 

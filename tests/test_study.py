@@ -1,0 +1,253 @@
+"""scripts/study.py's grid, experiments, narrowing, skipping and failure recording, with a fake runner (no training
+here; tests/test_study_smoke.py trains a tiny study end to end)."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+
+import study  # noqa: E402
+
+GRID = """
+name: tiny
+overrides: {train.max_steps: 5, data.max_train_samples: 64}
+variants:
+  post_ln: {config: post_ln}
+  masked_batchnorm: {config: masked_batchnorm, warmup: [on], overrides: {model.bn_momentum: 0.2}}
+lr: {min: 1.0e-4, max: 1.0e-2, num: 3}
+warmup: {on: 10, off: 0}
+seeds: [0, 1]
+comparisons: [[post_ln, masked_batchnorm]]
+"""
+
+
+@pytest.fixture()
+def grid(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(GRID)
+    return path, study.load_grid(path)
+
+
+def test_lr_grid_is_log_spaced_and_lists_pass_through():
+    assert study.lr_grid({"min": 1e-4, "max": 1e-2, "num": 3}) == [1e-4, 1e-3, 1e-2]
+    assert study.lr_grid({"min": 1e-3, "max": 1e-2, "num": 3}) == [1e-3, 0.00316, 1e-2]
+    assert study.lr_grid([3e-4, 1e-3]) == [3e-4, 1e-3]
+    with pytest.raises(study.StudyError):
+        study.lr_grid({"min": 1e-2, "max": 1e-4, "num": 3})
+
+
+def test_grid_expansion_respects_per_variant_warmup(grid):
+    _, g = grid
+    runs = study.expand(g)
+    # post_ln: 3 lr x 2 warmup x 2 seeds; masked_batchnorm: 3 lr x warmup on only x 2 seeds
+    assert len(runs) == 12 + 6
+    assert len({r["name"] for r in runs}) == len(runs)
+    assert {r["warmup"] for r in runs if r["variant"] == "masked_batchnorm"} == {"on"}
+    assert "post_ln-lr0.001-wuoff-s1" in {r["name"] for r in runs}
+
+
+def test_narrowing_from_the_command_line(grid):
+    _, g = grid
+    runs = study.expand(g)
+    only = study.parse_only(["variant=post_ln,seed=0", "lr=1e-3,0.01"])
+    assert only == {"variant": {"post_ln"}, "seed": {"0"}, "lr": {"1e-3", "0.01"}}
+    picked = study.narrow(runs, only)
+    assert sorted(r["name"] for r in picked) == sorted(
+        f"post_ln-lr{lr}-wu{w}-s0" for lr in ("0.001", "0.01") for w in ("on", "off"))
+    assert {r["name"] for r in study.narrow(runs, study.parse_only(["warmup=off"]))} == {
+        r["name"] for r in runs if r["variant"] == "post_ln" and r["warmup"] == "off"}
+    with pytest.raises(study.StudyError, match="lr=0.005: not in the grid; choose from 0.0001, 0.001, 0.01"):
+        study.narrow(runs, study.parse_only(["lr=0.005"]))
+    with pytest.raises(study.StudyError, match="unknown key 'norm'"):
+        study.parse_only(["norm=rmsnorm"])
+
+
+def test_train_command_carries_the_run_and_the_study(grid, tmp_path):
+    _, g = grid
+    run = next(r for r in study.expand(g) if r["name"] == "masked_batchnorm-lr0.01-wuon-s1")
+    cmd = study.train_command(g, run, tmp_path / "st", ["train.batch_size=8"], ["python"])
+    assert cmd[:4] == ["python", str(study.REPO_ROOT / "train.py"), "--config", "configs/masked_batchnorm.yaml"]
+    for item in ("train.max_steps=5", "model.bn_momentum=0.2", "train.lr=0.01", "seed=1", "train.warmup_steps=10",
+                 f"output_dir={tmp_path / 'st' / 'runs' / run['name']}", "wandb.group=tiny", "train.resume=auto"):
+        assert item in cmd
+    assert cmd[-1] == "train.batch_size=8"  # command-line overrides come last and win
+
+
+class FakeRunner:
+    """Stands in for train.py: writes what train.py would, by the run's name."""
+
+    def __init__(self, outcome):
+        self.outcome, self.calls = outcome, []
+
+    def __call__(self, cmd, log_path, env):
+        out_dir = Path(next(c for c in cmd if c.startswith("output_dir=")).split("=", 1)[1])
+        self.calls.append(out_dir.name)
+        outcome = self.outcome(out_dir.name)
+        if outcome == "raise":
+            raise OSError("cannot start")
+        if outcome == "crash":
+            log_path.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
+            return 1
+        out_dir.mkdir(parents=True)
+        (out_dir / "summary.json").write_text(json.dumps({"status": outcome}))
+        return 0 if outcome == "completed" else 3
+
+
+def test_failed_runs_are_recorded_and_reruns_skip_finished_ones(grid, tmp_path):
+    grid_file, g = grid
+    runs = study.narrow(study.expand(g), study.parse_only(["variant=post_ln,warmup=on,seed=0"]))
+    assert [r["name"] for r in runs] == [f"post_ln-lr{lr}-wuon-s0" for lr in ("0.0001", "0.001", "0.01")]
+    study_dir = tmp_path / "st"
+
+    def first_outcome(name):
+        return {"0.0001": "completed", "0.001": "crash", "0.01": "diverged"}[name.split("-lr")[1].split("-")[0]]
+
+    runner = FakeRunner(first_outcome)
+    statuses = study.run_study(g, grid_file, study_dir, runs, runner=runner, print_fn=lambda *a: None)
+    assert runner.calls == [r["name"] for r in runs]  # the crash did not stop the study
+    assert statuses == {"post_ln-lr0.0001-wuon-s0": "completed", "post_ln-lr0.001-wuon-s0": "failed",
+                        "post_ln-lr0.01-wuon-s0": "diverged"}
+    record = json.loads((study_dir / "study.json").read_text())
+    failed = record["runs"]["post_ln-lr0.001-wuon-s0"]
+    assert failed["status"] == "failed" and failed["returncode"] == 1 and "RuntimeError: boom" in failed["error"]
+    assert record["runs"]["post_ln-lr0.01-wuon-s0"]["status"] == "diverged"
+    assert record["name"] == "tiny" and record["comparisons"] == [["post_ln", "masked_batchnorm"]]
+
+    # the same command again: only the failed run is trained; this time it cannot even start
+    runner = FakeRunner(lambda name: "raise")
+    statuses = study.run_study(g, grid_file, study_dir, runs, runner=runner, print_fn=lambda *a: None)
+    assert runner.calls == ["post_ln-lr0.001-wuon-s0"]
+    record = json.loads((study_dir / "study.json").read_text())
+    assert record["runs"]["post_ln-lr0.001-wuon-s0"]["error"] == "OSError: cannot start"
+    assert statuses["post_ln-lr0.0001-wuon-s0"] == "completed"
+
+    # and once it succeeds, nothing is left to do
+    study.run_study(g, grid_file, study_dir, runs, runner=FakeRunner(lambda name: "completed"), print_fn=lambda *a: None)
+    runner = FakeRunner(lambda name: "completed")
+    study.run_study(g, grid_file, study_dir, runs, runner=runner, print_fn=lambda *a: None)
+    assert runner.calls == []
+    record = json.loads((study_dir / "study.json").read_text())
+    assert {r["status"] for r in record["runs"].values()} == {"completed", "diverged"}
+    assert "error" not in record["runs"]["post_ln-lr0.001-wuon-s0"]  # the earlier failure is not carried over
+
+
+def test_several_gpus_run_one_run_per_gpu_at_a_time(grid, tmp_path, monkeypatch):
+    import threading
+    import time
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    grid_file, g = grid
+    runs = study.expand(g)[:6]
+    busy, seen, lock = set(), [], threading.Lock()
+
+    def runner(cmd, log_path, env):
+        gpu = env["CUDA_VISIBLE_DEVICES"]
+        with lock:
+            assert gpu not in busy  # never two runs on one GPU
+            busy.add(gpu)
+            seen.append(gpu)
+        time.sleep(0.05)
+        with lock:
+            busy.discard(gpu)
+        out_dir = Path(next(c for c in cmd if c.startswith("output_dir=")).split("=", 1)[1])
+        out_dir.mkdir(parents=True)
+        (out_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+        return 0
+
+    statuses = study.run_study(g, grid_file, tmp_path / "st", runs, runner=runner, parallel=2, gpus=2,
+                               print_fn=lambda *a: None)
+    assert set(statuses.values()) == {"completed"} and len(statuses) == 6
+    assert sorted(set(seen)) == ["0", "1"] and len(seen) == 6
+
+
+def test_parallel_cpu_runs_split_the_cores(grid, tmp_path, monkeypatch):
+    """Two CPU runs at once get half the cores each, as train.cpu_threads (unambiguous under accelerate launch)
+    and as OMP_NUM_THREADS for everything else."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(study.os, "cpu_count", lambda: 8)
+    grid_file, g = grid
+    seen = []
+
+    def runner(cmd, log_path, env):
+        seen.append(([c for c in cmd if c.startswith("train.cpu_threads=")], env["OMP_NUM_THREADS"]))
+        out_dir = Path(next(c for c in cmd if c.startswith("output_dir=")).split("=", 1)[1])
+        out_dir.mkdir(parents=True)
+        (out_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+        return 0
+
+    study.run_study(g, grid_file, tmp_path / "st", study.expand(g)[:2], runner=runner, parallel=2, gpus=0,
+                    print_fn=lambda *a: None)
+    assert seen == [(["train.cpu_threads=4"], "4")] * 2
+
+
+def test_cli_dry_run_lists_runs_and_rejects_bad_input(grid, tmp_path, capsys):
+    grid_file, _ = grid
+    argv = ["--preset", str(grid_file), "--study-dir", str(tmp_path / "st"), "--dry-run"]
+    assert study.main(argv + ["--only", "variant=masked_batchnorm,seed=0"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4 and lines[-1].startswith("3 runs (3 to train)")
+    assert all(line.startswith("train") and "wandb.group=tiny" in line for line in lines[:3])
+    assert not (tmp_path / "st").exists()  # a dry run writes nothing
+    assert study.main(argv + ["model.nrom=rmsnorm"]) == 2
+    assert "unknown config key 'model.nrom'" in capsys.readouterr().err
+    assert study.main(["--preset", "nope", "--dry-run"]) == 2
+    assert "--preset 'nope' not found; choose one of full, quick" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", ["quick", "full"])
+def test_presets_hold_the_designed_experiments(preset):
+    """What predictions.md promises: E2 at >= 4 LRs over >= 1.5 decades, warmup off and >= 1/(1 - beta2) steps,
+    >= 3 seeds shared by every arm; E3's three norms on random and grouped batches; E4 and the A/A arm on E2's LRs;
+    one epoch without repeated rows; E1 at depths 3-48 over five seeds."""
+    g = study.load_grid(study.resolve_preset(preset))
+    common = dict(o.split("=", 1) for o in g["overrides"])
+    e2, e3, e4, aa = (g["experiments"][k] for k in ("e2", "e3", "e4", "aa"))
+    assert set(e2["variants"]) == {"post_ln", "pre_ln"} and set(e2["warmup"]) == {"on", "off"}
+    assert len(e2["lr"]) >= 4 and math.log10(max(e2["lr"]) / min(e2["lr"])) >= 1.5 - 1e-3  # 3.16e-2 / 1e-3: 1.5 decades to 3 digits
+    assert e2["warmup"]["off"] == 0 and e2["warmup"]["on"] >= 1 / (1 - float(common["train.adam_beta2"]))
+    assert e4["lr"] == e2["lr"] == aa["lr"] and len(e2["seeds"]) >= 3
+    assert e2["seeds"] == e3["seeds"] == e4["seeds"] == aa["seeds"]
+    assert {f"{n}-{b}" for n in ("layernorm", "batchnorm", "masked_batchnorm") for b in ("random", "grouped")} == set(e3["variants"])
+    assert common["train.epochs"] == "1" and "train.max_steps" not in common
+    assert set(g["init"]["depths"]) >= {3, 6, 12, 24, 48} and len(g["init"]["seeds"]) >= 5
+
+
+def test_experiments_prefix_run_names_and_narrow_by_experiment(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(EXPERIMENTS)
+    g = study.load_grid(path)
+    runs = study.expand(g)
+    assert {r["name"] for r in runs} == {"a-post_ln-lr0.001-wuoff-s0", "a-post_ln-lr0.01-wuoff-s0",
+                                         "b-batchnorm-lr0.001-wuon-s0", "b-batchnorm-lr0.001-wuon-s1"}
+    picked = study.narrow(runs, study.parse_only(["experiment=b"]))
+    assert {r["experiment"] for r in picked} == {"b"} and len(picked) == 2
+    run = next(r for r in runs if r["experiment"] == "b")
+    cmd = study.train_command(g, run, tmp_path / "st", [], ["python"])
+    # study overrides, then the experiment's, then the variant's: the later one wins
+    assert cmd.index("train.max_steps=5") < cmd.index("data.group_by_length=true") < cmd.index("model.bn_momentum=0.2")
+    assert "train.warmup_steps=7" in cmd and "wandb.tags=[\"exp\", \"b\", \"batchnorm\", \"warmup-on\"]" in cmd
+    assert study.wants_e1(g, {}) is False  # no init block, no E1
+
+
+EXPERIMENTS = """
+name: exp
+overrides: {train.max_steps: 5}
+experiments:
+  a:
+    variants: {post_ln: {config: post_ln}}
+    lr: [1.0e-3, 1.0e-2]
+    warmup: {off: 0}
+    seeds: [0]
+  b:
+    overrides: {data.group_by_length: true}
+    variants: {batchnorm: {config: batchnorm, overrides: {model.bn_momentum: 0.2}}}
+    lr: [1.0e-3]
+    warmup: {on: 7}
+    seeds: [0, 1]
+"""
