@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,12 +163,16 @@ class LocalEngine:
             for job in jobs:
                 one(job)
             return
-        pool = ThreadPoolExecutor(max_workers=self.parallel)
+        pool, stopping = ThreadPoolExecutor(max_workers=self.parallel), threading.Event()
         try:
-            for future in [pool.submit(one, job) for job in jobs]:
-                future.result()
+            futures = [pool.submit(lambda job: stopping.is_set() or one(job), job) for job in jobs]
+            while wait(futures, timeout=0.2).not_done:  # short waits: a Ctrl-C is handled at once, not
+                pass  # when a run ends (an untimed wait on a lock need not wake for a signal)
+            for future in futures:
+                future.result()  # a callback's error
         except KeyboardInterrupt:
             # the running runs got the Ctrl-C too and are saving a checkpoint; the queued ones must not start
+            stopping.set()
             pool.shutdown(wait=True, cancel_futures=True)
             raise
         pool.shutdown()

@@ -1,7 +1,8 @@
 """scripts/study.py --engine ray (scripts/engines.py's RayEngine) on a real local Ray instance with 2 CPUs and real
 train.py runs of a tiny model on a few hundred SST-2 rows: the study directory it fills has the local engine's
-shape and results, a run whose Ray worker is killed mid-run is retried from its last checkpoint and finishes, and a
-finished study run again starts nothing."""
+shape and results, a run whose Ray worker is killed mid-run is retried from its last checkpoint and finishes, a
+finished study run again starts nothing, and a command killed more often than its retries allow fails with the
+reason."""
 
 import json
 import os
@@ -104,58 +105,54 @@ def last_checkpoint(run_dir: Path) -> int:
     return max((int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*")), default=0)
 
 
-def train_process(run_dir: Path, after_step=0, not_pid=None):
-    """The train.py process writing run_dir, once the run has a checkpoint past after_step."""
-    if last_checkpoint(run_dir) <= after_step:
+def train_process(run_dir: Path):
+    """The train.py process writing run_dir, once the run has saved a checkpoint."""
+    if not last_checkpoint(run_dir):
         return None
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if proc.pid != not_pid and len(cmd) > 1 and cmd[1].endswith("train.py") and f"output_dir={run_dir}" in cmd:
+        if len(cmd) > 1 and cmd[1].endswith("train.py") and f"output_dir={run_dir}" in cmd:
             return proc
     return None
 
 
-def test_a_killed_run_or_worker_is_retried_from_its_last_checkpoint(ray_instance, tmp_path):
-    """train.py killed by a signal (as by the OOM killer), then the Ray worker running the next attempt killed: each
-    time the run is retried from its newest checkpoint, and it finishes with every step logged once."""
-    steps = 300  # a few seconds of training: time to kill it twice between checkpoints and its end
+def test_a_run_whose_worker_is_killed_is_retried_from_its_last_checkpoint(ray_instance, tmp_path):
+    steps = 300  # a few seconds of training: time to kill it between its first checkpoint and its end
     grid_file = write_grid(tmp_path / "raykill.yaml", "raykill", ["pre_ln"], steps=steps, save_steps=20)
     grid = study.load_grid(grid_file)
     runs = study.expand(grid)
     (name,) = [r["name"] for r in runs]
     study_dir, run_dir = tmp_path / "study", tmp_path / "study" / "runs" / name
-    engine = engines.RayEngine(parallel=2, max_retries=2, poll_s=0.2)
+    engine = engines.RayEngine(parallel=2, max_retries=1, poll_s=0.2)
     result = {}
     driver = threading.Thread(target=lambda: result.update(
         study.run_study(grid, grid_file, study_dir, runs, engine=engine, print_fn=lambda *a: None)))
     driver.start()
     try:
-        first = wait_for(lambda: train_process(run_dir), timeout=120)
-        first.kill()
-        killed_after = last_checkpoint(run_dir)
-        second = wait_for(lambda: train_process(run_dir, killed_after, not_pid=first.pid), timeout=120)
-        worker = second.parent()
+        train = wait_for(lambda: train_process(run_dir), timeout=120)
+        worker = train.parent()
         assert worker.pid != os.getpid() and worker.name().startswith("ray::")  # the Ray worker running the task
         worker.kill()
-        _, alive = psutil.wait_procs([second], timeout=20)
+        _, alive = psutil.wait_procs([train], timeout=20)
         assert not alive  # train.py died with its worker: no orphan keeps writing the run directory
+        killed_after = last_checkpoint(run_dir)
     finally:
         driver.join(timeout=180)
     assert not driver.is_alive()
 
     assert result == {name: "completed"}
     record = json.loads((study_dir / "study.json").read_text())["runs"][name]
-    assert record["status"] == "completed" and record["attempts"] == 3
+    assert record["status"] == "completed" and record["attempts"] == 2
     log = (study_dir / "logs" / f"{name}.log").read_text()
-    assert log.count(engines.ATTEMPT_MARK) == 3
+    assert log.count(engines.ATTEMPT_MARK) == 2
     resumed = [int(s) for s in re.findall(r"resumed from \S+/checkpoints/step_(\d+)", log)]
-    assert len(resumed) == 2 and 20 <= resumed[0] < resumed[1] < steps and resumed[1] % 20 == 0
+    assert resumed == [killed_after] and 20 <= killed_after < steps  # the newest checkpoint when it was killed
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, steps + 1))  # every step once
     assert json.loads((run_dir / "summary.json").read_text())["step"] == steps
 
 
-def test_a_run_killed_more_often_than_its_retries_fails_with_the_reason(ray_instance, tmp_path):
+def test_a_killed_train_py_is_retried_and_fails_with_the_reason_once_retries_run_out(ray_instance, tmp_path):
     log = tmp_path / "logs" / "dies.log"
     log.parent.mkdir()
     suicide = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
@@ -179,3 +176,26 @@ def test_bad_engine_options_are_one_line_errors(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err == 'study.py: error: --engine ray needs Ray, which is not installed: pip install "ray[default]"'
     assert not (tmp_path / "st").exists()  # nothing started
+
+
+def test_local_engine_ctrl_c_lets_running_runs_end_and_starts_no_queued_one(tmp_path):
+    """With --parallel, Ctrl-C reaches the running train.py processes (they save and stop) and the driver; the
+    runs still queued must not start afterwards."""
+    import signal
+
+    began, both_running = [], threading.Barrier(2)
+
+    def runner(cmd, log_path, env):
+        began.append(cmd[0])
+        both_running.wait(timeout=10)
+        if cmd[0] == "a":
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C while a and b run
+        time.sleep(1.0)  # train.py saving its checkpoint
+        return 0
+
+    jobs = [engines.Job(n, [n], tmp_path / n, tmp_path / f"{n}.log") for n in "abcd"]
+    ended = []
+    with pytest.raises(KeyboardInterrupt):
+        engines.LocalEngine(parallel=2, runner=runner).run_all(jobs, lambda job: None,
+                                                               lambda job, outcome: ended.append(job.name))
+    assert sorted(began) == ["a", "b"] and sorted(ended) == ["a", "b"]
