@@ -9,7 +9,8 @@ The grid is data (configs/study/<preset>.yaml, documented there). Each run is on
     python train.py --config <variant file> <study overrides> <variant overrides> train.lr=.. train.warmup_steps=..
         seed=.. output_dir=STUDY/runs/<run> wandb.group=<study name> <command-line overrides>
 writing STUDY/runs/<run>/ and its log to STUDY/logs/<run>.log. With several GPUs, one run per GPU at a time
-(`accelerate launch` with CUDA_VISIBLE_DEVICES=<gpu>); otherwise one run after another.
+(`accelerate launch` with CUDA_VISIBLE_DEVICES=<gpu>); otherwise one run after another. `--engine ray` runs every
+run as a Ray task instead, here or on a cluster (scripts/engines.py; docs/studies.md).
 
 STUDY/study.json records the grid, the command and every run's status. A run that diverges or crashes is
 recorded there and the study goes on; running the same command again skips runs whose summary.json says
@@ -25,16 +26,16 @@ import shlex
 import subprocess
 import sys
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
 
+from engines import FINISHED, EngineError, Job, LocalEngine, make_engine, read_status, subprocess_runner
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
 AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
-FINISHED = ("completed", "diverged")  # a rerun skips these; anything else (failed, interrupted) is run again
+# FINISHED (engines.py): a rerun skips these statuses; anything else (failed, interrupted) is run again
 GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project",
              "experiments", "init", "score"}
 EXPERIMENT_KEYS = {"description", "overrides", "variants", "lr", "warmup", "seeds"}
@@ -262,29 +263,6 @@ def validate_commands(grid, runs, extra):
 # Running
 
 
-def read_status(run_dir: Path) -> str | None:
-    try:
-        return json.loads((run_dir / "summary.json").read_text()).get("status")
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def subprocess_runner(cmd: list[str], log_path: Path, env: dict) -> int:
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
-                                env=env)
-        try:
-            return proc.wait()
-        except KeyboardInterrupt:
-            # Ctrl-C reached train.py too: it saves a checkpoint and writes summary.json (status interrupted), which
-            # the next `study.py` resumes. Give it the time to do so; a second Ctrl-C kills it.
-            try:
-                proc.wait(timeout=300)
-            except (KeyboardInterrupt, subprocess.TimeoutExpired):
-                proc.kill()
-            raise
-
-
 def _tail(path: Path, n=3) -> str:
     try:
         lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
@@ -322,23 +300,33 @@ class Study:
             os.replace(tmp, self.path)
 
 
-def gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except ImportError:
-        return 0
+def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
+    """A run as the engine takes it: its train.py command, run directory, log and resources."""
+    cmd = train_command(grid, run, study_dir, extra, launcher)
+    env, threads = {}, engine.threads_per_run
+    if threads:
+        # several CPU runs share the cores: tell each its share, as train.cpu_threads (under accelerate launch
+        # train.py cannot tell a 1 in OMP_NUM_THREADS from accelerate's default) and as OMP_NUM_THREADS
+        env["OMP_NUM_THREADS"] = str(threads)
+        given = [c.split("=", 1)[1] for c in cmd if c.startswith("train.cpu_threads=")]
+        if not given:
+            cmd.append(f"train.cpu_threads={threads}")
+        elif given[-1].isdigit():  # the run's own thread count is what a Ray task reserves
+            threads = int(given[-1])
+    return Job(run["name"], cmd, study_dir / "runs" / run["name"], study_dir / "logs" / f"{run['name']}.log",
+               gpus=engine.gpus_per_run, cpus=threads or 1, env=env)
 
 
 def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runner=subprocess_runner,
-              parallel=1, gpus=0, print_fn=print) -> dict:
-    """Train every run not finished yet; returns {run name: status}. Never raises for a run's failure."""
+              parallel=1, gpus=0, print_fn=print, engine=None) -> dict:
+    """Train every run not finished yet; returns {run name: status}. Never raises for a run's failure.
+    `engine` (engines.py) runs them; default: LocalEngine(parallel, gpus, runner)."""
+    engine = engine or LocalEngine(parallel=parallel, gpus=gpus, runner=runner)
     study_dir.mkdir(parents=True, exist_ok=True)
     (study_dir / "logs").mkdir(exist_ok=True)
     study = Study(study_dir, grid, grid_file, command)
     launcher = [sys.executable]
-    if gpus > 0:  # one process per GPU, pinned with CUDA_VISIBLE_DEVICES
+    if engine.gpus_per_run:  # one process per GPU, given its GPU by the engine
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"]
     statuses, todo = {}, []
     for run in runs:
@@ -348,63 +336,30 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
             statuses[run["name"]] = status
             study.record(run["name"], **base, status=status)
         else:
-            todo.append(run)
-            study.record(run["name"], fresh=True, **base, status="pending",
-                         command=shlex.join(train_command(grid, run, study_dir, extra, launcher)))
+            todo.append(study_job(grid, run, study_dir, extra, launcher, engine))
+            study.record(run["name"], fresh=True, **base, status="pending", command=shlex.join(todo[-1].cmd))
     print_fn(f"study {grid['name']}: {len(runs)} runs selected, {len(runs) - len(todo)} already finished, "
              f"{len(todo)} to train -> {study_dir}")
-    # GPU ids as this process sees them (a CUDA_VISIBLE_DEVICES set by the user is honoured, not replaced)
-    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-    free_gpus = visible[:gpus] if len(visible) >= gpus else [str(i) for i in range(gpus)]
-    gpu_lock = threading.Lock()
     counter = iter(range(1, len(todo) + 1))
 
-    def one(run):
-        cmd = train_command(grid, run, study_dir, extra, launcher)
-        env = dict(os.environ)
-        gpu = None
-        if gpus:
-            with gpu_lock:
-                gpu = free_gpus.pop(0)
-            env["CUDA_VISIBLE_DEVICES"] = gpu
-        elif parallel > 1:
-            # several CPU runs at once: split the cores instead of letting every run spin on all of them (as
-            # train.cpu_threads too: under accelerate launch train.py cannot tell a 1 in OMP_NUM_THREADS from
-            # accelerate's default)
-            threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // parallel))
-            env["OMP_NUM_THREADS"] = threads
-            if not any(c.startswith("train.cpu_threads=") for c in cmd):
-                cmd.append(f"train.cpu_threads={threads}")
-        log = study_dir / "logs" / f"{run['name']}.log"
-        study.record(run["name"], status="running", log=str(log.relative_to(study_dir)))
-        start = time.time()
-        try:
-            returncode = runner(cmd, log, env)
-            error = None
-        except Exception as err:  # a runner that cannot even start (missing python, ...) is a failed run too
-            returncode, error = -1, f"{type(err).__name__}: {err}"
-        finally:
-            if gpu is not None:
-                with gpu_lock:
-                    free_gpus.append(gpu)
-        elapsed = time.time() - start
-        status = read_status(study_dir / "runs" / run["name"])
-        if status is None or (returncode != 0 and status not in FINISHED):
-            status = "failed"
-        fields = dict(status=status, returncode=returncode, duration_s=round(elapsed, 1))
-        if status == "failed":
-            fields["error"] = error or _tail(log)
-        study.record(run["name"], **fields)
-        statuses[run["name"]] = status
-        print_fn(f"[{next(counter)}/{len(todo)}] {run['name']}: {status} in {elapsed:.0f}s"
-                 + (f" (exit {returncode}; see {log})" if status == "failed" else ""))
+    def started(job):
+        study.record(job.name, status="running", log=str(job.log.relative_to(study_dir)))
 
-    if parallel <= 1:
-        for run in todo:
-            one(run)
-    else:
-        with ThreadPoolExecutor(max_workers=parallel) as pool:
-            list(pool.map(one, todo))
+    def finished(job, outcome):
+        status = read_status(job.run_dir)
+        if status is None or (outcome.returncode != 0 and status not in FINISHED):
+            status = "failed"
+        fields = dict(status=status, returncode=outcome.returncode, duration_s=outcome.duration_s,
+                      attempts=outcome.attempts, host=outcome.host)
+        if status == "failed":
+            fields["error"] = outcome.error or _tail(job.log)
+        study.record(job.name, **fields)
+        statuses[job.name] = status
+        took = f" in {outcome.duration_s:.0f}s" if outcome.duration_s is not None else ""
+        print_fn(f"[{next(counter)}/{len(todo)}] {job.name}: {status}{took}"
+                 + (f" (exit {outcome.returncode}; see {job.log})" if status == "failed" else ""))
+
+    engine.run_all(todo, started, finished)
     counts = {}
     for status in statuses.values():
         counts[status] = counts.get(status, 0) + 1
@@ -469,7 +424,8 @@ def after_training(study_dir: Path, run_e1: bool, report: bool) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (see the module docstring).",
-        usage="study.py --preset quick|full|FILE.yaml [--only key=value,...] [--study-dir DIR] [--dry-run] [key=value ...]")
+        usage="study.py --preset quick|full|FILE.yaml [--only key=value,...] [--study-dir DIR] [--dry-run] "
+              "[--engine local|ray [--address A] [--max-retries N]] [key=value ...]")
     parser.add_argument("--preset", required=True, help="quick, full (configs/study/<name>.yaml) or a study YAML file")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE,...",
                         help="narrow the grid: keys variant, lr, warmup (on/off), seed; e.g. "
@@ -479,6 +435,14 @@ def main(argv=None) -> int:
     parser.add_argument("--parallel", type=int, default=None,
                         help="runs at once (default: one per visible GPU, 1 on CPU; on CPU the cores are split "
                              "between them: train.cpu_threads and OMP_NUM_THREADS)")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local",
+                        help="local: this machine's GPUs or cores (default); ray: every run a Ray task, on a new "
+                             "local Ray instance or the cluster at --address (docs/studies.md)")
+    parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
+                        help="--engine ray: an existing Ray cluster (auto: the one `ray start` runs on this node)")
+    parser.add_argument("--max-retries", type=int, default=None,
+                        help="--engine ray: attempts after the first for a run whose worker died or whose train.py "
+                             "was killed, each resuming from its last checkpoint (default 2)")
     parser.add_argument("--no-report", action="store_true", help="do not run scripts/report.py at the end")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py overrides for every run")
     args = parser.parse_args(argv)
@@ -504,15 +468,17 @@ def main(argv=None) -> int:
         print(f"{len(runs)} runs ({sum(read_status(study_dir / 'runs' / r['name']) not in FINISHED for r in runs)} to train)"
               f" in {study_dir}")
         return 0
-    gpus = gpu_count()
-    if gpus > 1:  # one run per GPU, pinned
-        parallel = min(args.parallel or gpus, gpus)
-    else:  # CPU or one GPU: no pinning; one run at a time unless asked
-        gpus, parallel = 0, args.parallel or 1
     command = shlex.join(["python", "scripts/study.py", *(argv if argv is not None else sys.argv[1:])])
     started = time.time()
     try:
-        run_study(grid, grid_file, study_dir, runs, args.overrides, command=command, parallel=parallel, gpus=gpus)
+        engine = make_engine(args.engine, parallel=args.parallel, address=args.address, max_retries=args.max_retries)
+    except EngineError as err:
+        print(f"study.py: error: {err}", file=sys.stderr)
+        return 2
+    print(engine.describe())
+    try:
+        with engine:
+            run_study(grid, grid_file, study_dir, runs, args.overrides, command=command, engine=engine)
     except StudyError as err:
         print(f"study.py: error: {err}", file=sys.stderr)
         return 2
