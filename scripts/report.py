@@ -558,8 +558,10 @@ def write_markdown(study_dir, meta, runs, lr_rows, series_rows, figures, out_dir
 # wandb
 
 
-def log_to_wandb(study_dir, out_dir, meta, runs, series_rows, figures, mode):
-    import wandb
+def log_to_wandb(study_dir, out_dir, meta, runs, lr_rows, series_rows, figures, mode):
+    """The study's report run (common.wandb_report.log_study): every run, the LR sweeps, the summary table as the
+    verdicts, the figures."""
+    from common.wandb_report import log_study
 
     first = next((r for r in runs), None)
     project = meta.get("wandb_project") or "normlab"
@@ -567,18 +569,28 @@ def log_to_wandb(study_dir, out_dir, meta, runs, series_rows, figures, mode):
         cfg = _read_yaml(study_dir / "runs" / first.name / "config.yaml")
         project = cfg.get("wandb", {}).get("project") or project
     name = meta.get("name") or study_dir.name
-    run = wandb.init(project=project, group=name, job_type="report", name=f"{name}-report", mode=mode,
-                     dir=str(study_dir), reinit="finish_previous", settings=wandb.Settings(silent=True))
-    columns = ["variant", "warmup", "runs", "best_lr", "val_accuracy_mean", "val_accuracy_std", "val_accuracy_n",
-               "diverged", "failed", "loss_spikes", "lr_sensitivity", "bn_train_eval_gap"]
+    run_rows = [{"run": r.name, "variant": r.variant, "warmup": r.warmup, "lr": r.lr, "seed": r.seed, "norm": r.norm,
+                 "status": r.status, "val_accuracy": r.final_accuracy, "final_train_loss": r.final_loss,
+                 "loss_spikes": r.spikes, "bn_train_eval_gap": r.bn_gap if r.batch_stat else None,
+                 "wandb_run_id": r.summary.get("wandb_run_id")} for r in runs]
+    lrs = sorted({r["lr"] for r in lr_rows})
+    acc = {(r["variant"], r["warmup"], r["lr"]): r["acc_mean"] for r in lr_rows}
+    sweep = {"xs": [math.log10(lr) for lr in lrs], "xname": "log10(learning rate)"}
+    sweeps = {
+        "lr_sweep/val_accuracy": {**sweep, "title": "Validation accuracy against the LR (mean over seeds)", "ys": {
+            series_label((r["variant"], r["warmup"])): [acc.get((r["variant"], r["warmup"], lr)) for lr in lrs]
+            for r in series_rows}},
+        "lr_sweep/capped_final_loss": {**sweep, "title": "min(final train loss, initial loss) against the LR", "ys": {
+            series_label((r["variant"], r["warmup"])): [r["capped_loss_by_lr"].get(lr) for lr in lrs]
+            for r in series_rows}},
+    }
     keys = ["variant", "warmup", "runs", "best_lr", "acc_mean", "acc_std", "acc_n", "diverged", "failed", "spikes",
             "lr_sensitivity", "bn_gap"]
-    table = wandb.Table(columns=columns, data=[[_json_number(r[k]) for k in keys] for r in series_rows])
-    run.log({"study/summary": table, **{f"study/{k}": wandb.Image(str(out_dir / f), caption=FIGURES[k])
-                                        for k, f in figures.items()}})
-    info = {"project": project, "group": name, "id": run.id, "mode": mode, "dir": str(Path(run.dir).parent)}
-    run.finish()
-    return info
+    columns = ["variant", "warmup", "runs", "best_lr", "val_accuracy_mean", "val_accuracy_std", "val_accuracy_n",
+               "diverged", "failed", "loss_spikes", "lr_sensitivity", "bn_train_eval_gap"]
+    verdicts = [dict(zip(columns, (r[k] for k in keys))) for r in series_rows]
+    images = {k: (out_dir / f, FIGURES[k]) for k, f in figures.items()}
+    return log_study(study_dir, name, run_rows, sweeps, verdicts, images, mode, project)
 
 
 def _json_number(x):
@@ -607,7 +619,7 @@ def make_report(study_dir: Path, use_wandb: bool = True, wandb_mode: str | None 
     wandb_info = None
     if use_wandb:
         mode = wandb_mode or os.environ.get("WANDB_MODE") or "offline"
-        wandb_info = log_to_wandb(study_dir, out_dir, meta, runs, series_rows, figures, mode)
+        wandb_info = log_to_wandb(study_dir, out_dir, meta, runs, lr_rows, series_rows, figures, mode)
     # the same numbers, machine-readable (NaN -> null)
     series_json = [{k: _json_number(v) for k, v in r.items() if k != "capped_loss_by_lr"}
                    | {"capped_loss_by_lr": {f"{lr:g}": x for lr, x in r["capped_loss_by_lr"].items()}}

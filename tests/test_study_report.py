@@ -72,7 +72,8 @@ def write_run(run_dir, norm, placement, lr, seed, final, acc, acc_bs):
             ev["eval/accuracy_batch_stats"] = acc_bs
         lines.append(json.dumps(ev))
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    (run_dir / "summary.json").write_text(json.dumps({"status": "diverged" if diverged else "completed"}))
+    (run_dir / "summary.json").write_text(json.dumps({"status": "diverged" if diverged else "completed",
+                                                      "wandb_run_id": f"id-{run_dir.name}"}))
 
 
 def make_synthetic_study(study_dir: Path) -> Path:
@@ -198,16 +199,35 @@ def test_report_without_study_json_names_variants_from_configs(tmp_path):
 
 
 def test_report_logged_to_wandb_offline_in_the_study_group(reported_study):
-    offline = list((reported_study.parent / "synthetic" / "wandb").glob("offline-run-*"))  # in the study dir
-    assert len(offline) == 1 and list(offline[0].glob("*.wandb"))
+    from common.wandb_records import offline_runs
+
+    offline = offline_runs(reported_study.parent / "synthetic" / "wandb")  # in the study dir
+    assert len(offline) == 1
+    run = offline[0]
     info = json.loads((reported_study / "report.json").read_text())["wandb"]
     assert info["group"] == "synthetic" and info["mode"] == "offline" and info["project"] == "normlab-test"
-    assert offline[0].name.endswith(info["id"])
-    tables = list(offline[0].glob("files/media/table/**/*.table.json"))
-    table = json.loads(tables[0].read_text())
+    assert (run.id, run.group, run.job_type, run.project) == (info["id"], "synthetic", "report", "normlab-test")
+    # the verdict table: the summary rows
+    table = run.table("study/verdicts")
     rows = {row[0]: dict(zip(table["columns"], row)) for row in table["data"]}
     assert rows["pre_ln"]["lr_sensitivity"] == pytest.approx(0.075) and rows["post_ln"]["diverged"] == 1
-    assert len(list(offline[0].glob("files/media/images/**/*.png"))) == 4
+    # every run, every seed and LR (the failed one too), linked by its wandb id
+    table = run.table("study/runs")
+    runs = {row[0]: dict(zip(table["columns"], row)) for row in table["data"]}
+    assert len(runs) == 13 and runs["pre_ln-lr0.001-wuon-s2"]["status"] == "failed"
+    assert runs["post_ln-lr0.001-wuon-s1"]["val_accuracy"] == pytest.approx(0.74)
+    assert runs["post_ln-lr0.01-wuon-s0"]["final_train_loss"] is None  # diverged: no final loss
+    assert runs["batchnorm-lr0.001-wuon-s0"]["bn_train_eval_gap"] == pytest.approx(0.10)
+    assert sorted(run.config["runs"]) == sorted(f"id-{n}" for n in runs if not n.endswith("s2"))
+    # the LR sweeps: interactive line series, one line per variant, x = log10(LR)
+    charts = run.charts()
+    assert charts["study/lr_sweep/val_accuracy"] == "wandb/lineseries/v0"
+    sweep = run.table("study/lr_sweep/val_accuracy")
+    points = {(line, round(x, 6)): y for x, line, y in sweep["data"]}
+    assert points[("post_ln", -2.0)] == pytest.approx(0.50)  # the diverged seed has no accuracy
+    assert points[("pre_ln", -3.0)] == pytest.approx(0.81)
+    assert len(run.table("study/lr_sweep/capped_final_loss")["data"]) == 6  # 3 variants x 2 LRs
+    assert len(list(run.directory.glob("files/media/images/**/*.png"))) == 4
 
 
 def test_report_cli_errors_on_missing_study(tmp_path, capsys):
