@@ -237,3 +237,16 @@ def test_records_reader_checks_the_format(trained, tmp_path):
     with pytest.raises(RecordsError, match="not a wandb transaction log"):
         list(read_records(tmp_path / "x.wandb"))
 
+
+def test_wandb_charts_draws_the_logged_depth_charts(trained, tmp_path, capsys):
+    import wandb_charts
+    from PIL import Image
+
+    out, run = trained
+    png = tmp_path / "depth.png"
+    assert wandb_charts.main([str(out), str(out), "--out", str(png)]) == 0
+    assert wandb_charts.training_run(out).id == run.id  # the training run, not the evaluation run
+    width, height = Image.open(png).size
+    assert width > height > 0  # two rows of four panels
+    assert wandb_charts.main([str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
+    assert "no offline wandb training run with depth charts" in capsys.readouterr().err
