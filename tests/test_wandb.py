@@ -35,19 +35,15 @@ def offline_runs(wandb_dir) -> list[OfflineRun]:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def wandb_dirs(tmp_path_factory):
-    """Artifact staging and cache in a temporary folder, not the user's ~/.local/share/wandb."""
-    root = tmp_path_factory.mktemp("wandb-home")
+def offline_without_a_key():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WANDB_DATA_DIR", str(root / "data"))
-        mp.setenv("WANDB_CACHE_DIR", str(root / "cache"))
         mp.setenv("WANDB_MODE", "offline")
         mp.delenv("WANDB_API_KEY", raising=False)
-        yield root
+        yield
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, wandb_dirs):
+def trained(tmp_path_factory, wandb_home):
     """A tiny pre_ln run (6 steps, evaluations and checkpoints at 3 and 6) logged offline with checkpoints."""
     out = tmp_path_factory.mktemp("wandb") / "run"
     assert run_here(out, "--config", "pre_ln", "wandb.mode=offline", "train.max_steps=6", "train.eval_steps=3",
@@ -94,13 +90,14 @@ def test_summary_holds_status_results_and_spikes(trained):
     assert run.summary["model_artifact"] == f"model-{run.id}:final"
 
 
-def test_final_and_checkpoints_are_artifacts(trained):
+def test_final_and_checkpoints_are_artifacts(trained, wandb_home):
     out, run = trained
     model = [a for a in run.artifacts if a["type"] == "model"]
     assert len(model) == 1 and model[0]["name"] == f"model-{run.id}"
     assert {"final", "step_6"} <= set(model[0]["aliases"])
     assert set(model[0]["files"]) == {p.name for p in (out / "final").iterdir()}
     staged = Path(model[0]["files"]["model.safetensors"])  # copied for a later `wandb sync`
+    assert staged.is_relative_to(wandb_home)  # $WANDB_DATA_DIR (conftest.py)
     assert staged.read_bytes() == (out / "final" / "model.safetensors").read_bytes()
     assert model[0]["metadata"]["final"]["eval/accuracy"] == summary(out)["final"]["eval/accuracy"]
     checkpoints = [a for a in run.artifacts if a["type"] == "checkpoint"]
