@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from common import wandb_run
 from common.checkpointing import (
     CheckpointError,
     atomic_write_json,
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
     try:
         config_file, overrides, debug = parse_cli(argv)
         cfg = load_config(config_file, overrides)
-        return train(cfg)
+        return train(cfg, variant=Path(config_file).stem if config_file else None)
     except ValueError as e:  # ConfigError, DataError, CheckpointError and the model's own ValueErrors
         if debug:
             raise
@@ -119,31 +120,9 @@ def check_resume_config(cfg: dict, ckpt_cfg: dict, path: Path) -> list[str]:
     return diff
 
 
-def wandb_api_key_present() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    import netrc
-    from urllib.parse import urlparse
-
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
-
-
 def resolve_trackers(cfg: dict) -> tuple[list[str], str]:
     """accelerate tracker names and the wandb mode (online | offline | disabled); never prompts."""
-    mode = cfg["wandb"]["mode"]
-    if mode == "auto":
-        env = os.environ.get("WANDB_MODE", "").lower()
-        if env in ("online", "offline", "disabled"):
-            mode = env
-        else:
-            mode = "online" if wandb_api_key_present() else "offline"
-    elif mode == "online" and not wandb_api_key_present():
-        raise ConfigError("wandb.mode=online but no wandb API key is configured; run `wandb login`, set "
-                          "WANDB_API_KEY, or use wandb.mode=offline (then `wandb sync`)")
+    mode = wandb_run.resolve_mode(cfg["wandb"]["mode"])
     report_to = cfg["wandb"]["report_to"]
     names = [report_to] if isinstance(report_to, str) else list(report_to)
     if "all" in names:
@@ -292,13 +271,7 @@ def write_summary(accelerator, cfg: dict, summary: dict, wandb_on: bool) -> None
         return
     atomic_write_json(Path(cfg["output_dir"]) / "summary.json", summary)
     if wandb_on:
-        run = accelerator.get_tracker("wandb", unwrap=True)
-        for k, v in summary.items():
-            if isinstance(v, dict):
-                for kk, vv in v.items():
-                    run.summary[f"{k}/{kk}"] = vv
-            else:
-                run.summary[k] = v
+        wandb_run.write_summary(accelerator.get_tracker("wandb", unwrap=True), summary)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -329,7 +302,8 @@ def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ)
     return max(1, cores // max(1, local_processes))
 
 
-def train(cfg: dict) -> int:
+def train(cfg: dict, variant: str | None = None) -> int:
+    """One run of `cfg`; `variant` (the --config file's name) becomes a wandb tag."""
     t, out = cfg["train"], Path(cfg["output_dir"])
     if not isinstance(t["save_total_limit"], int) or t["save_total_limit"] < 1:
         raise ConfigError(f"train.save_total_limit={t['save_total_limit']!r} must be an integer >= 1")
@@ -366,12 +340,12 @@ def train(cfg: dict) -> int:
         accelerator.print(f"note: {message}", file=sys.stderr)
     set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
     try:
-        return _train(cfg, accelerator, resume_path, wandb_mode)
+        return _train(cfg, accelerator, resume_path, wandb_mode, variant)
     finally:
         accelerator.end_training()
 
 
-def _train(cfg, accelerator, resume_path, wandb_mode) -> int:
+def _train(cfg, accelerator, resume_path, wandb_mode, variant=None) -> int:
     from transformers import get_scheduler
 
     from common.data import build_dataloaders, get_tokenizer, label_names, resolve_dataset, tokenize_splits
@@ -443,7 +417,9 @@ def _train(cfg, accelerator, resume_path, wandb_mode) -> int:
         save_config(cfg, out / "config.yaml")
     writer = MetricsWriter(out / "metrics.jsonl", resume_step=step if resume_path else None) \
         if accelerator.is_main_process else None
-    wandb_on = _init_trackers(accelerator, cfg, wandb_mode, run_id)
+    wandb_on = _init_trackers(accelerator, cfg, wandb_mode, run_id, variant)
+    # the wandb run (main process only): charts, artifacts and the summary beyond accelerator.log's scalars
+    wb = accelerator.get_tracker("wandb", unwrap=True) if wandb_on and accelerator.is_main_process else None
 
     # 7. The loop. One iteration = one micro-batch; an optimizer step every grad_accum_steps micro-batches.
     probe = StabilityProbe(unwrapped, BatchStatNorm if uses_bn else None)
@@ -471,18 +447,23 @@ def _train(cfg, accelerator, resume_path, wandb_mode) -> int:
             best = {"step": step, **metrics}
         last_eval, evaluated_at = metrics, step
         log({"step": step, "epoch": epoch, **metrics})
+        if wb is not None:
+            wandb_run.log_depth_charts(wb, writer.path)
         if accelerator.is_main_process:
             progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
     def log(row):
         if writer is not None:
             writer.write(row)
-        accelerator.log({k: v for k, v in row.items() if k not in ("step", "epoch")}, step=row["step"])
+        accelerator.log(row, step=row["step"])  # `step` too: every wandb panel's x-axis (define_metrics)
 
     def checkpoint():
         nonlocal saved_at
-        save_checkpoint(accelerator, out, step, trainer_state(), keep=t["save_total_limit"], tokenizer=tokenizer)
+        path = save_checkpoint(accelerator, out, step, trainer_state(), keep=t["save_total_limit"],
+                               tokenizer=tokenizer)
         saved_at = step
+        if wb is not None and cfg["wandb"]["log_checkpoints"]:
+            wandb_run.log_checkpoint(wb, path, step)
 
     model.train()
     window_start = None  # when the current optimizer step's first micro-batch started (step-time measurement)
@@ -571,11 +552,17 @@ def _train(cfg, accelerator, resume_path, wandb_mode) -> int:
         "cpu_threads": torch.get_num_threads() if accelerator.device.type == "cpu" else None,  # per process
         "final_model": None,
         "last_checkpoint": str(list_checkpoints(out)[-1][1]) if list_checkpoints(out) else None,
+        "wandb_run_id": run_id if wandb_on else None,
     }
     if bn_spread is not None:
         summary["bn_running_stats_max_diff_across_processes"] = bn_spread
     if status == "completed":
         summary["final_model"] = str(save_final(accelerator, model, tokenizer, cfg, summary))
+    if wb is not None:
+        if status != "completed":  # no final evaluation drew the depth charts up to the end
+            wandb_run.log_depth_charts(wb, writer.path)
+        if status == "completed" and cfg["wandb"]["log_model"]:
+            wandb_run.log_model(wb, summary["final_model"], cfg, summary)
     write_summary(accelerator, cfg, summary, wandb_on)
     if writer is not None:
         writer.close()
@@ -606,19 +593,18 @@ def step_flags(accelerator, loss, grad_norm, stop: StopSignal) -> tuple[bool, bo
     return nonfinite, interrupted
 
 
-def _init_trackers(accelerator, cfg: dict, wandb_mode: str, run_id: str) -> bool:
+def _init_trackers(accelerator, cfg: dict, wandb_mode: str, run_id: str, variant: str | None) -> bool:
     """Start the trackers; True when wandb is among them."""
     if not accelerator.log_with:
         return False
-    m, w = cfg["model"], cfg["wandb"]
-    group = w["group"] or f"{m['norm']}-{m['norm_placement']}"
-    tags = list(dict.fromkeys([m["norm"], m["norm_placement"], cfg["task"], *w["tags"]]))
-    init_kwargs = {"wandb": {"dir": cfg["output_dir"], "group": group, "tags": tags, "mode": wandb_mode,
-                             "name": Path(cfg["output_dir"]).name, "id": run_id, "resume": "allow"}}
+    init_kwargs = {"wandb": wandb_run.init_kwargs(cfg, wandb_mode, run_id, variant)}
     flat = {k: (", ".join(map(str, v)) if isinstance(v, list) else ("null" if v is None else v))
             for k, v in flatten_config(cfg).items()}  # flat scalars: what every tracker accepts
-    accelerator.init_trackers(w["project"], config=flat, init_kwargs=init_kwargs)
-    return any(getattr(tr, "name", None) == "wandb" for tr in accelerator.trackers)
+    accelerator.init_trackers(cfg["wandb"]["project"], config=flat, init_kwargs=init_kwargs)
+    wandb_on = any(getattr(tr, "name", None) == "wandb" for tr in accelerator.trackers)
+    if wandb_on and accelerator.is_main_process:
+        wandb_run.define_metrics(accelerator.get_tracker("wandb", unwrap=True))
+    return wandb_on
 
 
 def _progress(accelerator, total: int, done: int):

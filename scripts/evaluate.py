@@ -5,6 +5,8 @@
     python scripts/evaluate.py runs/default --data reviews.csv --text-column review --label-column stars
     python scripts/evaluate.py runs/default --text "a gorgeous film" --text "a dull mess"
     accelerate launch --num_processes 2 scripts/evaluate.py runs/default   # big sets: shards, gathered once
+    python scripts/evaluate.py runs/default --wandb             # + confusion matrix and predictions table in W&B
+    python scripts/evaluate.py wandb:ENTITY/normlab/model-RUNID:final   # a run's model artifact (online)
 
 The model and tokenizer load from the checkpoint alone, in this fresh process (trust_remote_code: the model code
 travels inside the checkpoint). The run's dataset comes from the run's config.yaml next to final/ (or the config
@@ -13,6 +15,11 @@ processes (accelerate's gather_for_metrics drops the duplicates that even out th
 
 Problems with the input (missing checkpoint, missing columns, labels the model does not know, a tokenizer
 larger than the model's vocabulary) end with one line on stderr and exit code 2.
+
+`--wandb` logs the evaluation as its own W&B run (job_type eval) in the training run's project and group, with the
+training run's id in its config: the metrics, a confusion matrix (`wandb.plot.confusion_matrix`) and a table of
+every example (sentence, label, prediction, confidence, correct, loss) to sort by the mistakes. Offline unless a
+wandb key is configured (`--wandb-mode`), in the run directory's wandb/ next to the training run's.
 """
 
 import argparse
@@ -27,6 +34,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # for common.data (the run's dataset), as train.py finds it
 
+from common.wandb_run import resolve_mode  # noqa: E402
+
 DATA_FORMATS = (".parquet", ".csv", ".tsv", ".jsonl", ".json")
 
 
@@ -36,6 +45,20 @@ class EvalError(ValueError):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Finding and loading the checkpoint
+
+
+def fetch_artifact(ref: str):
+    """(downloaded directory, wandb Artifact) of a model artifact `[entity/project/]model-<run id>:alias`, which
+    train.py logs from final/ (`wandb artifact get` fetches the same files)."""
+    import wandb
+
+    try:
+        artifact = wandb.Api().artifact(ref, type="model")
+        return Path(artifact.download()), artifact
+    except Exception as err:  # no key, no network, no such artifact: wandb's own message, on one line
+        raise EvalError(f"could not fetch the wandb artifact {ref!r}: {' '.join(str(err).split())} (fetching needs "
+                        f"`wandb login` and the network; or `wandb artifact get {ref} --root DIR` elsewhere, then "
+                        f"evaluate DIR)") from None
 
 
 def resolve_checkpoint(path: str) -> Path:
@@ -261,15 +284,16 @@ def max_length_of(model, tokenizer) -> int:
 
 
 def score(accelerator, model, tokenizer, texts, labels, batch_size):
-    """Per-example (loss, prediction, label) for the whole set, every example once across processes."""
+    """Per-example lists {"loss", "prediction", "label", "confidence"} in the order of `texts`, every example once
+    across processes (confidence: the softmax probability of the predicted class)."""
     import torch
     import torch.nn.functional as F
     from torch.utils.data import DataLoader
     from transformers import DataCollatorWithPadding
 
     features = encode(tokenizer, texts, max_length_of(model, tokenizer))
-    for f, y in zip(features, labels):
-        f["labels"] = y
+    for i, (f, y) in enumerate(zip(features, labels)):
+        f["labels"], f["index"] = y, i
     order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))  # little padding
     loader = DataLoader([features[i] for i in order], batch_size=batch_size, shuffle=False,
                         collate_fn=DataCollatorWithPadding(tokenizer))
@@ -277,13 +301,17 @@ def score(accelerator, model, tokenizer, texts, labels, batch_size):
     rows = []
     with torch.no_grad():
         for batch in loader:
-            y = batch.pop("labels")
+            y, index = batch.pop("labels"), batch.pop("index")
             logits = model(**batch).logits.float()  # (B, C)
             loss = F.cross_entropy(logits, y, reduction="none")  # (B,)
-            per_example = torch.stack([loss, logits.argmax(-1).float(), y.float()], dim=1)  # (B, 3)
+            confidence, prediction = logits.softmax(-1).max(-1)  # (B,), (B,)
+            per_example = torch.stack([index.double(), loss.double(), prediction.double(), y.double(),
+                                       confidence.double()], dim=1)  # (B, 5); float64 keeps indices exact
             rows.append(accelerator.gather_for_metrics(per_example).cpu())
-    every = torch.cat(rows) if rows else torch.zeros(0, 3)
-    return every[:, 0].tolist(), every[:, 1].long().tolist(), every[:, 2].long().tolist()
+    every = torch.cat(rows) if rows else torch.zeros(0, 5, dtype=torch.float64)
+    every = every[every[:, 0].argsort()]  # back to the order of `texts`
+    return {"loss": every[:, 1].tolist(), "prediction": every[:, 2].long().tolist(),
+            "label": every[:, 3].long().tolist(), "confidence": every[:, 4].tolist()}
 
 
 def predict_texts(accelerator, model, tokenizer, texts, names):
@@ -302,7 +330,12 @@ def predict_texts(accelerator, model, tokenizer, texts, names):
 
 
 def evaluate(args):
-    """(result dict, accelerator): metrics on the requested examples and/or predictions for --text."""
+    """(result dict, accelerator, per-example scores or None): metrics on the requested examples and/or
+    predictions for --text."""
+    artifact = None
+    if args.checkpoint.startswith("wandb:"):
+        downloaded, artifact = fetch_artifact(args.checkpoint.removeprefix("wandb:"))
+        args.checkpoint = str(downloaded)
     checkpoint = resolve_checkpoint(args.checkpoint)
     if args.data is not None and not Path(args.data).is_file():
         raise EvalError(f"data file not found: {args.data}")
@@ -324,20 +357,73 @@ def evaluate(args):
     model = model.to(accelerator.device)
     result = {"checkpoint": str(checkpoint), "norm": getattr(model.config, "norm", None),
               "norm_placement": getattr(model.config, "norm_placement", None)}
+    if artifact is not None:
+        result["artifact"] = artifact.qualified_name
+    examples = None
     if args.data is not None or args.split is not None or not args.text:
         if args.data is not None:
             texts, labels, where = file_examples(Path(args.data), args.text_column, args.label_column, names)
         else:
             texts, labels, where = run_examples(checkpoint, args.split or "validation", names)
-        losses, preds, golds = score(accelerator, model, tokenizer, texts, labels, args.batch_size)
+        examples = score(accelerator, model, tokenizer, texts, labels, args.batch_size)
+        examples["text"] = list(texts)
         result["dataset"] = {**where, "text_column": args.text_column if args.data else None,
                              "label_column": args.label_column if args.data else None}
-        result.update(classification_metrics(golds, preds, names))
+        result.update(classification_metrics(examples["label"], examples["prediction"], names))
+        losses = examples["loss"]
         result["loss"] = sum(losses) / len(losses) if losses else float("nan")
     if args.text:
         result["predictions"] = predict_texts(accelerator, model, tokenizer, args.text, names)
     result["num_processes"] = accelerator.num_processes
-    return result, accelerator
+    return result, accelerator, examples
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Weights & Biases
+
+
+def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
+    """The evaluation as a W&B run (see the module docstring); returns {"id", "project", "group", "mode", "dir"}."""
+    import wandb
+
+    checkpoint = Path(result["checkpoint"])
+    cfg = run_config(checkpoint) or {}
+    w, m = cfg.get("wandb") or {}, cfg.get("model") or {}
+    in_run = (checkpoint.parent / "config.yaml").is_file()  # a run's final/: log next to the training run
+    trained = {}
+    if in_run and (checkpoint.parent / "summary.json").is_file():
+        trained = json.loads((checkpoint.parent / "summary.json").read_text())
+    project = w.get("project") or "normlab"
+    group = w.get("group") or (f"{m['norm']}-{m['norm_placement']}" if m.get("norm") else None)
+    name = (checkpoint.parent.name if in_run else checkpoint.name) + "-eval"
+    config = {"checkpoint": str(checkpoint), "train_run_id": trained.get("wandb_run_id"),
+              "model_artifact": result.get("artifact"), "dataset": result.get("dataset"),
+              "norm": result["norm"], "norm_placement": result["norm_placement"]}
+    run = wandb.init(project=project, group=group, job_type="eval", name=name, mode=mode, config=config,
+                     tags=[t for t in (result["norm"], result["norm_placement"], "eval") if t],
+                     dir=str(checkpoint.parent) if in_run else None, reinit="finish_previous",
+                     settings=wandb.Settings(silent=True))
+    if result.get("artifact") and mode == "online":
+        run.use_artifact(result["artifact"])  # lineage: this evaluation used that model version
+    logged = {}
+    if examples is not None:
+        names = result["labels"]
+        logged["eval/confusion_matrix"] = wandb.plot.confusion_matrix(
+            y_true=examples["label"], preds=examples["prediction"], class_names=names,
+            title="Confusion matrix (rows: true label)")
+        logged["eval/predictions"] = wandb.Table(
+            columns=["sentence", "label", "prediction", "confidence", "correct", "loss"],
+            data=[[text, names[y], names[p], c, y == p, loss] for text, y, p, c, loss in zip(
+                examples["text"], examples["label"], examples["prediction"], examples["confidence"], examples["loss"])])
+        run.summary.update({f"eval/{k}": result[k] for k in ("accuracy", "macro_f1", "loss", "num_examples")})
+    if result.get("predictions"):
+        logged["eval/text_predictions"] = wandb.Table(
+            columns=["sentence", "prediction", "confidence"],
+            data=[[p["text"], p["label"], p["probability"]] for p in result["predictions"]])
+    run.log(logged)
+    info = {"id": run.id, "project": project, "group": group, "mode": mode, "dir": str(Path(run.dir).parent)}
+    run.finish()
+    return info
 
 
 def format_predictions(predictions) -> str:
@@ -356,16 +442,23 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="examples per batch per process")
     parser.add_argument("--batch-stats", action="store_true",
                         help="BN-family norms: use each batch's statistics instead of the running ones")
+    parser.add_argument("--wandb", action="store_true",
+                        help="also log a W&B eval run: metrics, confusion matrix, per-example predictions table")
+    parser.add_argument("--wandb-mode", choices=("auto", "online", "offline"), default="auto",
+                        help="auto (default): $WANDB_MODE, else online when a wandb key is configured, else offline")
     args = parser.parse_args(argv)
     if args.data is not None and args.split is not None:
         parser.error("give --split (the run's dataset) or --data FILE, not both")
     if args.batch_size < 1:
         parser.error("--batch-size must be >= 1")
     try:
-        result, accelerator = evaluate(args)
+        mode = resolve_mode(args.wandb_mode) if args.wandb else "disabled"
+        result, accelerator, examples = evaluate(args)
     except ValueError as err:  # EvalError, and common.data's DataError / ConfigError
         print(f"evaluate.py: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    if accelerator.is_main_process and mode != "disabled":
+        result["wandb"] = log_to_wandb(result, examples, mode)
     if accelerator.is_main_process:
         if args.json:
             print(json.dumps(result, indent=1))

@@ -11,6 +11,7 @@ number comes from common/study_analysis.py; the hypotheses are those of predicti
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -144,14 +145,54 @@ def study_meta(source: Path) -> dict:
     calls = study.get("invocations", [])
     if not calls:
         return {}
-    return {"commit": ", ".join(sorted({c["commit"] or "?" for c in calls})),
+    return {"name": study.get("name"), "project": study.get("wandb_project") or "normlab",
+            "commit": ", ".join(sorted({c["commit"] or "?" for c in calls})),
             "machine": "; ".join(sorted({c["machine"] for c in calls})),
             "command": " ; ".join(c["command"] for c in calls),
             "wall_time": f"{sum(c['wall_s'] for c in calls) / 60:.1f} min of training "
                          f"({sum(c['cpu_s'] for c in calls) / 60:.1f} CPU-minutes)"}
 
 
-def make_report(source: Path, out: Path | None = None) -> Path:
+def run_rows(data) -> list[dict]:
+    """One flat row per training run (every seed, every LR) for the W&B table."""
+    rows = []
+    for r in data.runs:
+        row = {k: r.get(k) for k in ("name", "experiment", "variant", "lr", "warmup", "seed", "status", "norm",
+                                       "placement", "qk_norm", "grouped", "loss_spikes", "wandb_run_id")}
+        for key in (sa.VAL, sa.DEV):
+            split = key.split("/")[0]
+            row[f"{split}_loss"], row[f"{split}_accuracy"] = sa.score(r, key), sa.score(r, key, "accuracy")
+        rows.append(row)
+    return rows
+
+
+def lr_sweeps(data) -> dict:
+    """Validation loss against log10(LR), one line per arm (mean over seeds), for wandb.plot.line_series."""
+    arms = {f"{e} {v}, warmup {w}": (e, v, w) for e, v, w in sorted({(r["experiment"], r["variant"], r["warmup"])
+                                                                     for r in data.runs if r["experiment"] != "e3"})}
+    lrs = sorted({r["lr"] for r in data.runs if r["experiment"] != "e3"})
+    ys = {}
+    for line, arm in arms.items():
+        runs = data.arm(*arm)
+        ys[line] = [float(np.mean([sa.score(r) for r in runs if r["lr"] == lr])) if any(r["lr"] == lr for r in runs)
+                    else None for lr in lrs]
+    return {"lr_sweep/val_loss": {"xs": [math.log10(x) for x in lrs], "ys": ys, "xname": "log10(peak LR)",
+                                  "title": "validation loss against the LR (mean over seeds)"}}
+
+
+def log_to_wandb(data, out: Path, meta: dict, figures: list[str], mode: str) -> dict | None:
+    from common.wandb_report import log_study
+
+    verdicts = [{"id": v["id"], "experiment": v["experiment"], "quantity": v["what"], "estimate": v["estimate"].fmt(4),
+                 "p": v["p"], "p_holm": v["p_holm"], "outcome": v["outcome"]} for v in sa.verdicts(data)]
+    verdicts += [{"id": s["id"], "quantity": s["what"], "estimate": s["value"], "outcome": s["outcome"]}
+                 for s in sa.secondary(data)]
+    images = {name.removesuffix(".png"): out / name for name in figures}
+    return log_study(out, meta.get("name", out.name), run_rows(data), lr_sweeps(data) if data.runs else {},
+                     verdicts, images, mode, project=meta.get("project", "normlab"))
+
+
+def make_report(source: Path, out: Path | None = None, wandb_mode: str | None = "disabled") -> Path:
     source, out = Path(source), Path(out or source)
     out.mkdir(parents=True, exist_ok=True)
     if (source / "study.json").is_file() and study_meta(source):
@@ -162,9 +203,11 @@ def make_report(source: Path, out: Path | None = None) -> Path:
                 shutil.copyfile(source / name, out / name)
     data = sa.StudyData.load(out)
     meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").is_file() else {}
-    plots.all_figures(data, out)
+    figures = plots.all_figures(data, out)
     report = out / "report.md"
     report.write_text(write_markdown(data, meta))
+    if wandb_mode != "disabled":
+        log_to_wandb(data, out, meta, figures, wandb_mode or os.environ.get("WANDB_MODE") or "offline")
     return report
 
 
@@ -172,9 +215,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path, help="a scored study directory, or a folder of committed records")
     parser.add_argument("--out", type=Path, default=None, help="write the report (and copy the records) here")
+    parser.add_argument("--no-wandb", action="store_true", help="write report.md and the figures only")
+    parser.add_argument("--wandb-mode", choices=("online", "offline", "disabled"), default=None,
+                        help="the report run's mode (default: $WANDB_MODE, else offline; OUT/wandb holds it)")
     args = parser.parse_args(argv)
     try:
-        report = make_report(args.source, args.out)
+        report = make_report(args.source, args.out, "disabled" if args.no_wandb else args.wandb_mode)
     except FileNotFoundError as err:
         print(f"report.py: error: {err}", file=sys.stderr)
         return 2

@@ -134,7 +134,7 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
     rec.update(name=name, status=summary.get("status", entry.get("status")), norm=model_cfg.get("norm"),
                placement=model_cfg.get("norm_placement"), qk_norm=bool(model_cfg.get("qk_norm")),
                grouped=bool(cfg.get("data", {}).get("group_by_length")), duration_s=entry.get("duration_s"),
-               loss_spikes=summary.get("loss_spikes"))
+               loss_spikes=summary.get("loss_spikes"), wandb_run_id=summary.get("wandb_run_id"))
     if (run_dir / "metrics.jsonl").is_file():
         rec["curves"] = curves(read_metrics(run_dir / "metrics.jsonl"))
     if rec["status"] == "completed" and (run_dir / "final").is_dir():

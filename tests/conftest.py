@@ -12,3 +12,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def wandb_home(tmp_path_factory):
+    """wandb's staging and cache folders in a temporary folder (inherited by the subprocesses tests start), not the
+    user's ~/.local/share/wandb: an offline run's artifacts and tables are copied there to wait for `wandb sync`."""
+    root = tmp_path_factory.mktemp("wandb-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_DATA_DIR", str(root / "data"))
+        mp.setenv("WANDB_CACHE_DIR", str(root / "cache"))
+        yield root

@@ -98,4 +98,4 @@ def write(folder) -> None:
     (folder / "e1.jsonl").write_text(lines(e1_rows()))
     (folder / "labels.json").write_text(json.dumps({"val": "".join(map(str, VAL_LABELS)),
                                                      "dev": "".join(map(str, DEV_LABELS))}))
-    (folder / "meta.json").write_text(json.dumps({"commit": "abc1234", "machine": "test", "command": "x"}))
+    (folder / "meta.json").write_text(json.dumps({"name": "st", "commit": "abc1234", "machine": "test", "command": "x"}))

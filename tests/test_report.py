@@ -113,6 +113,25 @@ def test_report_regenerates_from_the_records_alone(synthetic, tmp_path):
     assert report.make_report(out).read_text() == text  # the committed folder alone gives the same report
 
 
+def test_report_run_reaches_wandb_offline(synthetic, tmp_path):
+    """The report run, read back from its offline .wandb file: every run a table row, the verdicts, the LR sweep as
+    a line series and the figures."""
+    import wandb
+
+    from common.wandb_records import offline_runs
+
+    folder, data = synthetic
+    report.make_report(folder, tmp_path, wandb_mode="offline")
+    wandb.teardown()  # wandb finishes writing the .wandb file after finish() returns
+    (run,) = offline_runs(tmp_path / "wandb")
+    assert run.job_type == "report" and run.group == "st"
+    assert len(run.table("study/runs")["data"]) == len(data.runs)
+    verdicts = run.table("study/verdicts")
+    assert [row[verdicts["columns"].index("id")] for row in verdicts["data"]][:7] == [f"P{i}" for i in range(1, 8)]
+    assert run.charts()["study/lr_sweep/val_loss"] == "wandb/lineseries/v0"
+    assert {"study/e2_lr_sweep", "study/e3_batching"} <= set(run.summary)
+
+
 def test_report_cli_names_the_missing_records(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert "runs.jsonl not found: run `python scripts/score_runs.py" in capsys.readouterr().err

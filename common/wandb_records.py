@@ -1,0 +1,147 @@
+"""Read an offline wandb run back from its `run-<id>.wandb` file: what `wandb sync` would upload.
+
+The file is wandb's transaction log: a 7-byte header (":W&B", magic 0xBEE1, version 0), then LevelDB's log
+format (32 KiB blocks of chunks: CRC-32 of type byte + payload, 2-byte length, 1-byte type full/first/middle/last)
+whose payloads are `wandb_internal_pb2.Record` protobufs. wandb itself ships no Python reader for it any more (its
+Go core writes it), so the framing is read here and every payload is parsed with wandb's own protobuf classes.
+
+`OfflineRun` folds the records into what the W&B UI shows: the run's metadata, config (with the custom charts under
+`_wandb.visualize`), summary, history rows, and the artifacts logged (type, name, aliases, files, metadata).
+"""
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_HEADER = struct.Struct("<4sHB")  # ident, magic, version
+_CHUNK = struct.Struct("<IHB")  # crc32, length, type
+_BLOCK = 32 * 1024
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+class RecordsError(ValueError):
+    """Not a wandb transaction log, or a damaged one."""
+
+
+def read_records(path):
+    """Every `Record` of a .wandb file, in order. A torn last chunk (a killed writer) ends the iteration."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = Path(path).read_bytes()
+    if len(data) < _HEADER.size or _HEADER.unpack_from(data)[:2] != (b":W&B", 0xBEE1):
+        raise RecordsError(f"{path} is not a wandb transaction log (no :W&B header)")
+    pos, payload = _HEADER.size, b""
+    while pos + _CHUNK.size <= len(data):
+        left_in_block = _BLOCK - pos % _BLOCK
+        if left_in_block < _CHUNK.size:  # a block's tail too short for a chunk header is zero padding
+            pos += left_in_block
+            continue
+        crc, length, kind = _CHUNK.unpack_from(data, pos)
+        if kind == 0 and length == 0:  # zero padding to the end of the block
+            pos += left_in_block
+            continue
+        chunk = data[pos + _CHUNK.size: pos + _CHUNK.size + length]
+        if len(chunk) < length:
+            return  # torn write at the end of the file
+        if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != crc:
+            raise RecordsError(f"{path}: checksum mismatch at byte {pos}")
+        pos += _CHUNK.size + length
+        payload = chunk if kind in (_FULL, _FIRST) else payload + chunk
+        if kind in (_FULL, _LAST):
+            record = pb.Record()
+            record.ParseFromString(payload)
+            yield record
+
+
+def _set(tree: dict, item) -> None:
+    """Put one config/summary/history item (key or nested_key, value_json) into a nested dict."""
+    path = list(item.nested_key) or [item.key]
+    for part in path[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[path[-1]] = json.loads(item.value_json)
+
+
+@dataclass
+class OfflineRun:
+    """An offline run folded from its records (see the module docstring)."""
+
+    directory: Path
+    id: str = ""
+    project: str = ""
+    group: str = ""
+    job_type: str = ""
+    name: str = ""
+    tags: list = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)
+    metrics: list = field(default_factory=list)  # define_metric records
+    # {"type", "name", "aliases", "files": {path in the artifact: staged local copy}, "metadata"}
+    artifacts: list = field(default_factory=list)
+    exited: bool = False
+
+    @classmethod
+    def read(cls, directory) -> "OfflineRun":
+        """`directory`: an `offline-run-*` folder (or the .wandb file itself)."""
+        directory = Path(directory)
+        files = [directory] if directory.is_file() else sorted(directory.glob("*.wandb"))
+        if not files:
+            raise RecordsError(f"no .wandb file in {directory}")
+        run = cls(directory=files[0].parent)
+        for record in read_records(files[0]):
+            run._add(record)
+        return run
+
+    def _add(self, record) -> None:
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            r = record.run
+            self.id, self.project, self.group, self.job_type = r.run_id, r.project, r.run_group, r.job_type
+            self.name, self.tags = r.display_name, list(r.tags)
+            for item in r.config.update:
+                _set(self.config, item)
+        elif kind == "config":
+            for item in record.config.update:
+                _set(self.config, item)
+        elif kind == "summary":
+            for item in record.summary.update:
+                _set(self.summary, item)
+        elif kind == "history":
+            row = {}
+            for item in record.history.item:
+                _set(row, item)
+            self.history.append(row)
+        elif kind == "metric":
+            m = record.metric
+            self.metrics.append({"name": m.name or m.glob_name, "step_metric": m.step_metric})
+        elif kind == "artifact":
+            a = record.artifact
+            self.artifacts.append({
+                "type": a.type, "name": a.name, "aliases": list(a.aliases),
+                "metadata": json.loads(a.metadata) if a.metadata else {},
+                "files": {c.path: c.local_path for c in a.manifest.contents}})
+        elif kind == "exit":
+            self.exited = True
+
+    def charts(self) -> dict:
+        """Custom charts (wandb.plot.*): key -> W&B panel id, e.g. 'wandb/lineseries/v0'."""
+        visualize = self.config.get("_wandb", {}).get("visualize", {})
+        return {key: v["panel_config"]["panelDefId"] for key, v in visualize.items()}
+
+    def table(self, key: str) -> dict:
+        """The last logged wandb.Table under `key` ({"columns": [...], "data": [[...], ...]}); for a custom chart
+        `key`, its data table (`<key>_table`)."""
+        entry = self.summary.get(key) or self.summary.get(f"{key}_table")
+        if not isinstance(entry, dict) or entry.get("_type") != "table-file":
+            raise KeyError(f"no table logged under {key!r}")
+        return json.loads((self.directory / "files" / entry["path"]).read_text())
+
+
+def offline_runs(wandb_dir) -> list[OfflineRun]:
+    """Every offline run under a wandb directory (e.g. <output_dir>/wandb), oldest first."""
+    return [OfflineRun.read(d) for d in sorted(Path(wandb_dir).glob("offline-run-*"))]
+
+
+__all__ = ["RecordsError", "read_records", "OfflineRun", "offline_runs"]

@@ -1,0 +1,82 @@
+"""A study's report run in Weights & Biases: one run per study, in the group of the study's training runs
+(job_type "report"), holding
+
+  - `study/runs`: one row per training run (every seed, every LR: config and results), a wandb.Table;
+  - `study/<sweep>`: interactive line series (e.g. accuracy against the learning rate, one line per variant);
+  - `study/verdicts`: the report's verdict table;
+  - `study/<image>`: the report's figures;
+  - config `runs`: the wandb ids of the runs it summarises (the `wandb_run_id` column), so the report links to them.
+
+Generic on purpose: the caller (scripts/report.py) decides what the rows, sweeps and verdicts are.
+"""
+
+import math
+from pathlib import Path
+
+
+def _cell(value):
+    """A table cell wandb accepts: NaN/inf as empty, containers as text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple, dict)):
+        return str(value)
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def rows_table(rows: list[dict]):
+    """wandb.Table of dict rows; the columns are every key, in order of first appearance."""
+    import wandb
+
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    return wandb.Table(columns=columns, data=[[_cell(row.get(c)) for c in columns] for row in rows])
+
+
+def sweep_chart(xs, ys: dict, title: str = "", xname: str = "x"):
+    """wandb.plot.line_series with one line per `ys` entry (values aligned with `xs`); missing points (None, NaN)
+    are left out of their line instead of breaking it."""
+    import wandb
+
+    lines = {}
+    for line, values in ys.items():
+        points = [(x, y) for x, y in zip(xs, values) if isinstance(y, (int, float)) and math.isfinite(y)]
+        if points:
+            lines[line] = points
+    return wandb.plot.line_series(xs=[[x for x, _ in p] for p in lines.values()],
+                                  ys=[[y for _, y in p] for p in lines.values()],
+                                  keys=list(lines), title=title, xname=xname)
+
+
+def log_study(study_dir, name: str, runs: list[dict], sweeps: dict, verdicts: list[dict], images: dict,
+              mode: str, project: str = "normlab") -> dict | None:
+    """Log one study's report run; returns {"project", "group", "id", "mode", "dir"} (None when mode is disabled).
+
+    runs:     one flat dict per training run; a `wandb_run_id` key links the report to that run.
+    sweeps:   {key: {"xs": [...], "ys": {line name: [y per x]}, "title": str, "xname": str}}.
+    verdicts: one dict per row of the verdict table.
+    images:   {key: path} or {key: (path, caption)}.
+    The run goes to STUDY_DIR/wandb (offline unless `mode` is online), next to nothing of the training runs'.
+    """
+    if mode == "disabled":
+        return None
+    import wandb
+
+    run_ids = [r["wandb_run_id"] for r in runs if r.get("wandb_run_id")]
+    run = wandb.init(project=project, group=name, job_type="report", name=f"{name}-report", mode=mode,
+                     dir=str(study_dir), reinit="finish_previous", settings=wandb.Settings(silent=True),
+                     config={"study": name, "study_dir": str(study_dir), "num_runs": len(runs), "runs": run_ids})
+    logged = {"study/runs": rows_table(runs), "study/verdicts": rows_table(verdicts)}
+    for key, sweep in sweeps.items():
+        logged[f"study/{key}"] = sweep_chart(sweep["xs"], sweep["ys"], sweep.get("title", key),
+                                             sweep.get("xname", "x"))
+    for key, image in images.items():
+        path, caption = image if isinstance(image, tuple) else (image, None)
+        logged[f"study/{key}"] = wandb.Image(str(path), caption=caption)
+    run.log(logged)
+    info = {"project": project, "group": name, "id": run.id, "mode": mode, "dir": str(Path(run.dir).parent)}
+    run.finish()
+    return info
+
+
+__all__ = ["rows_table", "sweep_chart", "log_study"]

@@ -1,0 +1,176 @@
+"""What a training run shows in Weights & Biases beyond its scalar rows (train.py calls these on the main process,
+with the run accelerate's wandb tracker holds: `accelerator.get_tracker("wandb", unwrap=True)`).
+
+  - every metric against the optimizer step: `step` (and `epoch`) are logged with each row, as in metrics.jsonl,
+    and `define_metric("*", step_metric="step")` makes `step` the x-axis of every panel, eval metrics included;
+  - `depth/<quantity>`: one chart per per-layer quantity (layers/{i}/grad_norm, act_rms, attn_logit_max,
+    update_ratio, bn/{i}/stat_drift) with every layer as a line (`wandb.plot.line_series`), so how a norm behaves
+    with depth is one glance instead of one panel per layer. They are drawn from metrics.jsonl at each evaluation
+    and at the end (never per step: nothing is added to the training step), so a resumed run's charts cover the
+    whole run;
+  - tags and config to filter a study by (norm, placement, LR, warmup, seed, variant; group and job_type);
+  - the summary: summary.json's keys (status, final and best eval metrics, spike count, and whatever else train.py
+    records there, e.g. the kernel backend when it records one);
+  - final/ as a `model` artifact (evaluate.py loads it back) and, with `wandb.log_checkpoints=true`, every checkpoint
+    as a `checkpoint` artifact.
+"""
+
+import math
+import os
+import re
+from pathlib import Path
+
+# Per-layer metric names (common/metrics.py) -> what their depth chart shows.
+DEPTH_CHARTS = {
+    "grad_norm": "gradient norm per layer (before clipping)",
+    "act_rms": "residual-stream activation RMS after each layer",
+    "attn_logit_max": "largest attention logit per layer",
+    "update_ratio": "update ratio ||dw||/||w|| per layer",
+    "stat_drift": "BN batch vs running statistics drift per layer",
+}
+_PER_LAYER = re.compile(r"^(?:layers|bn)/(\d+)/(\w+)$")
+# Points per line of a depth chart: longer histories are thinned evenly (W&B's own line plots sample too).
+CHART_POINTS = 500
+
+
+def api_key_present() -> bool:
+    """A wandb API key in the environment or in ~/.netrc (what `wandb login` writes); never prompts."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def resolve_mode(setting: str) -> str:
+    """online | offline | disabled from a `wandb.mode` setting: auto follows $WANDB_MODE, else online when a key is
+    configured and offline otherwise. ValueError for online without a key (it would prompt or fail later)."""
+    if setting == "auto":
+        env = os.environ.get("WANDB_MODE", "").lower()
+        if env in ("online", "offline", "disabled"):
+            return env
+        return "online" if api_key_present() else "offline"
+    if setting == "online" and not api_key_present():
+        raise ValueError("wandb.mode=online but no wandb API key is configured; run `wandb login`, set "
+                         "WANDB_API_KEY, or use wandb.mode=offline (then `wandb sync`)")
+    return setting
+
+
+def run_tags(cfg: dict, variant: str | None = None) -> list[str]:
+    """Tags to filter a study by in the UI: norm, placement, task, lr=, warmup=, seed=, the variant (config file)
+    and the user's wandb.tags."""
+    m, t = cfg["model"], cfg["train"]
+    tags = [m["norm"], m["norm_placement"], cfg["task"], f"lr={t['lr']:g}", f"warmup={t['warmup_steps']}",
+            f"seed={cfg['seed']}", variant, *cfg["wandb"]["tags"]]
+    return list(dict.fromkeys(tag for tag in tags if tag))
+
+
+def init_kwargs(cfg: dict, mode: str, run_id: str, variant: str | None = None) -> dict:
+    """wandb.init arguments for accelerate's init_trackers: grouped by wandb.group (a study's name) or
+    <norm>-<placement>, job_type train, resumable under the id the checkpoints keep."""
+    m, w = cfg["model"], cfg["wandb"]
+    return {"dir": cfg["output_dir"], "group": w["group"] or f"{m['norm']}-{m['norm_placement']}",
+            "job_type": "train", "tags": run_tags(cfg, variant), "mode": mode,
+            "name": Path(cfg["output_dir"]).name, "id": run_id, "resume": "allow"}
+
+
+def define_metrics(run) -> None:
+    """`step` (the optimizer step, logged with every row) is the x-axis of every metric, eval metrics included;
+    step_sync fills it in for rows that lack it (the depth charts)."""
+    run.define_metric("step")
+    run.define_metric("*", step_metric="step", step_sync=True)
+
+
+def depth_series(rows) -> dict:
+    """metrics.jsonl rows -> {quantity: {layer: (steps, values)}} for the per-layer metrics (finite values only)."""
+    series = {}
+    for row in rows:
+        step = row.get("step")
+        for key, value in row.items():
+            match = _PER_LAYER.match(key)
+            if match is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            steps, values = series.setdefault(match[2], {}).setdefault(int(match[1]), ([], []))
+            steps.append(step)
+            values.append(value)
+    return series
+
+
+def _thin(xs: list, ys: list, points: int):
+    if len(xs) <= points:
+        return xs, ys
+    keep = sorted({round(i * (len(xs) - 1) / (points - 1)) for i in range(points)})  # first and last kept
+    return [xs[i] for i in keep], [ys[i] for i in keep]
+
+
+def depth_charts(rows, points: int = CHART_POINTS) -> dict:
+    """{"depth/<quantity>": wandb.plot.line_series with one line per layer} from metrics.jsonl rows."""
+    import wandb
+
+    charts = {}
+    for quantity, by_layer in depth_series(rows).items():
+        layers = sorted(by_layer)
+        lines = [_thin(*by_layer[i], points) for i in layers]
+        charts[f"depth/{quantity}"] = wandb.plot.line_series(
+            xs=[xs for xs, _ in lines], ys=[ys for _, ys in lines], keys=[f"layer {i}" for i in layers],
+            title=DEPTH_CHARTS.get(quantity, quantity), xname="step")
+    return charts
+
+
+def log_depth_charts(run, metrics_path) -> None:
+    """Draw the depth charts from the run's metrics.jsonl, at its last logged step."""
+    from common.metrics import read_metrics
+
+    rows = read_metrics(metrics_path)
+    charts = depth_charts(rows)
+    if charts:
+        run.log(charts, step=max(r.get("step", 0) for r in rows))
+
+
+def write_summary(run, summary: dict) -> None:
+    """summary.json into the run summary; nested dicts one level flat (final/eval/accuracy, best/step, ...)."""
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            for sub, v in value.items():
+                run.summary[f"{key}/{sub}"] = v
+        else:
+            run.summary[key] = value
+
+
+def log_model(run, final_dir, cfg: dict, summary: dict) -> str:
+    """final/ as the run's `model` artifact (aliases final and step_N); returns its name:alias. The files are
+    copied to wandb's staging area, so an offline run uploads them with `wandb sync` later."""
+    import wandb
+
+    m = cfg["model"]
+    artifact = wandb.Artifact(
+        f"model-{run.id}", type="model",
+        description=f"NormLab {m['norm']} ({m['norm_placement']}) encoder, {cfg['task']}: the run's final/ "
+                    f"(load with from_pretrained(..., trust_remote_code=True) or scripts/evaluate.py)",
+        metadata={"norm": m["norm"], "norm_placement": m["norm_placement"], "task": cfg["task"],
+                  "step": summary["step"], "final": summary.get("final"), "best": summary.get("best")})
+    artifact.add_dir(str(final_dir))
+    run.log_artifact(artifact, aliases=["final", f"step_{summary['step']}"])
+    name = f"{artifact.name}:final"
+    run.summary["model_artifact"] = name
+    return name
+
+
+def log_checkpoint(run, checkpoint_dir, step: int) -> None:
+    """A training checkpoint (full state: resumable) as a version of the run's `checkpoint` artifact. Copied to
+    staging at once, so rotating old checkpoints away locally does not lose what is to be uploaded."""
+    import wandb
+
+    artifact = wandb.Artifact(f"checkpoint-{run.id}", type="checkpoint", metadata={"step": step})
+    artifact.add_dir(str(checkpoint_dir))
+    run.log_artifact(artifact, aliases=[f"step_{step}"])
+
+
+__all__ = ["DEPTH_CHARTS", "CHART_POINTS", "api_key_present", "resolve_mode", "run_tags", "init_kwargs",
+           "define_metrics", "depth_series", "depth_charts", "log_depth_charts", "write_summary", "log_model",
+           "log_checkpoint"]
