@@ -12,3 +12,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_configure(config):
+    """The marks transformers' own common tests carry (tests/test_hf_common.py runs them); registered so pytest does
+    not warn about them. They select test groups in transformers' CI; here every test runs unless it skips."""
+    for mark in ("slow", "accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
+                 "torch_compile_test"):
+        config.addinivalue_line("markers", f"{mark}: a test group of transformers' CI")
