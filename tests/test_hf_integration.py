@@ -147,6 +147,10 @@ REMOTE_SCRIPT = textwrap.dedent("""
     with torch.no_grad():
         result = {"logits": clf(**inputs).logits, "hidden": base(**inputs).last_hidden_state,
                   "module": type(clf).__module__, "base": type(base).__name__}
+    # the tokenizer needs no custom code: the plain class loads it; AutoTokenizer reads config.json first
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    result["ids"] = [tok("the cat sat")["input_ids"] for tok in (
+        PreTrainedTokenizerFast.from_pretrained(ckpt), AutoTokenizer.from_pretrained(ckpt, trust_remote_code=True))]
     torch.save(result, out_path)
 """)
 
@@ -162,7 +166,9 @@ def test_trust_remote_code_in_a_fresh_process_without_the_project(saved, tmp_pat
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "custom code" not in proc.stdout + proc.stderr and "model of type" not in proc.stderr  # no prompt
     result = torch.load(tmp_path / "out.pt")
+    assert result["ids"] == [saved["tokenizer"]("the cat sat")["input_ids"]] * 2
     assert result["module"].startswith("transformers_modules"), result["module"]  # the checkpoint's own code
     assert result["base"] == "NormLabModel"
     with torch.no_grad():
