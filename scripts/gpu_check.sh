@@ -11,13 +11,15 @@
 #   3. steps        30 steps of the default, masked_batchnorm and powernorm configs with
 #                   configs/accelerate/single_gpu_bf16.yaml and with fsdp.yaml (one process), and the default
 #                   with single_gpu_fp16.yaml (loss scaling); running statistics must stay float32
-#   4. bench        python scripts/bench.py --device cuda
-#   5. epoch        the default run (accelerate launch train.py, one epoch of SST-2) with single_gpu_bf16.yaml:
+#   4. epoch        the default run (accelerate launch train.py, one epoch of SST-2) with single_gpu_bf16.yaml:
 #                   wall time, median real tokens/s, accuracy in OUT_DIR/default_epoch.json for the README
+#   5. bench        python scripts/bench.py --device cuda --repeats 5
 #
 # Data: SST-2 from $NORMLAB_DATA_DIR/sst2, else .gpudata/sst2, else ../shared/datasets/sst2 (train.py's lookup).
-# Results go to OUT_DIR (small files: JSON, logs, summary.txt); the run directories to OUT_DIR/../runs.
-# Every step runs even if an earlier one failed; the exit code is 0 only when all passed.
+# Results go to OUT_DIR (small files: JSON, logs, summary.txt, the epoch run's summary.json and metrics.jsonl); the
+# run directories (checkpoints: large) to $GPU_CHECK_RUNS, default OUT_DIR/../runs.
+# Every step runs even if an earlier one failed, each within what is left of $GPU_CHECK_BUDGET_S (default 570 s:
+# the whole check ends before a 10-minute limit, with summary.txt written); the exit code is 0 only when all passed.
 # --cpu: the same steps, tiny and on the CPU, to test this script without a GPU (tests/test_gpu_check.py);
 #        FSDP is skipped there (accelerate runs FSDP only on accelerators; tests/test_precision.py covers it on CPU).
 # GPU_CHECK_STEPS="kernels steps bench epoch" and GPU_CHECK_VARIANTS="default masked_batchnorm powernorm" (the
@@ -28,7 +30,8 @@ cd "$(dirname "$0")/.."
 CPU=0
 if [ "${1:-}" = "--cpu" ]; then CPU=1; shift; fi
 OUT=${1:-runs/gpu_check-$(date +%Y%m%d-%H%M%S)/report}
-RUNS=$(dirname "$OUT")/runs
+RUNS=${GPU_CHECK_RUNS:-$(dirname "$OUT")/runs}
+BUDGET=${GPU_CHECK_BUDGET_S:-570}
 mkdir -p "$OUT/logs" "$RUNS"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
@@ -43,10 +46,16 @@ PY=${PYTHON:-python}
 LAUNCH=("$PY" -m accelerate.commands.launch)
 NO_WANDB=(wandb.mode=disabled wandb.report_to=none)
 
-# step NAME TIMEOUT_S CMD...: run with a time limit, log to OUT/logs/NAME.log, record ok/FAIL in summary.txt
+# step NAME TIMEOUT_S CMD...: run with a time limit (at most what is left of the budget), log to
+# OUT/logs/NAME.log, record ok/FAIL in summary.txt
 step() {
     local name=$1 limit=$2; shift 2
-    local t0=$SECONDS
+    local t0=$SECONDS left=$((BUDGET - SECONDS))
+    if [ $left -lt 5 ]; then
+        printf '%-28s %-40s\n' "$name" "FAIL (not run: the ${BUDGET}s budget is spent)" | tee -a "$SUMMARY"
+        FAILED=1; return
+    fi
+    [ "$limit" -gt $left ] && limit=$left
     echo "== $name: $*"
     timeout "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
     local rc=$?
@@ -101,7 +110,7 @@ else
     STEPS=30
     TINY=()
     EPOCH=()
-    BENCH=(--device cuda)
+    BENCH=(--device cuda --repeats 5)
     CONFIGS=(single_gpu_bf16 fsdp)
 fi
 
@@ -129,16 +138,18 @@ if [ $CPU = 0 ] && wanted steps; then
 fi
 [ ${#RUN_DIRS[@]} -gt 0 ] && step steps-summary 60 "$PY" scripts/gpu_check.py summarize --out "$OUT/steps.json" "${RUN_DIRS[@]}"
 
-# ---- 4. bench
-wanted bench && step bench 900 "$PY" scripts/bench.py "${BENCH[@]}" --out "$OUT/bench.json"
-
-# ---- 5. the default one-epoch run
+# ---- 4. the default one-epoch run
 if wanted epoch; then
     step default-epoch 1200 "${LAUNCH[@]}" --config_file configs/accelerate/single_gpu_bf16.yaml train.py \
         "output_dir=$RUNS/default_epoch" ${EPOCH[@]+"${EPOCH[@]}"} "${NO_WANDB[@]}"
     step default-epoch-summary 60 "$PY" scripts/gpu_check.py summarize --out "$OUT/default_epoch.json" \
         "$RUNS/default_epoch"
+    cp "$RUNS/default_epoch/summary.json" "$OUT/default_epoch_summary.json" 2>/dev/null
+    cp "$RUNS/default_epoch/metrics.jsonl" "$OUT/default_epoch_metrics.jsonl" 2>/dev/null
 fi
+
+# ---- 5. bench
+wanted bench && step bench 900 "$PY" scripts/bench.py "${BENCH[@]}" --out "$OUT/bench.json"
 
 echo "results in $OUT (summary.txt):"
 cat "$SUMMARY"
