@@ -49,7 +49,8 @@ from common.stability import LossSpikeDetector
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT = 0, 1, 2
 # Keys that may change when a run is resumed; any other difference from the checkpoint's config is an error.
 RESUMABLE_CHANGES = ("train.resume", "train.max_steps", "train.epochs", "train.eval_steps", "train.save_steps",
-                     "train.log_steps", "train.save_total_limit", "train.compile", "train.cpu_threads", "wandb.")
+                     "train.log_steps", "train.save_total_limit", "train.compile", "train.cpu_threads",
+                     "train.tf32", "wandb.")
 
 
 def main(argv=None) -> int:
@@ -302,6 +303,18 @@ def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ)
     return max(1, cores // max(1, local_processes))
 
 
+def fsdp_float32_buffers(accelerator) -> None:
+    """FSDP (version 1) with bf16/fp16 casts every buffer to its policy's buffer_dtype, which accelerate sets to the
+    compute dtype. The only floating buffers of NormLab are the BN family's running statistics, float32
+    accumulators that round away most of their small updates in half precision: keep buffers float32."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    policy = getattr(plugin, "mixed_precision_policy", None)
+    if getattr(policy, "buffer_dtype", None) not in (None, torch.float32):
+        import dataclasses
+
+        plugin.mixed_precision_policy = dataclasses.replace(policy, buffer_dtype=torch.float32)
+
+
 def train(cfg: dict, variant: str | None = None) -> int:
     """One run of `cfg`; `variant` (the --config file's name) becomes a wandb tag."""
     t, out = cfg["train"], Path(cfg["output_dir"])
@@ -323,6 +336,12 @@ def train(cfg: dict, variant: str | None = None) -> int:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        raise ConfigError(
+            "train.py does not run under DeepSpeed (its per-step stability metrics read every parameter's gradient "
+            "and update, which ZeRO partitions and applies inside backward); use configs/accelerate/fsdp.yaml or "
+            "multi_gpu.yaml, or configs/accelerate/deepspeed_zero2.yaml with a transformers Trainer script"
+        )
     # Several processes on a machine without GPUs (configs/accelerate/cpu_2proc.yaml): CPU processes, gloo.
     cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available()
     accelerator = Accelerator(
@@ -336,6 +355,9 @@ def train(cfg: dict, variant: str | None = None) -> int:
                           int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))
     if threads is not None:
         torch.set_num_threads(threads)
+    if accelerator.device.type == "cuda":
+        torch.set_float32_matmul_precision("high" if t["tf32"] else "highest")  # high = TF32 matmuls
+    fsdp_float32_buffers(accelerator)
     for message in notices:
         accelerator.print(f"note: {message}", file=sys.stderr)
     set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)

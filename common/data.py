@@ -404,7 +404,7 @@ def get_tokenizer(cfg: dict, train_texts):
         if tokenizer.pad_token is None:  # e.g. GPT-2: padding needs some token; it is masked out anyway
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
         tokenizer.model_max_length = d["max_length"]
-        return tokenizer
+        return _forget_load_arguments(tokenizer)
 
     texts = _as_texts(train_texts, d["text_column"])
     vocab_size = cfg["model"]["vocab_size"]
@@ -427,6 +427,15 @@ def get_tokenizer(cfg: dict, train_texts):
     # every process loads the same files from the cache
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(final))
     tokenizer.model_max_length = d["max_length"]
+    return _forget_load_arguments(tokenizer)
+
+
+def _forget_load_arguments(tokenizer):
+    """transformers 5 keeps from_pretrained's `local_files_only` and `is_local` among the tokenizer's init
+    arguments, so save_pretrained writes them into tokenizer_config.json and whoever loads the saved tokenizer
+    (from another machine, or the Hub) inherits this load's offline settings. Drop them."""
+    for key in ("local_files_only", "is_local"):
+        tokenizer.init_kwargs.pop(key, None)
     return tokenizer
 
 

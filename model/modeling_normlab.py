@@ -14,6 +14,9 @@ Conventions used everywhere below:
     padding, for the naive `batchnorm` (whose whole point is that padding enters its statistics), under
     torch.compile (packing has data-dependent shapes), and when `NormLabModel.unpad` is set to False.
   Every norm is called as `norm(x, mask)`; outputs (last_hidden_state, hidden_states) are always (B, L, D).
+- Pad positions hold zeros wherever a (B, L, .) tensor leaves a module (`TokenLayout.unpack`): the block inputs
+  and outputs of the padded layout, and every returned hidden state, in both layouts alike (the packed layout never
+  computes them). fairseq zeroes padding after the embeddings the same way.
 """
 
 import torch
@@ -23,6 +26,7 @@ from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from .configuration_normlab import NormLabConfig
@@ -44,11 +48,20 @@ def deepnorm_beta(num_layers: int) -> float:
     return (8 * num_layers) ** -0.25
 
 
+def attention_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype attention computes in: autocast's when autocast is on for the weights' device, else theirs."""
+    if torch.is_autocast_enabled(weight.device.type):
+        return torch.get_autocast_dtype(weight.device.type)
+    return weight.dtype
+
+
 def padding_to_attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """(B, L) bool padding mask -> (B, 1, 1, L) additive bias for scaled_dot_product_attention.
 
     A large finite negative (not -inf) keeps a fully padded row finite instead of NaN; exp() of it underflows
     to exactly 0, so padded keys contribute nothing and real-token outputs do not depend on the padding.
+    `dtype` must be the dtype attention computes in (`attention_dtype`): under autocast SDPA casts the bias to
+    bf16/fp16, where float32's finfo.min is -inf, and CUDA SDPA returns NaN for a row of -inf.
     """
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     bias = bias.masked_fill(~mask, torch.finfo(dtype).min)
@@ -68,6 +81,13 @@ class TokenLayout:
         # Flat indices of the real tokens in the (B*L) grid, (T,). One nonzero() per forward, reused everywhere.
         self.index = mask.reshape(-1).nonzero().squeeze(1) if self.packed else None
         self.norm_mask = None if self.packed else mask  # packed rows are all real tokens
+        self.pad = None if mask is None else ~mask.unsqueeze(-1)  # (B, L, 1) True at pad positions
+
+    def clear_pads(self, x):
+        """Padded layout: x (B, L, C) with zeros at pad positions. Packed: x, which has no pad rows."""
+        if self.packed or self.pad is None:
+            return x
+        return x.masked_fill(self.pad, 0.0)
 
     def pack(self, x):
         """(B, L, C) -> (1, T, C) real tokens in the packed layout; identity in the padded one."""
@@ -76,9 +96,9 @@ class TokenLayout:
         return x.reshape(-1, x.shape[-1]).index_select(0, self.index).unsqueeze(0)
 
     def unpack(self, x):
-        """(1, T, C) -> (B, L, C) with zeros at pad positions in the packed layout; identity in the padded one."""
+        """(1, T, C) packed or (B, L, C) padded -> (B, L, C) with zeros at pad positions."""
         if not self.packed:
-            return x
+            return self.clear_pads(x)
         B, L = self.mask.shape
         out = x.new_zeros(B * L, x.shape[-1]).index_copy(0, self.index, x[0])
         return out.view(B, L, x.shape[-1])
@@ -119,14 +139,15 @@ class NormLabEmbeddings(nn.Module):
         self.norm = build_norm(config) if config.embedding_norm else None
         self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids, layout: TokenLayout, token_type_ids=None, position_ids=None):
-        B, L = input_ids.shape
+    def forward(self, input_ids, layout: TokenLayout, token_type_ids=None, position_ids=None, inputs_embeds=None):
+        # inputs_embeds (B, L, D) replaces the word-embedding lookup (prompt tuning, soft prompts)
+        L = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         if L > self.position_embeddings.num_embeddings:
             raise ValueError(
                 f"sequence length {L} exceeds max_position_embeddings={self.position_embeddings.num_embeddings}; "
                 "truncate the input or build the model with a larger max_position_embeddings"
             )
-        x = self.word_embeddings(input_ids)  # (B, L, D)
+        x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds  # (B, L, D)
         # Default positions/types are slices of the tables added by broadcasting: no index tensors to build.
         if position_ids is None:
             x = x + self.position_embeddings.weight[:L]  # (L, D) broadcast over B
@@ -169,7 +190,8 @@ class NormLabAttention(nn.Module):
         self.record_logit_max = False
         self.last_logit_max = None
 
-    def forward(self, x, layout: TokenLayout):
+    def forward(self, x, layout: TokenLayout, output_attentions: bool = False):
+        """-> (output in x's layout, attention weights (B, H, L, L) if output_attentions else None)."""
         qkv = layout.unpack(self.qkv(x))  # (B, L, 3D): attention needs the (B, L) grid, even when packed
         B, L, _ = qkv.shape
         qkv = qkv.view(B, L, 3, self.num_heads, self.head_dim)  # (B, L, 3, H, Dh)
@@ -177,9 +199,11 @@ class NormLabAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         fast_dropout = _fast_cpu_dropout(q, self.dropout_p, self.training)
-        if self.record_logit_max and not fast_dropout:
+        written_out = fast_dropout or output_attentions  # SDPA does not return its weights
+        weights = None
+        if self.record_logit_max and not written_out:
             self.last_logit_max = self._logit_max(q, k, layout)
-        if fast_dropout:
+        if written_out:
             # SDPA's CPU kernels have no dropout: with dropout it runs its math fallback, these same ops with a
             # bernoulli_ mask. Written out here, the attention weights get the fast dropout instead.
             scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5  # (B, H, L, L)
@@ -187,13 +211,15 @@ class NormLabAttention(nn.Module):
                 scores = scores + layout.attn_bias
             if self.record_logit_max:  # the logits are at hand: the probe costs a max, not another matmul
                 self.last_logit_max = self._max_over_real_queries(scores.detach(), layout)
-            y = self.attn_dropout(scores.softmax(dim=-1)) @ v  # (B, H, L, Dh)
+            weights = self.attn_dropout(scores.softmax(dim=-1))  # (B, H, L, L)
+            y = weights @ v  # (B, H, L, Dh)
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=layout.attn_bias, dropout_p=self.dropout_p if self.training else 0.0
             )  # (B, H, L, Dh); pad keys get weight exactly 0
         y = y.transpose(1, 2).reshape(B, L, -1)  # (B, L, D): heads side by side again
-        return self.out_proj(layout.pack(y))  # back to x's layout before the projection: pads cost nothing
+        out = self.out_proj(layout.pack(y))  # back to x's layout before the projection: pads cost nothing
+        return out, (weights if output_attentions else None)
 
     @torch.no_grad()
     def _logit_max(self, q, k, layout: TokenLayout):
@@ -233,7 +259,7 @@ class NormLabFeedForward(nn.Module):
         return self.fc_out(self.act(self.fc_in(x)))  # (B, L, D)
 
 
-class NormLabBlock(nn.Module):
+class NormLabBlock(GradientCheckpointingLayer):
     """One encoder layer; `config.norm_placement` decides where its norms sit.
 
     post      x = norm(x + f(x))                          BERT (Devlin et al. 2019)
@@ -242,6 +268,8 @@ class NormLabBlock(nn.Module):
     deepnorm  x = norm(alpha * x + f(x)), alpha=(2N)^1/4  DeepNet (Wang et al. 2022), post-LN that trains deep
 
     f is attention then feed-forward, each with its own norm(s). Residual dropout is the last op of each branch.
+    Returns (x, attention weights or None). Under `gradient_checkpointing_enable()` (GradientCheckpointingLayer)
+    the block's activations are recomputed in the backward pass instead of stored.
     """
 
     def __init__(self, config: NormLabConfig):
@@ -257,19 +285,24 @@ class NormLabBlock(nn.Module):
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.residual_scale = deepnorm_alpha(config.num_hidden_layers) if self.placement == "deepnorm" else 1.0
 
-    def forward(self, x, layout: TokenLayout):  # x (B, L, D) or packed (1, T, D), same shape out
+    def forward(self, x, layout: TokenLayout, output_attentions: bool = False):
+        # x (B, L, D) or packed (1, T, D), same shape out
         drop, mask = self.dropout, layout.norm_mask
         if self.placement == "pre":
-            x = x + drop(self.attention(self.attn_norm(x, mask), layout))
+            attn, weights = self.attention(self.attn_norm(x, mask), layout, output_attentions)
+            x = x + drop(attn)
             x = x + drop(self.ffn(self.ffn_norm(x, mask)))
         elif self.placement == "sandwich":
-            x = x + drop(self.attn_out_norm(self.attention(self.attn_norm(x, mask), layout), mask))
+            attn, weights = self.attention(self.attn_norm(x, mask), layout, output_attentions)
+            x = x + drop(self.attn_out_norm(attn, mask))
             x = x + drop(self.ffn_out_norm(self.ffn(self.ffn_norm(x, mask)), mask))
         else:  # post and deepnorm: one code path, deepnorm only up-weights the residual
             a = self.residual_scale
-            x = self.attn_norm((x if a == 1.0 else x * a) + drop(self.attention(x, layout)), mask)
+            residual = x if a == 1.0 else x * a
+            attn, weights = self.attention(x, layout, output_attentions)
+            x = self.attn_norm(residual + drop(attn), mask)
             x = self.ffn_norm((x if a == 1.0 else x * a) + drop(self.ffn(x)), mask)
-        return x
+        return x, weights
 
 
 class NormLabEncoder(nn.Module):
@@ -284,21 +317,35 @@ class NormLabEncoder(nn.Module):
         self.record_act_sumsq = False
         self.last_act_sumsq = None
 
-    def forward(self, x, layout: TokenLayout, output_hidden_states=False):
-        # returns last_hidden_state (B, L, D) and, if asked, (embedding output, block 0, ..., block N-1) as (B, L, D)
-        hidden_states = (layout.unpack(x),) if output_hidden_states else None
+    def forward(self, x, layout: TokenLayout, output_hidden_states=False, output_attentions=False):
+        """x: the embeddings' output, (B, L, D) or packed (1, T, D). Returns last_hidden_state (B, L, D) and, if
+        asked, hidden_states = (embedding output, block 0, ..., block N-2, last_hidden_state) as (B, L, D) and
+        attentions = one (B, H, L, L) per block. The last hidden state is last_hidden_state itself, after the
+        final norm of pre/sandwich (transformers' convention), and every hidden state is the tensor the next
+        block reads (packed again from it), so retain_grad() / autograd.grad with respect to it work."""
+        hidden_states = () if output_hidden_states else None
+        attentions = () if output_attentions else None
         sumsq = [] if self.record_act_sumsq else None
+        x = layout.clear_pads(x)
         for layer in self.layers:
-            x = layer(x, layout)
             if output_hidden_states:
-                hidden_states += (layout.unpack(x),)
+                h = layout.unpack(x)  # (B, L, D)
+                hidden_states += (h,)
+                x = layout.pack(h)
+            x, weights = layer(x, layout, output_attentions)
+            x = layout.clear_pads(x)  # padded layout: the next block reads zeros at pads, as in the packed one
+            if output_attentions:
+                attentions += (weights,)
             if sumsq is not None:
                 sumsq.append(_real_sumsq(x.detach(), layout))
         if sumsq is not None:
             self.last_act_sumsq = torch.stack(sumsq)  # (N,)
         if self.final_norm is not None:
             x = self.final_norm(x, layout.norm_mask)
-        return layout.unpack(x), hidden_states
+        last = layout.unpack(x)  # (B, L, D)
+        if output_hidden_states:
+            hidden_states += (last,)
+        return last, hidden_states, attentions
 
 
 def _real_sumsq(x, layout: TokenLayout):
@@ -317,8 +364,11 @@ class NormLabPreTrainedModel(PreTrainedModel):
     config_class = NormLabConfig
     config: NormLabConfig
     base_model_prefix = "normlab"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True  # NormLabBlock is a GradientCheckpointingLayer; see below for BN
     _no_split_modules = ["NormLabEmbeddings", "NormLabBlock"]
+    # The heads return a per-batch mean loss and take no **kwargs, so transformers' Trainer divides it by the
+    # gradient-accumulation steps itself (with this True it would pass num_items_in_batch and stop dividing).
+    accepts_loss_kwargs = False
 
     # Every Auto class our checkpoints can be loaded with. `register_for_auto_class` alone records only the class
     # being saved, so a classifier checkpoint could not be opened with AutoModel(trust_remote_code=True).
@@ -361,6 +411,16 @@ class NormLabPreTrainedModel(PreTrainedModel):
             encoder.last_act_sumsq = None
             for layer in encoder.layers:
                 layer.attention.last_logit_max = None
+
+    def _set_gradient_checkpointing(self, enable=True, *args, **kwargs):
+        # every way of enabling checkpointing (activation_/gradient_checkpointing_enable, Trainer) ends here
+        if enable and self.config.uses_batch_statistics:
+            raise ValueError(
+                f"gradient checkpointing recomputes every block in the backward pass, which would update "
+                f"norm={self.config.norm}'s running statistics twice per step; use it with a norm without running "
+                f"statistics (layernorm, custom_layernorm, rmsnorm, dyt, none)"
+            )
+        super()._set_gradient_checkpointing(enable, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self._auto_class is not None:
@@ -419,28 +479,31 @@ class NormLabModel(NormLabPreTrainedModel):
         attention_mask=None,
         token_type_ids=None,
         position_ids=None,
+        inputs_embeds=None,
+        output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
-        **kwargs,
     ):
-        if input_ids is None:
-            raise ValueError("NormLabModel.forward needs input_ids (B, L)")
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        """input_ids (B, L), or inputs_embeds (B, L, D) in their place. Returns `BaseModelOutput`: last_hidden_state
+        (B, L, D) with zeros at pad positions, hidden_states / attentions when asked (see NormLabEncoder)."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("NormLabModel.forward needs exactly one of input_ids (B, L) and inputs_embeds (B, L, D)")
+        c = self.config
+        output_attentions = output_attentions if output_attentions is not None else c.output_attentions
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else c.output_hidden_states
+        return_dict = return_dict if return_dict is not None else c.return_dict
         mask = _padding_mask(attention_mask)  # (B, L) bool or None
         packed = (
             self.unpad
-            and self.config.norm != "batchnorm"  # the naive BN must see the padding: that is its point
+            and c.norm != "batchnorm"  # the naive BN must see the padding: that is its point
             and not torch.compiler.is_compiling()  # packing has data-dependent shapes
         )
-        layout = TokenLayout(mask, packed, self.embeddings.word_embeddings.weight.dtype)
-        x = self.embeddings(input_ids, layout, token_type_ids, position_ids)  # (B, L, D) or packed (1, T, D)
-        x, hidden_states = self.encoder(x, layout, output_hidden_states)  # (B, L, D)
+        layout = TokenLayout(mask, packed, attention_dtype(self.embeddings.word_embeddings.weight))
+        x = self.embeddings(input_ids, layout, token_type_ids, position_ids, inputs_embeds)  # (B, L, D) or (1, T, D)
+        x, hidden_states, attentions = self.encoder(x, layout, output_hidden_states, output_attentions)
         if not return_dict:
-            return tuple(v for v in (x, hidden_states) if v is not None)
-        return BaseModelOutput(last_hidden_state=x, hidden_states=hidden_states)
+            return tuple(v for v in (x, hidden_states, attentions) if v is not None)
+        return BaseModelOutput(last_hidden_state=x, hidden_states=hidden_states, attentions=attentions)
 
 
 def _pool(x, attention_mask, pooling):
@@ -451,6 +514,11 @@ def _pool(x, attention_mask, pooling):
         return x.mean(dim=1)
     m = attention_mask.to(x.dtype).unsqueeze(-1)  # (B, L, 1)
     return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+
+
+def _as_tuple(loss, logits, out):
+    """return_dict=False: (loss, logits, hidden_states, attentions) without the ones that are None."""
+    return tuple(v for v in (loss, logits, out.hidden_states, out.attentions) if v is not None)
 
 
 def _classification_loss(config, logits, labels):
@@ -499,23 +567,22 @@ class NormLabForSequenceClassification(NormLabPreTrainedModel):
         attention_mask=None,
         token_type_ids=None,
         position_ids=None,
+        inputs_embeds=None,
         labels=None,
+        output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
-        **kwargs,
     ):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        out = self.normlab(
-            input_ids, attention_mask, token_type_ids, position_ids,
-            output_hidden_states=output_hidden_states, return_dict=True,
-        )
+        out = self.normlab(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states, return_dict=True)
         pooled = _pool(out.last_hidden_state, attention_mask, self.config.pooling)  # (B, D)
         logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
         loss = None if labels is None else _classification_loss(self.config, logits, labels)
         if not return_dict:
-            rest = tuple(v for v in (logits, out.hidden_states) if v is not None)
-            return ((loss,) + rest) if loss is not None else rest
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+            return _as_tuple(loss, logits, out)
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                        attentions=out.attentions)
 
 
 class NormLabLMHead(nn.Module):
@@ -560,24 +627,22 @@ class NormLabForMaskedLM(NormLabPreTrainedModel):
         attention_mask=None,
         token_type_ids=None,
         position_ids=None,
+        inputs_embeds=None,
         labels=None,
+        output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
-        **kwargs,
     ):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        out = self.normlab(
-            input_ids, attention_mask, token_type_ids, position_ids,
-            output_hidden_states=output_hidden_states, return_dict=True,
-        )
+        out = self.normlab(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                           output_attentions, output_hidden_states, return_dict=True)
         logits = self.lm_head(out.last_hidden_state, _padding_mask(attention_mask))  # (B, L, V)
         loss = None
         if labels is not None:
             loss = CrossEntropyLoss(ignore_index=-100)(logits.view(-1, logits.size(-1)), labels.view(-1))
         if not return_dict:
-            rest = tuple(v for v in (logits, out.hidden_states) if v is not None)
-            return ((loss,) + rest) if loss is not None else rest
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states)
+            return _as_tuple(loss, logits, out)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
 
 __all__ = [

@@ -366,6 +366,13 @@ class BatchStatNorm(nn.Module):
 
     A training forward needs at least 2 real tokens (a variance of one value is 0 and its normalization is
     undefined) and raises ValueError otherwise.
+
+    Precision: the statistics are computed in float32 (float64 for float64 inputs) whatever the input dtype, and
+    the running statistics are float32 buffers whatever the module's dtype. A running average moves by
+    momentum x (batch - running) per step; in bfloat16 (8 bits of mantissa) most of those small steps round
+    away, so the average drifts (about 1% over a few hundred steps). `model.to(torch.bfloat16)` / `.half()` leave
+    these buffers float32 (`_apply`), and a buffer that something else cast (FSDP's mixed precision casts every
+    buffer to its `buffer_dtype`) is turned back to float32 at the next training forward (`_float32_buffers`).
     """
 
     name = "batch_stat_norm"  # the registry name, for error messages
@@ -381,7 +388,25 @@ class BatchStatNorm(nn.Module):
         self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
         # A non-persistent buffer (not a plain attribute) so it follows .to(device) and is materialised by
         # from_pretrained instead of being left on the meta device; not saved in checkpoints.
-        self.register_buffer("last_stat_drift", torch.zeros(()), persistent=False)
+        self.register_buffer("last_stat_drift", torch.zeros((), dtype=torch.float32), persistent=False)
+
+    def _stat_buffer(self, name, value: float):
+        """A float32 running-statistic buffer (explicit dtype: from_pretrained(dtype=...) builds the model under
+        another default dtype)."""
+        self.register_buffer(name, torch.full((self.num_features,), value, dtype=torch.float32))
+
+    def _float32_buffers(self):
+        """Half-precision floating buffers back to float32, in place (`.data`), so every holder of the buffer
+        object (FSDP, DDP's buffer broadcast) keeps seeing it."""
+        for buf in self._buffers.values():
+            if buf is not None and buf.dtype in (torch.float16, torch.bfloat16):
+                buf.data = buf.data.float()
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype), .half(), .bfloat16() cast parameters and buffers alike; the statistics stay float32
+        super()._apply(fn, recurse)
+        self._float32_buffers()
+        return self
 
     def extra_repr(self):
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
@@ -402,13 +427,14 @@ class _MeanVarBatchNorm(BatchStatNorm):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1):
         super().__init__(num_features, eps, momentum)
-        self.register_buffer("running_mean", torch.zeros(num_features))
-        self.register_buffer("running_var", torch.ones(num_features))
+        self._stat_buffer("running_mean", 0.0)
+        self._stat_buffer("running_var", 1.0)
 
     def _real(self, x, mask):
         raise NotImplementedError
 
     def forward(self, x, mask=None):
+        self._float32_buffers()
         shape = x.shape
         x2d = x.reshape(-1, self.num_features).to(_compute_dtype(x))  # (N, D)
         if self._uses_batch_stats():
@@ -541,14 +567,15 @@ class PowerNorm(BatchStatNorm):
         self.alpha_bkw = alpha_bkw
         self.warmup_steps = warmup_steps
         self.group_scaling = group_scaling
-        self.register_buffer("running_psi2", torch.ones(num_features))
-        self.register_buffer("ema_gz", torch.zeros(num_features))
+        self._stat_buffer("running_psi2", 1.0)
+        self._stat_buffer("ema_gz", 0.0)
 
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, alpha_fwd={self.alpha_fwd}, alpha_bkw={self.alpha_bkw}, "
                 f"warmup_steps={self.warmup_steps}, group_scaling={self.group_scaling}")
 
     def forward(self, x, mask=None):
+        self._float32_buffers()
         shape = x.shape
         x2d = x.reshape(-1, self.num_features).to(_compute_dtype(x))  # (N, D)
         if self.group_scaling:
@@ -576,7 +603,7 @@ class PowerNorm(BatchStatNorm):
             self.last_stat_drift = _log_ratio_rms(psi2_b, self.running_psi2, self.eps)
             if t < self.warmup_steps:
                 self.running_psi2.mul_((t - 1) / t).add_(psi2_b / t)
-            self.running_psi2.lerp_(psi2_b, 1 - self.alpha_fwd)
+            self.running_psi2.lerp_(psi2_b.to(self.running_psi2.dtype), 1 - self.alpha_fwd)
         return y.reshape(shape).to(x.dtype)
 
 

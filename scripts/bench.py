@@ -26,12 +26,15 @@ HF BERT uses torch's ops: that difference is part of what is measured.
 
 `--diagnose` adds NormLab with torch's LayerNorm and NormLab without unpadding as extra contestants.
 `--quick` uses 2000 training rows, few batches and few repeats (seconds, for tests); its numbers are not
-meaningful. The CUDA paths run only when torch.cuda.is_available() and are reported untested otherwise.
+meaningful. The CUDA paths run only when torch.cuda.is_available() and are reported untested otherwise. On CUDA
+the training steps (sections 2 and 4) run under bf16 autocast, as the GPU launch configs train (mixed_precision
+bf16); on CPU in float32, as CPU training runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -677,8 +680,12 @@ def main(argv=None) -> int:
     overrides = [f"data.max_train_samples={QUICK_TRAIN_SAMPLES}"] if quick else []
     cfg = load_config(args.config, overrides)
 
+    # the training steps in the precision training uses on this device (configs/accelerate: bf16 on GPUs)
+    autocast = "bf16" if device.type == "cuda" else None
+    amp = torch.autocast(device.type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     res = {"machine": machine_info(device),
            "settings": {"quick": quick, "repeats": repeats, "batches": n_batches, "compile": do_compile,
+                        "autocast": autocast,
                         "compile_hf": args.compile_hf, "config": args.config, "config_overrides": overrides,
                         "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)}}
 
@@ -706,16 +713,18 @@ def main(argv=None) -> int:
     # 2. throughput on the first batches of the training loader
     t0 = time.perf_counter()
     batches = take_batches(cfg, tokenizer, tokenized, build_dataloaders, n_batches, device)
-    res["throughput"], models = bench_throughput(
-        cfg, batches, len(tokenizer), tokenizer.pad_token_id, num_labels, device, repeats, do_compile, args.compile_hf,
-        args.diagnose)
+    with amp:
+        res["throughput"], models = bench_throughput(
+            cfg, batches, len(tokenizer), tokenizer.pad_token_id, num_labels, device, repeats, do_compile,
+            args.compile_hf, args.diagnose)
 
     section_s["throughput"] = time.perf_counter() - t0
 
     # 4. memory, on the longest timed batch
     t0 = time.perf_counter()
     longest = max(batches, key=lambda b: b["input_ids"].numel())
-    res["memory"] = bench_memory(cfg, models, longest, device)
+    with amp:
+        res["memory"] = bench_memory(cfg, models, longest, device)
     section_s["memory"] = time.perf_counter() - t0
 
     res["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None

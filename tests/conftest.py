@@ -23,3 +23,11 @@ def wandb_home(tmp_path_factory):
         mp.setenv("WANDB_DATA_DIR", str(root / "data"))
         mp.setenv("WANDB_CACHE_DIR", str(root / "cache"))
         yield root
+
+
+def pytest_configure(config):
+    """The marks transformers' own common tests carry (tests/test_hf_common.py runs them); registered so pytest does
+    not warn about them. They select test groups in transformers' CI; here every test runs unless it skips."""
+    for mark in ("slow", "accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
+                 "torch_compile_test"):
+        config.addinivalue_line("markers", f"{mark}: a test group of transformers' CI")

@@ -242,6 +242,8 @@ def test_tokenizer_round_trips_through_save_pretrained(small, tmp_path):
     assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
     assert tok.decode(ids, skip_special_tokens=True).replace(" ,", ",").replace(" !", "!") == text.lower()
     tok.save_pretrained(tmp_path / "tok")
+    saved = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())
+    assert not {"local_files_only", "is_local"} & saved.keys()  # this load's settings are not the next one's
     loaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
     sentences = col(dsd["validation"], "sentence")[:20]
     assert loaded(sentences)["input_ids"] == tok(sentences)["input_ids"]

@@ -147,6 +147,10 @@ REMOTE_SCRIPT = textwrap.dedent("""
     with torch.no_grad():
         result = {"logits": clf(**inputs).logits, "hidden": base(**inputs).last_hidden_state,
                   "module": type(clf).__module__, "base": type(base).__name__}
+    # the tokenizer needs no custom code: the plain class loads it; AutoTokenizer reads config.json first
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    result["ids"] = [tok("the cat sat")["input_ids"] for tok in (
+        PreTrainedTokenizerFast.from_pretrained(ckpt), AutoTokenizer.from_pretrained(ckpt, trust_remote_code=True))]
     torch.save(result, out_path)
 """)
 
@@ -162,7 +166,9 @@ def test_trust_remote_code_in_a_fresh_process_without_the_project(saved, tmp_pat
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "custom code" not in proc.stdout + proc.stderr and "model of type" not in proc.stderr  # no prompt
     result = torch.load(tmp_path / "out.pt")
+    assert result["ids"] == [saved["tokenizer"]("the cat sat")["input_ids"]] * 2
     assert result["module"].startswith("transformers_modules"), result["module"]  # the checkpoint's own code
     assert result["base"] == "NormLabModel"
     with torch.no_grad():
@@ -204,3 +210,75 @@ def test_tokenizer_round_trip(saved):
     tok = AutoTokenizer.from_pretrained(saved["clf_dir"])
     assert tok.pad_token_id == 0 and tok.mask_token == "[MASK]"
     assert tok("the cat")["input_ids"] == saved["tokenizer"]("the cat")["input_ids"]
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """transformers' Trainer and our loop each build an Accelerator; accelerate's state is a process singleton."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    def reset():
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+    reset()
+    yield reset
+    reset()
+
+
+def test_trainer_with_gradient_accumulation_matches_our_training_loop(tmp_path, fresh_accelerate_state):
+    """transformers' Trainer (gradient_accumulation_steps=2) and train.py's loop (accelerate's accumulate, backward,
+    clipping, the same AdamW) on the same batches log the same losses and end with the same weights: the Trainer
+    must divide our per-batch mean loss by the accumulation steps (it does not when a forward takes **kwargs)."""
+    import copy
+
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
+
+    from common.optim import adamw
+
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    model = NormLabForSequenceClassification(tiny_config(tokenizer, hidden_dropout_prob=0.0,
+                                                         attention_probs_dropout_prob=0.0))
+    ours = copy.deepcopy(model)
+    features = [{**tokenizer(text), "labels": i % 2} for i, text in enumerate(CORPUS * 4)]  # 24 rows
+    collate = DataCollatorWithPadding(tokenizer)
+    hparams = {"lr": 3e-3, "weight_decay": 0.01, "adam_beta1": 0.9, "adam_beta2": 0.98}
+    batch_size, accum, clip = 3, 2, 1.0
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=batch_size,
+                             gradient_accumulation_steps=accum, num_train_epochs=1, max_grad_norm=clip,
+                             lr_scheduler_type="constant", warmup_steps=0, logging_steps=1, report_to="none",
+                             save_strategy="no", use_cpu=True, train_sampling_strategy="sequential",
+                             dataloader_num_workers=0)
+    trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=collate,
+                      optimizers=(adamw(model, hparams), None))
+    assert trainer.model_accepts_loss_kwargs is False
+    trainer.train()
+    trainer_losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+
+    fresh_accelerate_state()
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accum)
+    optimizer = adamw(ours, hparams)
+    ours, optimizer, loader = accelerator.prepare(ours, optimizer, DataLoader(features, batch_size=batch_size,
+                                                                              collate_fn=collate))
+    ours.train()
+    our_losses, window = [], []
+    for batch in loader:
+        with accelerator.accumulate(ours):
+            loss = ours(**batch).loss
+            accelerator.backward(loss)
+            window.append(loss.item())
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(ours.parameters(), clip)
+                our_losses.append(sum(window) / len(window))
+                window = []
+            optimizer.step()
+            optimizer.zero_grad()
+
+    assert len(our_losses) == len(features) // (batch_size * accum) == len(trainer_losses)
+    assert trainer_losses == pytest.approx(our_losses, rel=1e-4)  # the Trainer logs 4 significant digits
+    for (name, a), b in zip(model.state_dict().items(), accelerator.unwrap_model(ours).state_dict().values()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=lambda m: f"{name}: {m}")

@@ -41,10 +41,13 @@ def test_probe_matches_hidden_states_weights_and_grads(norm, unpad, kernels, mon
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     probe.arm()
+    last = {}  # the last block's output: hidden_states[-1] is after the final norm (last_hidden_state)
+    model.normlab.encoder.layers[-1].register_forward_hook(lambda mod, args, o: last.update(x=o[0].detach()))
     out = model(**batch, output_hidden_states=True)  # hidden states only for the reference below
     probe.read_forward(batch["attention_mask"])
     # act_rms = sqrt(act_sumsq / act_count): the residual stream after each block, over real tokens only
-    expected = torch.stack([h[real].square().sum() for h in out.hidden_states[1:]])
+    last_rows = last["x"][0] if last["x"].shape[:2] != real.shape else last["x"][real]  # packed (1, T, D) or (B, L, D)
+    expected = torch.stack([h[real].square().sum() for h in out.hidden_states[1:-1]] + [last_rows.square().sum()])
     torch.testing.assert_close(probe.act_sumsq, expected, rtol=1e-5, atol=0)
     assert probe.act_count.item() == real.sum().item() * 32
     assert all(layer.attention.last_logit_max is None for layer in model.normlab.encoder.layers)

@@ -148,11 +148,88 @@ def test_packed_and_padded_layouts_agree(norm):
     for hp, hq in zip(outs["packed"].hidden_states, outs["padded"].hidden_states):
         torch.testing.assert_close(hp[real], hq[real], atol=1e-5, rtol=1e-5)
         assert hp[~real].abs().max() == 0  # packed: pad positions are never computed, returned as zeros
+        assert hq[~real].abs().max() == 0  # padded: the same convention
     torch.testing.assert_close(outs["packed"].logits, outs["padded"].logits, atol=1e-5, rtol=1e-5)
     for (name, p), q in zip(packed.named_parameters(), padded.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
     for (name, b), c in zip(packed.named_buffers(), padded.buffers()):
         torch.testing.assert_close(b, c, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "batchnorm"])
+def test_pad_rows_are_zeros_in_every_layout_and_under_torch_export(norm):
+    """One convention for pad positions wherever the model runs: eager packed, eager padded (unpad=False; the
+    naive batchnorm always), and a torch.export'ed graph (padded: packing has data-dependent shapes)."""
+    torch.manual_seed(0)
+    model = NormLabModel(tiny_config(norm=norm)).eval()
+    input_ids, attention_mask = padded_batch()
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    with torch.no_grad():
+        eager = model(**inputs).last_hidden_state
+        model.unpad = False
+        padded = model(**inputs).last_hidden_state
+    exported = torch.export.export(model, (), inputs).module()(**inputs).last_hidden_state.detach()
+    pad = ~attention_mask.bool()
+    for got in (eager, padded, exported):
+        assert got[pad].abs().max() == 0
+        torch.testing.assert_close(got, eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("unpad", [True, False])
+def test_returned_hidden_states_are_the_tensors_the_blocks_read(unpad):
+    """retain_grad() / autograd.grad w.r.t. a returned hidden state reach the loss (it is not a detached copy)."""
+    torch.manual_seed(0)
+    model = NormLabForSequenceClassification(tiny_config(norm_placement="pre"))
+    model.normlab.unpad = unpad
+    input_ids, attention_mask = padded_batch()
+    out = model(input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1, 2]), output_hidden_states=True,
+                output_attentions=True)
+    grads = torch.autograd.grad(out.loss, [*out.hidden_states, *out.attentions], allow_unused=True)
+    assert all(g is not None for g in grads)
+    assert all(g[~attention_mask.bool()].abs().max() == 0 for g in grads[: len(out.hidden_states)])
+
+
+def test_attention_weights_are_returned_when_asked():
+    torch.manual_seed(0)
+    model = NormLabModel(tiny_config(num_hidden_layers=3)).eval()
+    input_ids, attention_mask = padded_batch()
+    with torch.no_grad():
+        out = model(input_ids, attention_mask=attention_mask, output_attentions=True)
+        plain = model(input_ids, attention_mask=attention_mask)
+    assert len(out.attentions) == 3 and all(a.shape == (3, 4, 7, 7) for a in out.attentions)
+    real = attention_mask.bool()
+    for a in out.attentions:
+        torch.testing.assert_close(a.sum(-1), torch.ones(3, 4, 7))  # every query row is a distribution
+        assert a.transpose(1, 3)[~real].abs().max() == 0  # no weight on pad keys
+    torch.testing.assert_close(out.last_hidden_state, plain.last_hidden_state, atol=1e-6, rtol=1e-5)
+    assert plain.attentions is None
+
+
+def test_inputs_embeds_replace_the_word_embeddings():
+    torch.manual_seed(0)
+    model = NormLabForSequenceClassification(tiny_config()).eval()
+    input_ids, attention_mask = padded_batch()
+    embeds = model.get_input_embeddings()(input_ids)
+    with torch.no_grad():
+        torch.testing.assert_close(model(inputs_embeds=embeds, attention_mask=attention_mask).logits,
+                                   model(input_ids, attention_mask=attention_mask).logits)
+    with pytest.raises(ValueError, match="exactly one of input_ids"):
+        model(input_ids, inputs_embeds=embeds)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_and_refuses_running_statistics():
+    torch.manual_seed(0)
+    model = NormLabForSequenceClassification(tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    checkpointed = copy.deepcopy(model)
+    checkpointed.activation_checkpointing_enable()
+    input_ids, attention_mask = padded_batch()
+    for m in (model, checkpointed):
+        torch.manual_seed(1)  # the same dropout masks (the recomputation replays the RNG state)
+        m.train()(input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1, 2])).loss.backward()
+    for (name, p), q in zip(model.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+    with pytest.raises(ValueError, match="running statistics"):
+        NormLabForSequenceClassification(tiny_config(norm="masked_batchnorm")).activation_checkpointing_enable()
 
 
 def test_naive_batchnorm_always_sees_the_padding():
@@ -192,13 +269,25 @@ def test_final_norm_only_where_the_residual_stream_is_unnormalized():
     assert hasattr(sandwich_block, "attn_out_norm") and hasattr(sandwich_block, "ffn_out_norm")
 
 
-def test_pre_ln_final_norm_is_applied_to_the_last_block_output():
+@pytest.mark.parametrize("placement", NORM_PLACEMENTS)
+def test_final_norm_and_hidden_states_follow_transformers_convention(placement):
+    """pre/sandwich normalize the last block's output; hidden_states[-1] is last_hidden_state (as transformers 5
+    ties them) and holds N + 1 states."""
     torch.manual_seed(0)
-    model = NormLabModel(tiny_config(norm_placement="pre")).eval()
+    model = NormLabModel(tiny_config(norm_placement=placement)).eval()
     input_ids, attention_mask = padded_batch()
+    seen = {}
+    model.encoder.layers[-1].register_forward_hook(lambda mod, args, out: seen.update(block=out[0]))
     out = model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
-    expected = F.layer_norm(out.hidden_states[-1], (32,), eps=model.config.norm_eps)  # final norm weights are (1, 0)
-    torch.testing.assert_close(out.last_hidden_state, expected)
+    assert len(out.hidden_states) == model.config.num_hidden_layers + 1
+    assert out.hidden_states[-1] is out.last_hidden_state
+    real = attention_mask.bool()
+    block_out = seen["block"][0] if seen["block"].dim() == 3 and seen["block"].shape[0] == 1 else seen["block"][real]
+    if placement in ("pre", "sandwich"):  # final norm weights are (1, 0)
+        expected = F.layer_norm(block_out, (32,), eps=model.config.norm_eps)
+    else:
+        expected = block_out
+    torch.testing.assert_close(out.last_hidden_state[real], expected)
 
 
 @pytest.mark.parametrize("placement,expected", [("post", True), ("pre", False), ("sandwich", False),
@@ -229,7 +318,8 @@ def test_residual_scale(placement, scale):
     alpha = deepnorm_alpha(3) if scale is None else scale
     assert block.residual_scale == pytest.approx(alpha)
     x = torch.randn(2, 5, 32)
-    torch.testing.assert_close(block(x, TokenLayout(None, packed=False, dtype=x.dtype)), x * alpha * alpha)
+    out, _ = block(x, TokenLayout(None, packed=False, dtype=x.dtype))
+    torch.testing.assert_close(out, x * alpha * alpha)
 
 
 def test_deepnorm_constants():
@@ -370,6 +460,9 @@ def test_return_dict_false_gives_tuples():
     out = model(input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1, 2]))
     torch.testing.assert_close(logits, out.logits)
     torch.testing.assert_close(loss, out.loss)
+    logits, hidden, attentions = model(input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                                       output_attentions=True, return_dict=False)
+    assert len(hidden) == 3 and len(attentions) == 2
 
 
 def test_masked_lm_ignores_minus_100_and_ties_weights():
