@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     study = json.loads((args.study_dir / "study.json").read_text())
     score = {"dev_rows": 2000, "batch_size": 32, **(study.get("score") or {})}
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
     sets, out = None, args.out or args.study_dir / "runs.jsonl"
     rows = []
     for name, entry in sorted(study["runs"].items()):
