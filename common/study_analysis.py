@@ -16,6 +16,22 @@ VAL, DEV = "val/sorted/running", "dev/sorted/running"
 FAIL_ACCURACY = 0.55  # below this a run learned nothing useful (the majority class of validation is 0.509)
 ALPHA = 0.05
 PRIMARY = ("P1", "P2", "P3", "P4", "P5", "P6", "P7")
+# The predictions of docs/study-v2/predictions.md, one line each, by experiment (the report quotes them).
+PREDICTIONS = {
+    "E1": {"P1": "at init, post-LN's gradients are larger near the output than pre-LN's (Xiong et al. 2020)",
+           "S1": "pre-LN's per-block gradient norms stay the same across layers (Xiong et al. 2020)",
+           "P2": "post-LN's early model update is larger than DeepNorm's at depth 48 (Wang et al. 2022)",
+           "S2": "post-LN's 10-step output change grows with depth, DeepNorm's less (Wang et al. 2022)"},
+    "E2": {"P3": "without warmup post-LN fails at high LRs where pre-LN does not (Xiong 2020; Wortsman 2023)",
+           "P4": "post-LN is more LR-sensitive than pre-LN, without warmup (Wortsman et al. 2023)",
+           "S3": "warmup rescues post-LN where it failed without (Xiong 2020; Nguyen & Salazar 2019)",
+           "S4a": "warmup lowers post-LN's LR sensitivity (Wortsman et al. 2023)",
+           "S4b": "warmup lowers pre-LN's LR sensitivity (Wortsman et al. 2023)"},
+    "E3": {"P5": "naive BN with batch statistics loses accuracy when the same batches carry more padding",
+           "P6": "trained on random, padded batches, naive BN ends below LN (Shen et al. 2020)",
+           "S5": "naive BN's batch statistics drift more from the running ones with random batches (Shen 2020)"},
+    "E4": {"P7": "without qk_norm the attention logits grow at high LR; qk_norm keeps them small (Wortsman 2023)"},
+}
 
 
 class StudyData:
@@ -367,9 +383,9 @@ def secondary(data: StudyData) -> list[dict]:
         out.append({"id": "S3", "what": f"post-LN val loss, warmup on minus off, at LRs {s3_['lrs']} (failed without)",
                     "value": est.fmt() if s3_["lrs"] else "no LR where post-LN without warmup failed",
                     "outcome": _sign_outcome(est, greater=False) if s3_["lrs"] else "not testable"})
-        for variant in ("post_ln", "pre_ln"):
+        for variant, key in (("post_ln", "S4a"), ("pre_ln", "S4b")):
             est = s4(data, variant)
-            out.append({"id": "S4", "what": f"LR sensitivity warmup on minus off, {variant}", "value": est.fmt(),
+            out.append({"id": key, "what": f"LR sensitivity warmup on minus off, {variant}", "value": est.fmt(),
                         "outcome": _sign_outcome(est, greater=False)})
     if any(r["experiment"] == "e3" for r in data.runs):
         est = s5(data)

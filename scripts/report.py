@@ -54,6 +54,18 @@ def verdict_section(data) -> list[str]:
     return lines + [""]
 
 
+def predictions_of(data, experiment: str) -> list[str]:
+    """The experiment's predictions, each with its estimate and outcome (from the verdict tables)."""
+    found = {v["id"]: (v["estimate"].fmt(3) if v["estimate"].lo == v["estimate"].lo else f"{v['estimate'].mean:+.3f}",
+                       v["outcome"]) for v in sa.verdicts(data)}
+    found.update({s["id"]: (s["value"], s["outcome"]) for s in sa.secondary(data)})
+    lines = []
+    for key, text in sa.PREDICTIONS[experiment].items():
+        value, outcome = found.get(key, ("not measured", "not measured"))
+        lines.append(f"- **{key}**: {text}. Measured: {value} -> **{outcome}**.")
+    return lines + [""]
+
+
 def e1_section(data) -> list[str]:
     depths = sorted({r["depth"] for r in data.e1})
     rows = []
@@ -63,7 +75,7 @@ def e1_section(data) -> list[str]:
         change = [np.mean([r["output_change"][-1] for r in sa.e1_rows(data, placement, d).values()])
                   for d in depths]
         rows.append([placement] + [f"{a:.3g} / {c:.3g}" for a, c in zip(ratio, change)])
-    lines = ["## E1: gradients at initialization and the first Adam updates", "",
+    lines = ["## E1: gradients at initialization and the first Adam updates", ""] + predictions_of(data, "E1") + [
              "![per-block gradient norm at init](e1_grad_norm.png)", "", "![output change](e1_output_change.png)", "",
              "Mean over seeds of g_last / g_first (a block's gradient norm, last over first block) / relative change "
              "of the encoder output after 10 Adam steps:", ""]
@@ -79,7 +91,7 @@ def e2_section(data) -> list[str]:
         sens = list(r["sensitivity"].values())
         rows.append([f"{r['experiment']} {r['variant']}", r["warmup"], f"{r['best_lr']:g}", _acc(r["accuracy"]),
                      f"{r['failed'][0]}/{r['failed'][1]}", r["spikes"], _acc(sens)])
-    lines = ["## E2: placement x warmup x LR (with E4's qk_norm arm and the A/A arm)", "",
+    lines = ["## E2: placement x warmup x LR (with E4's qk_norm arm and the A/A arm)", ""] + predictions_of(data, "E2") + [
              "![LR sweep](e2_lr_sweep.png)", "",
              "Best LR picked on dev (the last 2,000 training rows, never trained on); accuracy on validation at that "
              "LR (mean, then per seed). Failures over all LRs. LR sensitivity of validation loss, per seed.", ""]
@@ -100,7 +112,8 @@ def e3_section(data) -> list[str]:
              "–" if None in r["flips"] else sum(r["flips"])] for r in sa.e3_table(data)]
     checks = [[c["check"], c["flips"], "yes" if c["held"] else "**NO**"] for c in sa.structural_checks(data)]
     p5 = sa.p5(data)
-    lines = ["## E3: BatchNorm and padding", "", "![accuracy per batching](e3_batching.png)", "",
+    lines = ["## E3: BatchNorm and padding", ""] + predictions_of(data, "E3") + [
+             "![accuracy per batching](e3_batching.png)", "",
              "![stat drift](e3_stat_drift.png)", "",
              "Validation accuracy per training batches, statistics mode and eval batching (mean, then per seed); "
              "flips: predictions that differ from the *sorted* batching of the same model, summed over seeds.", ""]
@@ -116,7 +129,8 @@ def e4_section(data) -> list[str]:
         without = [sa.final_logit_max(r) for r in data.arm("e2", "pre_ln", "on", lr)]
         with_qk = [sa.final_logit_max(r) for r in data.arm("e4", "pre_ln_qknorm", "on", lr)]
         rows.append([f"{lr:g}", _acc(without), _acc(with_qk)])
-    lines = ["## E4: attention-logit growth", "", "![attention logit max](e4_logit_max.png)", "",
+    lines = ["## E4: attention-logit growth", ""] + predictions_of(data, "E4") + [
+             "![attention logit max](e4_logit_max.png)", "",
              "Largest attention logit over layers at the last step (mean, then per seed). LR sensitivity without "
              f"minus with qk_norm: {sa.e4_sensitivity(data).fmt(4)}.", ""]
     return lines + _table(["LR", "pre-LN", "pre-LN + qk_norm"], rows) + [""]
@@ -136,7 +150,15 @@ def write_markdown(data, meta: dict) -> str:
     for present, section in sections:
         if present:
             lines += section(data)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + SCALE) + "\n"
+
+
+SCALE = ["## Scale", "",
+         "The papers saw these effects far above this scale: Xiong et al. (2020) trained 6-12-layer Transformers of width "
+         "512-1024 for translation and BERT pre-training over 10^5 steps; Wortsman et al. (2023) used models up to 1.2B "
+         "parameters and 10^4+ steps; Wang et al. (2022) went to 1,000 layers; Shen et al. (2020) trained translation "
+         "and language models. This study's models have 6 layers of width 64 (E1: up to 48) and train 160 steps. A "
+         "prediction that is not separated or refuted here is a result at this scale, not evidence about theirs."]
 
 
 def study_meta(source: Path) -> dict:
