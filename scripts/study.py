@@ -412,11 +412,14 @@ def wants_e1(grid: dict, only: dict) -> bool:
     return True
 
 
-def after_training(study_dir: Path, run_e1: bool, report: bool) -> None:
-    """E1, then the per-run records (scores of every final model), then the report: each a script of its own."""
+def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool) -> None:
+    """E1, then the per-run records (scores of every final model), then the report: each a script of its own. A
+    study file without a `score` block gets neither records nor report (the report reads only the records)."""
     scripts = REPO_ROOT / "scripts"
     if run_e1:
         subprocess.run([sys.executable, str(scripts / "init_study.py"), str(study_dir)], cwd=REPO_ROOT, check=True)
+    if not score:
+        return
     subprocess.run([sys.executable, str(scripts / "score_runs.py"), str(study_dir)], cwd=REPO_ROOT, check=True)
     if report:
         subprocess.run([sys.executable, str(scripts / "report.py"), str(study_dir)], cwd=REPO_ROOT)
@@ -488,7 +491,7 @@ def main(argv=None) -> int:
               "interrupted ones resume from their last checkpoint)", file=sys.stderr)
         return 130
     record_invocation(study_dir, command, started)
-    after_training(study_dir, run_e1, not args.no_report)
+    after_training(study_dir, run_e1, bool(grid["score"]), not args.no_report)
     return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed
 
 
