@@ -42,9 +42,9 @@ class LayerNorm(nn.LayerNorm):
 
 
 # CustomLayerNorm is one operator, `normlab::layer_norm`, defined below with torch.library the way PyTorch
-# extends itself: the readable math here is its reference implementation (what every device runs, and all a
-# checkpoint's code carries); faster implementations for a device type are registered on the same operator from
-# outside this package (the repo's kernels/ package: C++ on CPU, Triton on CUDA). Its backward is a second
+# extends itself: the readable math here is its reference implementation (what runs wherever nothing faster is
+# registered, and all a checkpoint's code carries); faster implementations for a device type are registered on the same operator from
+# outside this package (the repository's normlab_kernels/: C++ on CPU, Triton on CUDA). Its backward is a second
 # operator, `normlab::layer_norm_backward`, so a kernel can replace it too and torch.compile sees two opaque ops
 # with shape-only "fake" implementations instead of tracing into them.
 #

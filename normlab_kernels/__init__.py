@@ -25,9 +25,11 @@ import torch
 
 MODES = ("auto", "reference")
 OPS = ("normlab::layer_norm", "normlab::layer_norm_backward")
+# device type -> (backend name, module); each module's register() puts its kernels on the operators for that
+# device type (raising if it cannot: no compiler, no triton) and unregister() takes them off again
 FAST_BACKENDS = {"cpu": ("cpp", "normlab_kernels.cpu"), "cuda": ("triton", "normlab_kernels.triton_layer_norm")}
 
-_registered = {}  # device type -> the backend registered for it now (absent: nothing registered, the reference)
+_registered = {}  # device type -> the fast backend registered for it now (absent: none, the reference runs)
 _unavailable = {}  # device type -> why its fast backend cannot be had (warned once per process)
 
 
@@ -48,36 +50,36 @@ def enable(mode: str = "auto", device="cpu") -> dict:
     if mode not in MODES:
         raise ValueError(f"kernels mode {mode!r} is not valid; choose one of: {', '.join(MODES)}")
     device_type = torch.device(device).type
-    from model import norms  # defines the operators (importing it is what registers them)
+    import model.norms  # noqa: F401 - defines the operators: kernels can only be registered on existing ones
 
-    backend = "reference"
-    impls = {"normlab::layer_norm": norms.layer_norm_reference,
-             "normlab::layer_norm_backward": norms.layer_norm_backward_reference}
-    if mode == "auto" and device_type in FAST_BACKENDS:
-        fast = _fast_implementations(device_type)
-        if fast is not None:
-            backend, impls = FAST_BACKENDS[device_type][0], fast
-    if _registered.get(device_type, "reference") != backend:
-        for op in OPS:
-            torch.library.register_kernel(op, device_type, impls[op])
-        _registered[device_type] = backend
+    wanted = FAST_BACKENDS[device_type][0] if mode == "auto" and device_type in FAST_BACKENDS else "reference"
+    if wanted != _registered.get(device_type, "reference"):
+        if device_type in _registered:
+            _backend_module(device_type).unregister()
+            del _registered[device_type]
+        if wanted != "reference" and _register(device_type):
+            _registered[device_type] = wanted
     return backends(device)
 
 
-def _fast_implementations(device_type: str) -> dict | None:
-    """{operator: implementation} of the device type's fast backend, or None (warned once) if it cannot be had."""
+def _backend_module(device_type: str):
+    return importlib.import_module(FAST_BACKENDS[device_type][1])
+
+
+def _register(device_type: str) -> bool:
+    """Register the device type's fast backend; False (warned once) if it cannot be had."""
     if device_type in _unavailable:
-        return None
-    name, module = FAST_BACKENDS[device_type]
+        return False
     try:
-        return importlib.import_module(module).implementations()
+        _backend_module(device_type).register()
+        return True
     except Exception as err:  # noqa: BLE001 - no compiler or ninja, no triton: the reference implementation runs
         detail = " ".join(str(err).split())  # a failed build's message ends with the compiler's errors
         _unavailable[device_type] = f"{type(err).__name__}: {detail if len(detail) <= 300 else '...' + detail[-300:]}"
-        warnings.warn(f"normlab_kernels: the {name} backend for {device_type} is unavailable "
-                      f"({_unavailable[device_type]}); NormLab's operators run their reference PyTorch "
-                      f"implementation (train.kernels=reference chooses it without this warning)", stacklevel=2)
-        return None
+        warnings.warn(f"normlab_kernels: the {FAST_BACKENDS[device_type][0]} backend for {device_type} is "
+                      f"unavailable ({_unavailable[device_type]}); NormLab's operators run their reference PyTorch "
+                      f"implementation (train.kernels=reference chooses it without this warning)", stacklevel=3)
+        return False
 
 
 __all__ = ["MODES", "OPS", "FAST_BACKENDS", "enable", "backends", "unavailable"]

@@ -5,13 +5,16 @@
 //     x (..., M) normalized over its last dim; computed in float64 for float64 inputs, float32 otherwise;
 //     y in x's dtype, contiguous; mean, rstd = 1 / sqrt(var + eps) of shape x.shape[:-1] in the compute dtype.
 //   backward(dy, x, weight, mean, rstd) -> dx (x's dtype), dweight, dbias (M, compute dtype)
-// The autograd formula stays the operator's (Python, model/norms.py): these are plain kernels over raw rows.
+// The autograd formula stays the operator's (Python, model/norms.py): these are plain kernels over raw rows,
+// registered for the CPU dispatch key at the bottom of this file.
 #include <torch/extension.h>
+#include <torch/library.h>
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -188,9 +191,75 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
   return {dx.to(x_in.scalar_type()), dw, db};
 }
 
+// The operators' autograd formula once more, for CPU tensors: the one of model/norms.py (save x, weight, mean and
+// rstd; the backward is the backward operator), as a C++ autograd node like torch.nn.LayerNorm's. The Python
+// formula wraps every call in a Python autograd.Function, which at training shapes costs more than the kernels
+// themselves (README, What runs where). A double backward (create_graph=True) fails in both alike: the backward
+// operator has no derivative.
+using ForwardSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const optional<Tensor>&, const optional<Tensor>&,
+                                                      double);
+using BackwardSig = std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const optional<Tensor>&,
+                                                       const Tensor&, const Tensor&);
+
+struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& x,
+                                                const optional<Tensor>& w, const optional<Tensor>& b, double eps) {
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("normlab::layer_norm", "").typed<ForwardSig>();
+    at::AutoDispatchBelowADInplaceOrView below_autograd;  // on to the CPU kernel (or a tracer's fake one)
+    auto [y, mean, rstd] = op.call(x, w, b, eps);
+    const bool has_w = w.has_value() && w->defined();
+    ctx->saved_data["has_w"] = has_w;
+    ctx->saved_data["has_b"] = b.has_value() && b->defined();
+    ctx->save_for_backward({x, has_w ? *w : Tensor(), mean, rstd});
+    ctx->mark_non_differentiable({mean, rstd});  // statistics for the backward, not outputs to train through
+    return {y, mean, rstd};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    static auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("normlab::layer_norm_backward", "").typed<BackwardSig>();
+    const auto saved = ctx->get_saved_variables();
+    const bool has_w = ctx->saved_data["has_w"].toBool(), has_b = ctx->saved_data["has_b"].toBool();
+    auto [dx, dw, db] = op.call(grads[0], saved[0], has_w ? optional<Tensor>(saved[1]) : c10::nullopt, saved[2],
+                                saved[3]);
+    return {dx, has_w ? dw : Tensor(), has_b ? db : Tensor(), Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> forward_with_autograd(const Tensor& x, const optional<Tensor>& w,
+                                                         const optional<Tensor>& b, double eps) {
+  auto out = LayerNormFunction::apply(x, w, b, eps);
+  return {out[0], out[1], out[2]};
+}
+
+// The kernels (and the node above) are registered on the operators -- defined in Python, model/norms.py -- for
+// the CPU dispatch keys from here, so a call dispatches straight to C++: a Python kernel would add its wrapper
+// calls to every one of the many small LayerNorms of a training step. The registrations live in these objects:
+// destroying them unregisters the kernels, and the operators' reference implementation runs again.
+std::unique_ptr<torch::Library> kernels, autograd;
+
+void register_kernels() {
+  if (kernels) return;
+  kernels = std::make_unique<torch::Library>(torch::Library::IMPL, "normlab", c10::DispatchKey::CPU, __FILE__,
+                                             __LINE__);
+  kernels->impl("layer_norm", TORCH_FN(forward));
+  kernels->impl("layer_norm_backward", TORCH_FN(backward));
+  autograd = std::make_unique<torch::Library>(torch::Library::IMPL, "normlab", c10::DispatchKey::AutogradCPU,
+                                              __FILE__, __LINE__);
+  autograd->impl("layer_norm", TORCH_FN(forward_with_autograd));
+}
+
+void unregister_kernels() {
+  autograd.reset();
+  kernels.reset();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "forward(x, weight, bias, eps) -> y, mean, rstd: LayerNorm over x's last dim");
   m.def("backward", &backward, "backward(dy, x, weight, mean, rstd) -> dx, dweight, dbias");
+  m.def("register_kernels", &register_kernels, "register forward/backward as the operators' CPU kernels");
+  m.def("unregister_kernels", &unregister_kernels, "unregister them: the reference implementation runs again");
 }

@@ -146,6 +146,20 @@ def backward(dy, x, weight, mean, rstd):
     return dx, dw_part.sum(dim=0), db_part.sum(dim=0)
 
 
-def implementations():
-    """{operator name: CUDA implementation} for torch.library.register_kernel."""
-    return {"normlab::layer_norm": forward, "normlab::layer_norm_backward": backward}
+_registration = None  # the torch.library.Library holding the CUDA registrations while they are on
+
+
+def register():
+    """These kernels become the CUDA implementation of normlab::layer_norm and normlab::layer_norm_backward."""
+    global _registration
+    if _registration is None:
+        lib = torch.library.Library("normlab", "IMPL", "CUDA")
+        lib.impl("layer_norm", forward)
+        lib.impl("layer_norm_backward", backward)
+        _registration = lib
+
+
+def unregister():
+    """Back to the operators' reference implementation on CUDA: a Library's registrations end with the object."""
+    global _registration
+    _registration = None

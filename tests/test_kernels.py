@@ -58,7 +58,7 @@ def test_auto_without_a_backend_warns_once_and_runs_the_reference(restore_cpu_ba
     def no_compiler():
         raise RuntimeError("Ninja is required to load C++ extensions")
 
-    monkeypatch.setattr(cpu, "implementations", no_compiler)
+    monkeypatch.setattr(cpu, "register", no_compiler)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         first = normlab_kernels.enable("auto", "cpu")
@@ -75,8 +75,16 @@ def test_an_error_inside_a_kernel_is_raised(restore_cpu_backend, monkeypatch):
     def illegal_address(*args):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    broken = types.ModuleType("broken_kernels")
-    broken.implementations = lambda: {op: illegal_address for op in normlab_kernels.OPS}
+    broken = types.ModuleType("broken_kernels")  # a backend whose kernel fails the way a GPU kernel can
+    broken.lib = None
+
+    def register():
+        broken.lib = torch.library.Library("normlab", "IMPL", "CPU")
+        broken.lib.impl("layer_norm", illegal_address)
+
+    broken.register = register
+    broken.unregister = lambda: setattr(broken, "lib", None)  # (a Library's registrations end with the object)
+    normlab_kernels.enable("reference", "cpu")
     monkeypatch.setitem(sys.modules, "broken_kernels", broken)
     monkeypatch.setitem(normlab_kernels.FAST_BACKENDS, "cpu", ("broken", "broken_kernels"))
     monkeypatch.setattr(normlab_kernels, "_unavailable", {})
@@ -84,6 +92,9 @@ def test_an_error_inside_a_kernel_is_raised(restore_cpu_backend, monkeypatch):
     with pytest.raises(RuntimeError, match="illegal memory access"):
         torch.ops.normlab.layer_norm(*_args())
     assert normlab_kernels.backends("cpu")["normlab::layer_norm"] == "broken"  # no silent switch to another path
+    normlab_kernels.enable("reference", "cpu")
+    args = _args()
+    assert torch.equal(torch.ops.normlab.layer_norm(*args)[0], layer_norm_reference(*args)[0])
 
 
 def test_a_build_restores_the_rng_and_the_thread_count(monkeypatch):
@@ -97,6 +108,7 @@ def test_a_build_restores_the_rng_and_the_thread_count(monkeypatch):
         return "module"
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", greedy_build)
+    monkeypatch.setattr(cpu, "_extension", None)  # (as if this process had not loaded it yet)
     threads, state = torch.get_num_threads(), torch.random.get_rng_state()
     assert cpu.load() == "module"
     assert torch.get_num_threads() == threads and torch.equal(torch.random.get_rng_state(), state)

@@ -82,3 +82,57 @@ def test_kernels_compile_for_hopper(hidden, x_type):
         options = {"num_warps": warps, "enable_fp_fusion": tln.FP_FUSION}  # as the launches in tln pass them
         compiled = triton.compile(source, target=GPUTarget(*HOPPER), options=options)
         assert compiled.asm["cubin"] and ".target sm_90" in compiled.asm["ptx"]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# on a GPU: the registered Triton backend against torch's LayerNorm (skipped without one)
+# ------------------------------------------------------------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the Triton backend's device)")
+
+
+@pytest.fixture
+def triton_backend():
+    import normlab_kernels
+
+    before = normlab_kernels.backends("cuda")["normlab::layer_norm"]
+    got = normlab_kernels.enable("auto", "cuda")["normlab::layer_norm"]
+    assert got == "triton", normlab_kernels.unavailable("cuda")
+    yield
+    normlab_kernels.enable("auto" if before == "triton" else "reference", "cuda")
+
+
+@needs_cuda
+@pytest.mark.parametrize("hidden", [128, 1000, 4096])
+def test_cuda_backend_against_torch(triton_backend, hidden):
+    """fp32, and float32 parameters under bf16 autocast with float32 and bf16 inputs (what training runs), eager and
+    compiled (inductor, fullgraph), with torch.library.opcheck on CUDA tensors."""
+    import torch.nn.functional as F
+
+    from model.norms import CustomLayerNorm
+
+    torch.manual_seed(0)
+    ours = CustomLayerNorm(hidden, device="cuda")
+    with torch.no_grad():
+        ours.weight.normal_(1.0, 0.5), ours.bias.normal_(0.0, 0.5)
+    compiled = torch.compile(ours, fullgraph=True)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (2 * torch.randn(8, 64, hidden, device="cuda") + 0.5).to(dtype)
+        want = F.layer_norm(x.double(), (hidden,), ours.weight.double(), ours.bias.double(), ours.eps)
+        tol = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps * want.abs().max().item()
+        for module in (ours, compiled):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = module(x)
+            assert y.dtype == dtype
+            torch.testing.assert_close(y.double(), want, atol=tol, rtol=0)
+        c = torch.randn(x.shape, device="cuda")  # the loss sum(y * c): an output gradient independent of y
+        xg = x.detach().requires_grad_(True)
+        ours.weight.grad = ours.bias.grad = None
+        (ours(xg).float() * c).sum().backward()
+        params = [t.detach().double().requires_grad_(True) for t in (x, ours.weight, ours.bias)]
+        (F.layer_norm(params[0], (hidden,), params[1], params[2], ours.eps) * c.double()).sum().backward()
+        for got, ref in zip((xg.grad, ours.weight.grad, ours.bias.grad), (p.grad for p in params)):
+            rel = 1e-5 if dtype == torch.float32 else 4 * torch.finfo(dtype).eps  # (dy reaches bf16 y rounded)
+            torch.testing.assert_close(got.double(), ref, atol=rel * ref.abs().max().item(), rtol=0)
+        w = ours.weight.detach().clone().requires_grad_(True)
+        torch.library.opcheck(torch.ops.normlab.layer_norm, (x[:2].detach().requires_grad_(True), w, None, 1e-5))
