@@ -163,7 +163,7 @@ class NormLabAttention(nn.Module):
             dropout_p = self.attn_dropout.p if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.attn_bias, dropout_p=dropout_p,
                                                scale=self.scale)
-            weights = None  # pad keys get weight exactly 0 in both paths
+            weights = None  # SDPA does not return them (in both paths pad keys get weight exactly 0)
         y = y.transpose(1, 2).reshape(B, L, -1)  # (B, L, D): heads side by side again
         return self.out_proj(layout.pack(y)), weights  # back to x's layout before the projection: pads cost nothing
 
@@ -172,7 +172,7 @@ class NormLabAttention(nn.Module):
         scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale  # (B, H, L, L)
         if attn_bias is not None:
             scores = scores + attn_bias
-        weights = scores.softmax(dim=-1)
+        weights = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)  # float32 sums, as SDPA's kernels
         return torch.matmul(self.attn_dropout(weights), v), weights  # (B, H, L, Dh)
 
     @torch.no_grad()

@@ -22,14 +22,14 @@ import triton.language as tl
 
 MAX_ROW_BYTES = 65536  # a row must fit one block of registers (the usual limit of single-pass layer norms)
 # No multiply-add contraction: every product and sum rounded on its own, as in the reference ops and the C++
-# kernel (also Triton's default from 3.10 on; 3.9 still contracts and warns unless told).
+# kernel (-ffp-contract=off). Passed explicitly: Triton's default for it is changing between versions.
 FP_FUSION = False
 
 
 @triton.jit
 def _forward_kernel(X, Y, W, B, Mean, Rstd, x_row_stride, N, eps,
                     HAS_W: tl.constexpr, HAS_B: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # 64-bit offsets: row * stride may pass 2**31 elements
     cols = tl.arange(0, BLOCK_N)
     inside = cols < N
     acc = Mean.dtype.element_ty  # the compute dtype: float32, or float64 for float64 inputs
@@ -51,7 +51,7 @@ def _forward_kernel(X, Y, W, B, Mean, Rstd, x_row_stride, N, eps,
 @triton.jit
 def _backward_kernel(DY, X, W, Mean, Rstd, DX, DW_part, DB_part, dy_row_stride, x_row_stride, n_rows, N,
                      rows_per_program, HAS_W: tl.constexpr, BLOCK_N: tl.constexpr):
-    band = tl.program_id(0)
+    band = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     inside = cols < N
     acc = Mean.dtype.element_ty
@@ -150,9 +150,13 @@ _registration = None  # the torch.library.Library holding the CUDA registrations
 
 
 def register():
-    """These kernels become the CUDA implementation of normlab::layer_norm and normlab::layer_norm_backward."""
+    """These kernels become the CUDA implementation of normlab::layer_norm and normlab::layer_norm_backward. They
+    run once first on a tiny input, so a GPU or toolchain Triton cannot compile for fails here, before training."""
     global _registration
     if _registration is None:
+        x = torch.linspace(-1.0, 1.0, 16, device="cuda").reshape(2, 8)  # (no random numbers drawn)
+        backward(x, x, None, *forward(x, None, None, 1e-5)[1:])
+        torch.cuda.synchronize()
         lib = torch.library.Library("normlab", "IMPL", "CUDA")
         lib.impl("layer_norm", forward)
         lib.impl("layer_norm_backward", backward)

@@ -203,7 +203,7 @@ def test_no_double_backward(backend):
         dx.sum().backward()
 
 
-def test_cpp_threads_split_parameter_gradients(backend):
+def test_threads_split_parameter_gradients(backend):
     # Inputs above the grain (32768 elements per task) split rows across threads; dweight/dbias are summed per
     # task, so the result must still match torch's for any thread count.
     torch.manual_seed(0)
