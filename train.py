@@ -50,7 +50,7 @@ EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT = 0, 1, 2
 # Keys that may change when a run is resumed; any other difference from the checkpoint's config is an error.
 RESUMABLE_CHANGES = ("train.resume", "train.max_steps", "train.epochs", "train.eval_steps", "train.save_steps",
                      "train.log_steps", "train.save_total_limit", "train.compile", "train.cpu_threads",
-                     "train.tf32", "wandb.")
+                     "train.tf32", "train.kernels", "wandb.")
 
 
 def main(argv=None) -> int:
@@ -360,14 +360,19 @@ def train(cfg: dict, variant: str | None = None) -> int:
     fsdp_float32_buffers(accelerator)
     for message in notices:
         accelerator.print(f"note: {message}", file=sys.stderr)
+    # The operators' implementations (normlab_kernels: C++ on CPU, Triton on CUDA, or the reference PyTorch math),
+    # chosen, built and registered before seeding: a build never runs inside the loop or touches its RNG.
+    import normlab_kernels
+
+    kernels = normlab_kernels.enable(t["kernels"], accelerator.device)
     set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
     try:
-        return _train(cfg, accelerator, resume_path, wandb_mode, variant)
+        return _train(cfg, accelerator, resume_path, wandb_mode, variant, kernels)
     finally:
         accelerator.end_training()
 
 
-def _train(cfg, accelerator, resume_path, wandb_mode, variant=None) -> int:
+def _train(cfg, accelerator, resume_path, wandb_mode, variant=None, kernels: dict | None = None) -> int:
     from transformers import get_scheduler
 
     from common.data import build_dataloaders, get_tokenizer, label_names, resolve_dataset, tokenize_splits
@@ -572,6 +577,7 @@ def _train(cfg, accelerator, resume_path, wandb_mode, variant=None) -> int:
         "step_time_s": round(train_time / max(steps_timed, 1), 5),
         "num_processes": P,
         "cpu_threads": torch.get_num_threads() if accelerator.device.type == "cpu" else None,  # per process
+        "kernels": kernels,  # operator -> the backend that ran it (train.kernels)
         "final_model": None,
         "last_checkpoint": str(list_checkpoints(out)[-1][1]) if list_checkpoints(out) else None,
         "wandb_run_id": run_id if wandb_on else None,

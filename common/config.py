@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from model.configuration_normlab import HIDDEN_ACTS, NORM_PLACEMENTS, NORM_TYPES, POOLINGS, NormLabConfig
+from normlab_kernels import MODES as KERNEL_MODES
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -290,6 +291,7 @@ def _validate(cfg: dict):
     from transformers import SchedulerType  # light: transformers imports lazily
 
     _check_choice("train.scheduler", t["scheduler"], [s.value for s in SchedulerType])
+    _check_choice("train.kernels", t["kernels"], KERNEL_MODES)
     resume = t.get("resume")
     if resume is not None and resume != "auto" and not Path(resume).is_dir():
         raise ConfigError(

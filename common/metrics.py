@@ -4,8 +4,7 @@ Cost model: nothing here runs on a step that is not a logging step except `StepC
 no host sync). On a logging step the model records its per-block activation sums of squares and attention-logit
 maxima in the forward it runs anyway (`set_record_stability`), the loop takes per-block gradient norms with one
 `torch._foreach_norm`, copies the block weights into one flat buffer before the optimizer step and diffs them
-after (one pass each on CPU, model/cpu_kernels.cpp), and moves everything to the host in one `gather` (one
-collective, one sync).
+in place after it, and moves everything to the host in one `gather` (one collective, one sync).
 
 Per-block metrics, for block i of `model.normlab.encoder.layers`:
   layers/{i}/grad_norm       L2 norm of the block's gradients, before clipping
@@ -22,8 +21,6 @@ import time
 from pathlib import Path
 
 import torch
-
-from model.cpu_kernels import cpu_kernels
 
 _LAYER = re.compile(r"(?:^|\.)encoder\.layers\.(\d+)\.")
 
@@ -73,12 +70,10 @@ class StabilityProbe:
             if not any(self.bn_by_block):
                 self.bn_by_block = []
         # The weight snapshot: all block weights in one flat float32 buffer (block after block), allocated at the
-        # first snapshot. On CPU, model/cpu_kernels.cpp copies them in and diffs them out in one pass each;
-        # elsewhere (CUDA, or no C++ kernels) torch ops do it in five.
+        # first snapshot, with one view of it per parameter for the in-place diff.
         self._flat_params = [p for group in self.params for p in group]
         self._block_sizes = [sum(p.numel() for p in group) for group in self.params]
-        self._owner = torch.tensor([i for i, group in enumerate(self.params) for _ in group], dtype=torch.long)
-        self._before = self._kernels = None
+        self._before = self._before_views = None
         self._reset()
 
     def _reset(self):
@@ -110,38 +105,29 @@ class StabilityProbe:
         grads = [[p.grad for p in group if p.grad is not None] for group in self.params]
         self.grad_norm = _per_block_norm(grads) / clip_coef
 
-    def _per_block(self, per_tensor):
-        """(P,) per-tensor sums -> (N,) per-block sums."""
-        out = torch.zeros(self.num_layers, dtype=per_tensor.dtype, device=per_tensor.device)
-        return out.index_add_(0, self._owner.to(per_tensor.device), per_tensor)
-
     def _block_sumsq(self, flat) -> torch.Tensor:
+        """(N,) per-block sums of squares of a flat buffer laid out block after block."""
         norms = torch.stack(torch._foreach_norm(list(flat.split(self._block_sizes)))).double()  # (N,)
         return norms * norms
 
     @torch.no_grad()
     def snapshot(self) -> None:
         """Copy the block weights before the optimizer step (and their squared norms, while they are at hand)."""
-        params = self._flat_params  # (read under no_grad; the C++ kernels only read their memory)
+        params = self._flat_params
         if self._before is None:
             device = params[0].device if params else None
             self._before = torch.empty(sum(self._block_sizes), device=device)  # float32
-            on_cpu = all(p.is_cpu and p.dtype == torch.float32 and p.is_contiguous() for p in params)
-            self._kernels = cpu_kernels() if on_cpu and params else None
-        if self._kernels is not None:
-            self._before_sq = self._per_block(self._kernels.snapshot_copy(params, self._before))
-        else:
-            torch.cat([p.reshape(-1).float() for p in params], out=self._before)
-            self._before_sq = self._block_sumsq(self._before)
+            self._before_views = [v.view(p.shape) for v, p in zip(self._before.split([p.numel() for p in params]),
+                                                                     params)]
+        torch.cat([p.reshape(-1).float() for p in params], out=self._before)  # one pass
+        self._before_sq = self._block_sumsq(self._before)  # one read
 
     @torch.no_grad()
     def read_update(self) -> None:
         """||w_after - w_before|| / ||w_before|| per block."""
-        params = self._flat_params
-        if self._kernels is not None:
-            diff_sq = self._per_block(self._kernels.snapshot_diff_sq(params, self._before))
-        else:  # the snapshot becomes w_before - w_after, in place
-            diff_sq = self._block_sumsq(self._before.sub_(torch.cat([p.reshape(-1).float() for p in params])))
+        if self._flat_params:
+            torch._foreach_sub_(self._before_views, self._flat_params)  # the snapshot becomes w_before - w_after
+        diff_sq = self._block_sumsq(self._before)
         self.update_ratio = (diff_sq / self._before_sq.clamp_min(1e-24)).sqrt().float()  # (N,)
         self._before_sq = None
 

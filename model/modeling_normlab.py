@@ -30,8 +30,6 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from .configuration_normlab import NormLabConfig
-from .cpu_kernels import cpu_kernels, draw_dropout_seed, kernels_built
-from .cpu_kernels import dropout_op as cpu_dropout_op
 from .norms import NORM_REGISTRY, build_norm
 
 # Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
@@ -104,29 +102,6 @@ class TokenLayout:
         return out.view(B, L, x.shape[-1])
 
 
-def _fast_cpu_dropout(x, p, training):
-    """NormLab's C++ dropout applies (model/cpu_kernels.cpp): CPU training, 0 < p < 1, the kernels built."""
-    return training and 0.0 < p < 1.0 and x.device.type == "cpu" and kernels_built()
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout whose CPU training path is NormLab's C++ kernel: a counter-based mask, hashed from each element's
-    index and a seed drawn from torch's CPU generator, which the backward regenerates. torch's CPU dropout draws
-    one Mersenne-Twister number per element, sequentially: ~1.3 ms for one (640, 128) hidden state here, 6x the
-    kernel's time and ~14% of a training step over the 14 dropouts of the default model.
-    Same distribution (keep with probability 1 - p, exact to 2**-32; scale kept values by 1 / (1 - p)), and
-    torch.manual_seed / restored RNG states reproduce it, but not torch's masks bit for bit. Inside torch.compile
-    the same kernel runs as the op `normlab::dropout` with a seed from the compiled graph's RNG. Everywhere else
-    (CUDA, eval, a failed build) it is nn.Dropout."""
-
-    def forward(self, x):
-        if not self.inplace and _fast_cpu_dropout(x, self.p, self.training):
-            if torch.compiler.is_compiling():  # the pybind function is opaque to the compiler; the op is not
-                return cpu_dropout_op(x, draw_dropout_seed(), self.p)
-            return cpu_kernels().dropout(x, self.p)
-        return super().forward(x)
-
-
 class NormLabEmbeddings(nn.Module):
     """word + learned absolute position + token type, optionally normalized (config.embedding_norm), dropout."""
 
@@ -137,7 +112,7 @@ class NormLabEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         # BERT normalizes here; pre-LN models usually don't (their first block normalizes its input anyway).
         self.norm = build_norm(config) if config.embedding_norm else None
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids, layout: TokenLayout, token_type_ids=None, position_ids=None, inputs_embeds=None):
         # inputs_embeds (B, L, D) replaces the word-embedding lookup (prompt tuning, soft prompts)
@@ -164,18 +139,22 @@ class NormLabEmbeddings(nn.Module):
 
 
 class NormLabAttention(nn.Module):
-    """Multi-head self-attention: one fused qkv projection, optional QK-norm, torch's fused SDPA kernel."""
+    """Multi-head self-attention: one fused qkv projection, optional QK-norm, then attention as Hugging Face models
+    run it: torch's fused SDPA kernel by default (`config._attn_implementation` "sdpa"), the attention written out
+    when the model was loaded with attn_implementation="eager" or when the caller asks for the attention weights
+    (SDPA does not return them). forward -> (output, attention weights (B, H, L, L) or None)."""
 
     def __init__(self, config: NormLabConfig):
         super().__init__()
+        self.config = config  # read at call time: HF can switch the attention implementation after construction
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scale = self.head_dim**-0.5
         # One (D -> 3D) matmul instead of three: fewer kernel launches and a single weight to read.
         # Rows are ordered [query; key; value] (the layout convert.py writes).
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout_p = config.attention_probs_dropout_prob
-        self.attn_dropout = Dropout(self.dropout_p)  # only on the CPU training path below
+        self.attn_dropout = nn.Dropout(config.attention_probs_dropout_prob)  # on the attention weights
         # QK-norm (Wortsman et al. 2023): LayerNorm over each head's query/key vector bounds the attention logits,
         # the usual cure for attention-logit growth. Always a LayerNorm (per token, mask-free) by design.
         if config.qk_norm:
@@ -198,50 +177,39 @@ class NormLabAttention(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, Dh)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        fast_dropout = _fast_cpu_dropout(q, self.dropout_p, self.training)
-        written_out = fast_dropout or output_attentions  # SDPA does not return its weights
-        weights = None
-        if self.record_logit_max and not written_out:
+        if self.record_logit_max:
             self.last_logit_max = self._logit_max(q, k, layout)
-        if written_out:
-            # SDPA's CPU kernels have no dropout: with dropout it runs its math fallback, these same ops with a
-            # bernoulli_ mask. Written out here, the attention weights get the fast dropout instead.
-            scores = (q @ k.transpose(-2, -1)) * self.head_dim**-0.5  # (B, H, L, L)
-            if layout.attn_bias is not None:
-                scores = scores + layout.attn_bias
-            if self.record_logit_max:  # the logits are at hand: the probe costs a max, not another matmul
-                self.last_logit_max = self._max_over_real_queries(scores.detach(), layout)
-            weights = self.attn_dropout(scores.softmax(dim=-1))  # (B, H, L, L)
-            y = weights @ v  # (B, H, L, Dh)
+        if output_attentions or self.config._attn_implementation == "eager":
+            y, weights = self._eager_attention(q, k, v, layout.attn_bias)
         else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=layout.attn_bias, dropout_p=self.dropout_p if self.training else 0.0
-            )  # (B, H, L, Dh); pad keys get weight exactly 0
+            dropout_p = self.attn_dropout.p if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.attn_bias, dropout_p=dropout_p,
+                                               scale=self.scale)
+            weights = None  # SDPA does not return them (in both paths pad keys get weight exactly 0)
         y = y.transpose(1, 2).reshape(B, L, -1)  # (B, L, D): heads side by side again
         out = self.out_proj(layout.pack(y))  # back to x's layout before the projection: pads cost nothing
         return out, (weights if output_attentions else None)
 
+    def _eager_attention(self, q, k, v, attn_bias):
+        """softmax(q k^T / sqrt(Dh) + bias) v, written out: what SDPA computes, with the weights (B, H, L, L) kept."""
+        scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale  # (B, H, L, L)
+        if attn_bias is not None:
+            scores = scores + attn_bias
+        weights = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)  # float32 sums, as SDPA's kernels
+        return torch.matmul(self.attn_dropout(weights), v), weights  # (B, H, L, Dh)
+
     @torch.no_grad()
     def _logit_max(self, q, k, layout: TokenLayout):
         """Largest pre-softmax logit q.k/sqrt(Dh) over heads, real queries and real keys (padding excluded, so the
-        probe, like the outputs, does not depend on how much padding the batch has). Cheap on purpose (it runs
-        on every logged step): pad keys are pushed down with the attention bias already built, pad queries are
-        dropped after the max over keys, and the positive scale is applied to the one number at the end."""
-        logits = q @ k.transpose(-2, -1)  # (B, H, L, L), unscaled
-        if layout.attn_bias is not None:
-            logits.add_(layout.attn_bias)
-        return self._max_over_real_queries(logits, layout) * self.head_dim**-0.5
-
-    @staticmethod
-    @torch.no_grad()
-    def _max_over_real_queries(scores, layout: TokenLayout):
-        """scores (B, H, L, L) with the attention bias added (pad keys pushed far down) -> the max over heads and
-        real queries of the max over keys. A positive scale commutes with the max, so it may come before or after."""
-        if layout.mask is None:
-            return scores.amax().detach()
-        # the key bias again, as a query bias (B, 1, L, 1): pad-query rows sink below every real logit (to -inf
-        # where finfo.min is added twice); one add and one whole-tensor max, cheaper than a max per query row
-        return (scores + layout.attn_bias.transpose(-1, -2)).amax().detach()
+        probe, like the outputs, does not depend on how much padding the batch has). Computed in float32, autocast
+        off, and scaled before the max: half-precision logits of growing q and k overflow (fp16 ends at 65504)
+        before the scale would bring them back, and the growth is what the probe exists to show."""
+        with torch.autocast(q.device.type, enabled=False):
+            logits = torch.matmul(q.float(), k.float().transpose(-2, -1)) * self.scale  # (B, H, L, L)
+        if layout.mask is not None:  # keep pairs of a real query and a real key
+            real = layout.mask[:, None, :, None] & layout.mask[:, None, None, :]  # (B, 1, L, L)
+            logits = logits.masked_fill(~real, float("-inf"))
+        return logits.amax()
 
 
 class NormLabFeedForward(nn.Module):
@@ -282,7 +250,7 @@ class NormLabBlock(GradientCheckpointingLayer):
         if self.placement == "sandwich":
             self.attn_out_norm = build_norm(config)  # normalizes the branch output before it joins the stream
             self.ffn_out_norm = build_norm(config)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.residual_scale = deepnorm_alpha(config.num_hidden_layers) if self.placement == "deepnorm" else 1.0
 
     def forward(self, x, layout: TokenLayout, output_attentions: bool = False):
@@ -365,6 +333,7 @@ class NormLabPreTrainedModel(PreTrainedModel):
     config: NormLabConfig
     base_model_prefix = "normlab"
     supports_gradient_checkpointing = True  # NormLabBlock is a GradientCheckpointingLayer; see below for BN
+    _supports_sdpa = True  # HF then defaults config._attn_implementation to "sdpa"; "eager" is accepted too
     _no_split_modules = ["NormLabEmbeddings", "NormLabBlock"]
     # The heads return a per-batch mean loss and take no **kwargs, so transformers' Trainer divides it by the
     # gradient-accumulation steps itself (with this True it would pass num_items_in_batch and stop dividing).
@@ -557,7 +526,7 @@ class NormLabForSequenceClassification(NormLabPreTrainedModel):
         self.num_labels = config.num_labels
         self.normlab = NormLabModel(config)
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = Dropout(p)
+        self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 

@@ -10,16 +10,14 @@ mask: a token's output depends on that token only, so padding can never leak in.
 `NORM_TYPES` to its class.
 """
 
-import math
-import os
-import warnings
 from numbers import Integral
+from typing import Optional
 
 import torch
 import torch.nn as nn
+from torch import Tensor
 
 from .configuration_normlab import NORM_TYPES
-from .cpu_kernels import cpu_kernels
 
 
 def _real_token_mask(x, mask):
@@ -43,137 +41,80 @@ class LayerNorm(nn.LayerNorm):
         return super().forward(x)
 
 
-def _ln_forward_math(x, weight, bias, eps: float):
-    """x (N, M) -> y (N, M), mean (N, 1), rstd (N, 1). Biased variance, eps inside the square root."""
-    mean = x.mean(dim=-1, keepdim=True)  # (N, 1)
-    xc = x - mean
-    var = (xc * xc).mean(dim=-1, keepdim=True)  # biased: divide by M, as torch.nn.LayerNorm does
-    rstd = torch.rsqrt(var + eps)  # (N, 1)
-    y = xc * rstd
+# CustomLayerNorm is one operator, `normlab::layer_norm`, defined below with torch.library the way PyTorch
+# extends itself: the readable math here is its reference implementation (what runs wherever nothing faster is
+# registered, and all a checkpoint's code carries); faster implementations for a device type are registered on the same operator from
+# outside this package (the repository's normlab_kernels/: C++ on CPU, Triton on CUDA). Its backward is a second
+# operator, `normlab::layer_norm_backward`, so a kernel can replace it too and torch.compile sees two opaque ops
+# with shape-only "fake" implementations instead of tracing into them.
+#
+# The contract every implementation keeps: x (..., M) is normalized over its last dim, in float32 for float16 /
+# bfloat16 / float32 inputs and in float64 for float64; y has x's dtype and shape (contiguous); mean and rstd =
+# 1 / sqrt(var + eps) have shape x.shape[:-1] and the compute dtype; weight and bias are (M,) or None, any float
+# dtype. The backward returns dx (x's dtype) and dweight, dbias (M,) in the compute dtype (autograd casts them to
+# the parameters' dtype).
+
+
+def layer_norm_reference(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                         eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward as readable math: x (..., M) -> y (..., M), mean (...), rstd (...)."""
+    xf = x.to(_compute_dtype(x)).contiguous()  # rows of M contiguous elements, as every kernel produces
+    mean = xf.mean(dim=-1)  # (...)
+    xc = xf - mean.unsqueeze(-1)
+    var = (xc * xc).mean(dim=-1)  # biased: divide by M, as torch.nn.LayerNorm does; two passes, no cancellation
+    rstd = torch.rsqrt(var + eps)  # eps inside the square root
+    y = xc * rstd.unsqueeze(-1)  # xhat
     if weight is not None:
         y = y * weight
     if bias is not None:
         y = y + bias
-    return y, mean, rstd
+    return y.to(x.dtype), mean, rstd
 
 
-def _sum_rows(t):
-    """(..., M) -> (M,), summing the innermost row dim first: with rows as (G, K, M) blocks each partial sum reads
-    K consecutive rows (cache-friendly) instead of striding down all N rows."""
-    while t.dim() > 1:
-        t = t.sum(dim=-2)
-    return t
-
-
-def _ln_backward_math(dy, x, mean, rstd, weight, need_dw: bool = True, need_db: bool = True):
-    """The hand-derived LayerNorm backward (see CustomLayerNorm's docstring). dy, x (..., M); mean, rstd (..., 1)."""
-    xhat = (x - mean) * rstd  # recomputed: cheaper than keeping a second (N, M) tensor alive
+def layer_norm_backward_reference(dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor,
+                                  rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The hand-derived backward (derivation in CustomLayerNorm's docstring): -> dx (..., M), dweight, dbias (M,)."""
+    rstd = rstd.unsqueeze(-1)  # (..., 1)
+    xhat = (x.to(mean.dtype) - mean.unsqueeze(-1)) * rstd  # recomputed: cheaper than saving an (..., M) tensor
+    dy = dy.to(mean.dtype).contiguous()
     g = dy * weight if weight is not None else dy
     dx = rstd * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
-    dw = _sum_rows(dy * xhat) if need_dw else None
-    db = _sum_rows(dy) if need_db else None
-    return dx, dw, db
+    m = x.shape[-1]
+    return dx.to(x.dtype), (dy * xhat).reshape(-1, m).sum(dim=0), dy.reshape(-1, m).sum(dim=0)
 
 
-# The faster path: the same two functions compiled by Inductor into one fused C++ (CPU) or Triton (CUDA) kernel
-# each, instead of ~10 separate eager kernels. torch._inductor.standalone_compile on a symbolically traced graph
-# gives a callable without torch.compile's per-call dynamo/guard machinery (~100 us per call on the project's
-# CPU, as much as the whole LayerNorm) -- and without its guards, so this code does their job:
-#   - one artifact per (forward/backward, device, dtype, eps, serial/parallel); every size symbolic (one compile serves every
-#     batch shape and hidden size), traced on example sizes that are all distinct and > 1, since symbolic tracing
-#     gives equal example sizes the same symbol;
-#   - inputs are made contiguous (the traced strides), and degenerate shapes (< 2 rows or < 2 normalized
-#     elements) take the reference math;
-#   - any failure, at compile or at call, warns once and switches the process to the reference path.
-# The functions always get a weight and a bias (ones/zeros when the module has none) and always return every
-# gradient, so one artifact serves every module. The CUDA path is untested (no GPU was available).
-_COMPILED = {"broken": None}
-_EXAMPLE_G, _EXAMPLE_K, _EXAMPLE_M = 33, 31, 128  # size hints for the tracer: distinct, realistic
+def _layer_norm_fake(x, weight, bias, eps):
+    """Shapes and dtypes only, for torch.compile and other tracers."""
+    stats = x.new_empty(x.shape[:-1], dtype=_compute_dtype(x))
+    return x.new_empty(x.shape), stats, torch.empty_like(stats)
 
 
-def _compile_kernel(kind, device, dtype, eps, parallel):
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    def example(*shape):
-        return torch.randn(*shape, device=device, dtype=dtype)
-
-    g, k, m = _EXAMPLE_G, _EXAMPLE_K, _EXAMPLE_M
-    if kind == "fwd":
-        fn = lambda x, w, b: _ln_forward_math(x, w, b, eps)  # noqa: E731 - eps is baked into the kernel
-        inputs = [example(g * k, m), example(m), example(m)]
-    else:  # backward on (G, K, M) row blocks, see _sum_rows
-        fn = lambda dy, x, mean, rstd, w: _ln_backward_math(dy, x, mean, rstd, w)  # noqa: E731 - all gradients
-        inputs = [example(g, k, m), example(g, k, m), example(g, k, 1), example(g, k, 1), example(m)]
-    graph = make_fx(fn, tracing_mode="symbolic")(*inputs)
-    # CPU kernels are serial unless asked: an OpenMP region for every small LayerNorm leaves worker threads
-    # spinning against the rest of the step (measured: gradcheck 50x slower on 2 busy cores).
-    from torch._inductor import config as inductor_config
-
-    with inductor_config.patch({} if parallel or device.type != "cpu" else {"cpp.threads": 1}):
-        return torch._inductor.standalone_compile(graph, inputs, dynamic_shapes="from_graph")
+def _layer_norm_backward_fake(dy, x, weight, mean, rstd):
+    return x.new_empty(x.shape), mean.new_empty(x.shape[-1]), mean.new_empty(x.shape[-1])
 
 
-def _call_compiled(kind, eps, *args):
-    """Run the compiled kernel; None if the compiled path is (or just became) unavailable."""
-    if _COMPILED["broken"] is not None:
-        return None
-    x = args[0]
-    # Like torch's own CPU kernels, go parallel only for large inputs (at::internal::GRAIN_SIZE = 32768).
-    parallel = x.device.type == "cpu" and torch.get_num_threads() > 1 and x.numel() >= 32768
-    key = (kind, x.device.type, x.device.index, x.dtype, eps if kind == "fwd" else None, parallel)
-    try:
-        if key not in _COMPILED:
-            _COMPILED[key] = _compile_kernel(kind, x.device, x.dtype, eps, parallel)
-        return _COMPILED[key](*[a.contiguous() for a in args])  # no grad mode here: autograd.Function internals
-    except Exception as err:  # noqa: BLE001 - any compiler failure must not break training
-        _COMPILED["broken"] = repr(err)
-        warnings.warn(f"CustomLayerNorm: the compiled path failed ({err!r}); using the reference path")
-        return None
+def _layer_norm_setup_context(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.has_bias = bias is not None
+    ctx.mark_non_differentiable(mean, rstd)  # statistics for the backward, not outputs to train through
 
 
-def _compilable(x):  # x (N, M)
-    return x.shape[0] >= 2 and x.shape[1] >= 2
+def _layer_norm_autograd(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dweight, dbias = torch.ops.normlab.layer_norm_backward(dy, x, weight, mean, rstd)
+    return dx, (dweight if weight is not None else None), (dbias if ctx.has_bias else None), None
 
 
-class _LayerNormFunction(torch.autograd.Function):
-    """LayerNorm over the last dim of a 2-D view, with the hand-derived backward. Saves x, mean and rstd only."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, impl, block):  # x (N, M); weight, bias (M,) or None; block divides N
-        out = None
-        if impl == "compiled" and _compilable(x):
-            w = weight if weight is not None else torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
-            b = bias if bias is not None else torch.zeros(x.shape[-1], dtype=x.dtype, device=x.device)
-            out = _call_compiled("fwd", eps, x, w, b)
-        y, mean, rstd = out if out is not None else _ln_forward_math(x, weight, bias, eps)
-        ctx.save_for_backward(x, mean, rstd, weight)
-        ctx.impl, ctx.block, ctx.has_bias = impl, block, bias is not None
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, mean, rstd, weight = ctx.saved_tensors
-        out = None
-        if ctx.impl == "compiled" and _compilable(x):
-            (n, m), k = x.shape, ctx.block
-            w = weight if weight is not None else torch.ones(m, dtype=x.dtype, device=x.device)
-            blocks = (n // k, k)  # rows as (G, K) blocks, K = the sequence length for (B, L, D) inputs
-            out = _call_compiled("bwd", None, dy.reshape(*blocks, m), x.reshape(*blocks, m),
-                                 mean.reshape(*blocks, 1), rstd.reshape(*blocks, 1), w)
-            if out is not None:
-                out = (out[0].reshape(n, m), out[1], out[2])
-        if out is None:
-            need_dw = weight is not None and ctx.needs_input_grad[1]
-            need_db = ctx.has_bias and ctx.needs_input_grad[2]
-            out = _ln_backward_math(dy, x, mean, rstd, weight, need_dw, need_db)
-        dx, dw, db = out
-        return dx, (dw if weight is not None else None), (db if ctx.has_bias else None), None, None, None
-
-
-LAYERNORM_IMPLS = ("auto", "reference", "compiled", "cpp")
-# Below this many elements the compiled kernels' launch/guard overhead is not worth it (and tests stay fast:
-# small model tests never trigger a compile).
-_AUTO_COMPILE_MIN_NUMEL = 1 << 16
+# A checkpoint's copy of this file (trust_remote_code) may be imported next to model/ in one process: defining the
+# operators again would drop the kernels registered on them, so the first definition stays.
+if not hasattr(torch.ops.normlab, "layer_norm"):
+    _op = torch.library.custom_op("normlab::layer_norm", layer_norm_reference, mutates_args=())
+    _op.register_fake(_layer_norm_fake)
+    _op.register_autograd(_layer_norm_autograd, setup_context=_layer_norm_setup_context)
+    _op = torch.library.custom_op("normlab::layer_norm_backward", layer_norm_backward_reference, mutates_args=())
+    _op.register_fake(_layer_norm_backward_fake)
 
 
 class CustomLayerNorm(nn.Module):
@@ -199,35 +140,19 @@ class CustomLayerNorm(nn.Module):
         dweight = sum over rows of dy * xhat,   dbias = sum over rows of dy.
     xhat is recomputed from the saved x, mean and rstd instead of being saved (one (N, M) tensor less).
 
-    Implementation paths (`impl`, default from env `NORMLAB_LN_IMPL`, else "auto"):
-      - "reference": the autograd.Function above in eager PyTorch ops.
-      - "compiled": the same forward and backward math compiled by Inductor (standalone_compile; one kernel per
-        direction, every size symbolic so padded batches of any shape reuse it).
-      - "cpp" (CPU): the same math as C++ loops with a C++ autograd node (model/cpu_kernels.cpp, built once per
-        machine, see model/cpu_kernels.py); float32/float64 (half precision is normalized in float32, like every
-        path). At training shapes the Python around a kernel (autograd.Function, the compiled graph's wrapper,
-        views) costs more than the kernel; torch.nn.LayerNorm pays none of it, and with this path neither do we.
-      - "auto": on CPU "cpp", on CUDA "compiled" (Triton) for inputs of at least 2**16 elements; where those are
-        unavailable, "compiled" for such inputs, else "reference". Inside an outer torch.compile always
-        "reference" (the outer compiler fuses it anyway).
-    A failed build or compile warns once and falls back for the rest of the process. "cpp" refuses a double
-    backward (create_graph=True) with an error; "reference" supports it.
-    The CUDA path is untested here (this project's machines had no GPU when it was written).
+    The math runs as the operator `torch.ops.normlab.layer_norm` (above): half-precision inputs are normalized in
+    float32 and returned in their own dtype. Whichever implementation is registered for the input's device runs it
+    (the reference above unless a kernel package registered a faster one). No double backward (create_graph=True):
+    the backward operator has no derivative of its own.
     """
 
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None,
-                 *, impl=None):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
         super().__init__()
         if isinstance(normalized_shape, Integral):
             normalized_shape = (normalized_shape,)
         self.normalized_shape = tuple(int(s) for s in normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        impl = impl if impl is not None else os.environ.get("NORMLAB_LN_IMPL", "auto")
-        self._numel = math.prod(self.normalized_shape)
-        if impl not in LAYERNORM_IMPLS:
-            raise ValueError(f"CustomLayerNorm impl={impl!r} is not valid; choose one of: {', '.join(LAYERNORM_IMPLS)}")
-        self.impl = impl
         factory = {"device": device, "dtype": dtype}
         if elementwise_affine:
             self.weight = nn.Parameter(torch.ones(self.normalized_shape, **factory))
@@ -240,46 +165,17 @@ class CustomLayerNorm(nn.Module):
             self.register_parameter("bias", None)
 
     def extra_repr(self):
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, impl={self.impl}"
-
-    def _resolve_impl(self, x):
-        if torch.compiler.is_compiling():  # inside an outer torch.compile: it fuses the reference math itself
-            return "reference"
-        if self.impl != "auto":
-            return self.impl
-        if x.is_cpu and cpu_kernels() is not None:
-            return "cpp"
-        if _COMPILED["broken"] is None and x.device.type in ("cpu", "cuda") and x.numel() >= _AUTO_COMPILE_MIN_NUMEL:
-            return "compiled"
-        return "reference"
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
 
     def forward(self, x, mask=None):
         nd = len(self.normalized_shape)
-        if x.shape[x.dim() - nd:] != self.normalized_shape:
+        if tuple(x.shape[x.dim() - nd:]) != self.normalized_shape:
             raise ValueError(f"CustomLayerNorm expects input (*, {self.normalized_shape}), got {tuple(x.shape)}")
-        impl = self._resolve_impl(x)
-        m = self._numel
-        if impl == "cpp":
-            if not x.is_cpu:
-                raise ValueError(f"CustomLayerNorm impl='cpp' runs on CPU only, got a {x.device.type} input; "
-                                 f"choose one of: {', '.join(i for i in LAYERNORM_IMPLS if i != 'cpp')}")
-            ext = cpu_kernels()
-            if ext is not None:  # the whole call is C++: no reshape, no Python autograd node
-                if x.dtype is torch.float32 or x.dtype is torch.float64:
-                    return ext.layer_norm(x.contiguous(), m, self.weight, self.bias, self.eps)
-                w, b = (t.float() if t is not None else None for t in (self.weight, self.bias))
-                return ext.layer_norm(x.float().contiguous(), m, w, b, self.eps).to(x.dtype)
-            impl = "reference"  # the build failed (warned once)
-        x2d = x.reshape(-1, m)  # (N, M): every normalized group is one row
-        w = self.weight.reshape(m) if self.weight is not None else None
-        b = self.bias.reshape(m) if self.bias is not None else None
-        dtype = _compute_dtype(x)
-        if dtype != x.dtype:  # half-precision inputs are normalized in float32, like torch's under autocast
-            x2d = x2d.to(dtype)
-            w, b = (t.to(dtype) if t is not None else None for t in (w, b))
-        block = x.shape[-nd - 1] if x.dim() > nd else 1  # rows come in blocks of L for (B, L, D) inputs
-        y = _LayerNormFunction.apply(x2d, w, b, self.eps, impl, block)
-        return y.reshape(x.shape).to(x.dtype)
+        if nd == 1:  # the usual case: the op normalizes the last dim, no reshapes
+            return torch.ops.normlab.layer_norm(x, self.weight, self.bias, self.eps)[0]
+        flat = lambda t: t.reshape(-1) if t is not None else None  # noqa: E731 - (M,) parameters for the op
+        y, _, _ = torch.ops.normlab.layer_norm(x.flatten(-nd), flat(self.weight), flat(self.bias), self.eps)
+        return y.view(x.shape)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -657,5 +553,6 @@ def build_norm(config, dim=None) -> nn.Module:
 
 __all__ = [
     "NORM_REGISTRY", "build_norm", "BatchStatNorm", "set_batch_stats_in_eval", "CustomLayerNorm", "LayerNorm",
-    "RMSNorm", "NaiveBatchNorm", "MaskedBatchNorm", "PowerNorm", "DyT", "Identity", "LAYERNORM_IMPLS",
+    "RMSNorm", "NaiveBatchNorm", "MaskedBatchNorm", "PowerNorm", "DyT", "Identity", "layer_norm_reference",
+    "layer_norm_backward_reference",
 ]

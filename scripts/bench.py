@@ -3,15 +3,19 @@
     python scripts/bench.py [--json] [--quick] [--device cpu|cuda] [--repeats N] [--threads N] [--batches N]
                             [--compile | --no-compile] [--compile-hf] [--diagnose] [--out FILE] [--config FILE]
 
-Four sections (issue 5), each with its goal:
-  1. layernorm   CustomLayerNorm forward+backward time / torch.nn.LayerNorm at training shapes (hidden 128,
-                 batch 32, lengths 16..64), per implementation path of CustomLayerNorm and for the path training
-                 uses by default. float32 on CPU; float32 and bfloat16 on CUDA.                 Goal <= 1.0x.
+Four sections, each with its goal:
+  1. layernorm   CustomLayerNorm (the operator normlab::layer_norm) forward+backward time / torch.nn.LayerNorm,
+                 for each implementation of the operator on the device: the reference PyTorch math and the fast
+                 backend `train.kernels=auto` registers (normlab_kernels: C++ on CPU, Triton on CUDA). Training
+                 shapes (batch 32, lengths 16..64) at the default width 128 and at 256; on CUDA also wider rows.
+                 CPU: float32. CUDA: float32, and float32 parameters under bf16 autocast with float32 inputs (the
+                 residual stream) and bf16 inputs (a branch output), as GPU training runs.          Goal <= 1.0x.
   2. throughput  training throughput in real (non-pad) tokens/s of NormLabForSequenceClassification (the default
                  config's model) over HF BertForSequenceClassification of the same size (attn_implementation
                  "sdpa", same dropout rates), on the same real SST-2 length-grouped batches; full step = forward,
                  backward, grad clipping, AdamW step (the fused AdamW train.py builds, for both). NormLab eager, and compiled
-                 (`model.compile()`, as train.compile=true does).                                Goal >= 1.3x.
+                 (`model.compile()`, as train.compile=true does). Again at a bigger width (hidden 256, 4 layers,
+                 4 heads, batch 32: `throughput_wide`).                                          Goal >= 1.3x.
   3. padding     pad fraction of random batches vs the length-grouped batches training uses, SST-2 train,
                  train.batch_size, epoch 0 of each sampler; counted on the collated attention masks.  Goal <= 5%.
   4. memory      peak memory of one training step, NormLab vs HF (method printed with the numbers).
@@ -21,10 +25,10 @@ sample; training: per optimizer step, the order rotating), and each figure is a 
 machine noise (other processes, frequency changes) hits all contestants alike. Both models receive the identical
 padded batches; tokens/s counts real tokens only. NormLab's packed layout (`NormLabModel.unpad`) skips pad
 positions inside the model while HF computes them: the output says so (with length-grouped batches there are
-few pads to skip). On CPU NormLab's dropout and CustomLayerNorm are its own C++ kernels (model/cpu_kernels.cpp);
-HF BERT uses torch's ops: that difference is part of what is measured.
+few pads to skip). NormLab runs with the kernels training uses (`train.kernels=auto`; `kernels` in the output).
 
-`--diagnose` adds NormLab with torch's LayerNorm and NormLab without unpadding as extra contestants.
+`--diagnose` adds NormLab with torch's LayerNorm, NormLab without unpadding, and NormLab on the reference
+implementation of its operators as extra contestants.
 `--quick` uses 2000 training rows, few batches and few repeats (seconds, for tests); its numbers are not
 meaningful. The CUDA paths run only when torch.cuda.is_available() and are reported untested otherwise. On CUDA
 the training steps (sections 2 and 4) run under bf16 autocast, as the GPU launch configs train (mixed_precision
@@ -61,6 +65,11 @@ from common.optim import adamw  # noqa: E402  (the optimizer train.py uses)
 GOALS = {"layernorm": 1.0, "throughput": 1.3, "padding": 0.05, "logging": 0.10}
 QUICK_TRAIN_SAMPLES = 2000  # --quick: the first N training rows (tokenizer, padding and throughput batches)
 LN_LENGTHS = (16, 32, 64)  # sequence lengths of the LayerNorm shapes (B, L, D); SST-2 batches span ~10..64
+LN_WIDTHS = (128, 256)  # the default model's hidden size, and the bigger width
+LN_CUDA_SHAPES = ((16, 512, 1024), (8, 1024, 4096))  # rows wide enough to keep a GPU busy
+# the bigger model of `throughput_wide`
+WIDE = ["model.hidden_size=256", "model.intermediate_size=1024", "model.num_hidden_layers=4",
+        "model.num_attention_heads=4", "train.batch_size=32"]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -72,11 +81,12 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def interleaved_medians(contestants: dict, repeats: int, device, inner: int = 1) -> dict:
+def interleaved_medians(contestants: dict, repeats: int, device, inner: int = 1, setups: dict | None = None) -> dict:
     """contestants: name -> fn() doing one unit of work. Each repetition times `inner` calls of every
     contestant in a fresh random order (seeded: the same orders every run), so that no contestant always runs
     right after the same other one and inherits its cache and allocator state; returns name -> per-call seconds
-    of every repetition. The caller warms up first."""
+    of every repetition. `setups`: name -> fn() run untimed before each of that contestant's samples. The caller
+    warms up first."""
     names = list(contestants)
     times = {n: [] for n in names}
     shuffle = random.Random(0).shuffle
@@ -85,6 +95,8 @@ def interleaved_medians(contestants: dict, repeats: int, device, inner: int = 1)
         shuffle(order)
         for n in order:
             fn = contestants[n]
+            if setups and n in setups:
+                setups[n]()
             gc.collect()
             _sync(device)
             t0 = time.perf_counter()
@@ -135,88 +147,98 @@ def machine_info(device) -> dict:
 # 1. CustomLayerNorm vs torch.nn.LayerNorm
 
 
-def _ln_paths():
-    """(paths to time, the path training uses by default). Paths come from model/norms.py."""
-    from model import norms
-
-    paths = [p for p in getattr(norms, "LAYERNORM_IMPLS", ("auto",))]
-    default = os.environ.get("NORMLAB_LN_IMPL", "auto")
-    return paths, default
+OP = "normlab::layer_norm"
 
 
-def _resolved_ln_path(module, x) -> str:
-    resolve = getattr(module, "_resolve_impl", None)
-    return resolve(x) if resolve is not None else getattr(module, "impl", "default")
+def ln_settings(device) -> list[tuple[str, torch.dtype, torch.dtype | None]]:
+    """(label, input dtype, autocast dtype) of the LayerNorm measurements; parameters are always float32."""
+    if device.type != "cuda":
+        return [("float32", torch.float32, None)]
+    return [("float32", torch.float32, None),
+            ("bf16-autocast", torch.float32, torch.bfloat16),  # the residual stream under autocast stays float32
+            ("bf16-autocast-bf16-input", torch.bfloat16, torch.bfloat16)]  # a branch output (sandwich's norms)
 
 
-def bench_layernorm(device, dtypes, hidden: int, batch: int, lengths, repeats: int, allow_compile: bool) -> dict:
+def ln_shapes(device, quick: bool, batch: int) -> list[tuple[int, int, int]]:
+    lengths = (32,) if quick else LN_LENGTHS
+    shapes = [(batch, L, d) for d in LN_WIDTHS for L in lengths]
+    return shapes + (list(LN_CUDA_SHAPES) if device.type == "cuda" else [])
+
+
+def _ln_contestants(x, autocast, device):
+    """torch.nn.LayerNorm and CustomLayerNorm (float32 parameters), each: one forward (under autocast when asked)
+    and its backward. (Under autocast torch's returns float32 where ours keeps a bf16 input's dtype: each gets an
+    output gradient of its own output's dtype, made beforehand.)"""
     from model.norms import CustomLayerNorm
 
-    paths, default_path = _ln_paths()
-    rows, skipped = [], {}
-    for dtype in dtypes:
-        for L in lengths:
+    hidden = x.shape[-1]
+    dy = torch.randn(x.shape, device=device)
+    dys = {dt: dy.to(dt) for dt in (torch.float32, torch.bfloat16, x.dtype)}
+
+    def make(mod):
+        def run():
+            x.grad = None
+            mod.weight.grad = mod.bias.grad = None
+            with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+                y = mod(x)
+            y.backward(dys[y.dtype])
+        return run
+
+    return make(torch.nn.LayerNorm(hidden, device=device)), make(CustomLayerNorm(hidden, device=device))
+
+
+def bench_layernorm(device, shapes, repeats: int) -> dict:
+    """Per setting and shape: torch.nn.LayerNorm and CustomLayerNorm on each backend of normlab::layer_norm (the
+    reference, and the fast one `train.kernels=auto` registers here), interleaved; the fast one stays registered."""
+    import normlab_kernels
+
+    def use(mode):  # untimed, before each sample: which implementation of the operator runs
+        return lambda: normlab_kernels.enable(mode, device)
+
+    training_backend = normlab_kernels.enable("auto", device)[OP]
+    select = {"reference": use("reference")}
+    if training_backend != "reference":
+        select[training_backend] = use("auto")
+    backends = list(select)
+    rows = []
+    for label, dtype, autocast in ln_settings(device):
+        for shape in shapes:
             torch.manual_seed(0)
-            x = torch.randn(batch, L, hidden, device=device, dtype=dtype, requires_grad=True)
-            dy = torch.randn_like(x)
-            contestants, resolved = {}, {}
-            ref = torch.nn.LayerNorm(hidden, device=device, dtype=dtype)
-
-            def make(mod):
-                def run():
-                    x.grad = None
-                    mod.weight.grad = mod.bias.grad = None
-                    mod(x).backward(dy)
-                return run
-
-            contestants["torch"] = make(ref)
-            for p in paths:
-                mod = CustomLayerNorm(hidden, device=device, dtype=dtype, impl=p)
-                resolved[p] = _resolved_ln_path(mod, x.detach())
-                if resolved[p] == "compiled" and not allow_compile:
-                    skipped[p] = "needs torch.compile: skipped (--no-compile, default with --quick)"
-                    continue
-                contestants[p] = make(mod)
-            for p, fn in list(contestants.items()):  # warm-up: compiles the compiled path once per process
-                try:
-                    for _ in range(3):
-                        fn()
-                except Exception as err:  # noqa: BLE001 - e.g. an untested device/dtype: report it, time the rest
-                    if p == "torch":
-                        raise
-                    skipped[f"{p} ({str(dtype).replace('torch.', '')}, L={L})"] = f"failed: {err!r}"[:300]
-                    del contestants[p]
+            x = torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)
+            torch_fn, custom_fn = _ln_contestants(x, autocast, device)
+            contestants = {"torch": torch_fn, **{b: custom_fn for b in backends}}
+            for b, fn in contestants.items():  # warm-up (CUDA: Triton compiles the kernels here)
+                if b in select:
+                    select[b]()
+                for _ in range(3):
+                    fn()
             # calibrate: about 2 ms of the reference's work per timed sample
             _sync(device)
             t0 = time.perf_counter()
             for _ in range(10):
-                contestants["torch"]()
+                torch_fn()
             _sync(device)
-            per = (time.perf_counter() - t0) / 10
-            inner = max(1, min(200, int(0.002 / max(per, 1e-7))))
-            times = interleaved_medians(contestants, repeats, device, inner)
+            inner = max(1, min(200, int(0.002 / max((time.perf_counter() - t0) / 10, 1e-7))))
+            times = interleaved_medians(contestants, repeats, device, inner, setups=select)
             t_ref = statistics.median(times["torch"])
-            for p in paths:
-                if p not in times:
-                    continue
-                t = statistics.median(times[p])
-                paired = statistics.median(a / b for a, b in zip(times[p], times["torch"]))
-                rows.append({"dtype": str(dtype).replace("torch.", ""), "shape": [batch, L, hidden], "path": p,
-                             "resolves_to": resolved[p], "custom_us": t * 1e6, "torch_us": t_ref * 1e6,
+            for b in backends:
+                t = statistics.median(times[b])
+                paired = statistics.median(p / q for p, q in zip(times[b], times["torch"]))
+                rows.append({"setting": label, "dtype": str(dtype).replace("torch.", ""),
+                             "autocast": str(autocast).replace("torch.", "") if autocast else None,
+                             "shape": list(shape), "backend": b, "custom_us": t * 1e6, "torch_us": t_ref * 1e6,
                              "ratio": t / t_ref, "paired_ratio_median": paired,
-                             "training_default": p == default_path})
-    summary = {}
-    for dtype in dtypes:
-        name = str(dtype).replace("torch.", "")
-        for p in paths:
-            ratios = [r["ratio"] for r in rows if r["dtype"] == name and r["path"] == p]
-            if ratios:
-                summary[f"{name}/{p}"] = math.exp(statistics.mean(math.log(v) for v in ratios))  # geometric mean
+                             "training_default": b == training_backend})
+    normlab_kernels.enable("auto", device)
+    geomean = {}
+    for r in rows:
+        geomean.setdefault(f"{r['setting']}/{r['backend']}/hidden {r['shape'][-1]}", []).append(r["ratio"])
+    geomean = {k: math.exp(statistics.mean(math.log(v) for v in vs)) for k, vs in geomean.items()}
     return {"what": "CustomLayerNorm fwd+bwd time / torch.nn.LayerNorm fwd+bwd time (lower is better)",
-            "goal": f"<= {GOALS['layernorm']}", "training_path": default_path, "paths": paths,
-            "skipped_paths": skipped, "rows": rows, "geomean_ratio": summary,
-            "training_ratio": {str(d).replace("torch.", ""): summary.get(f"{str(d).replace('torch.', '')}/{default_path}")
-                               for d in dtypes}}
+            "goal": f"<= {GOALS['layernorm']}", "training_path": training_backend, "backends": backends,
+            "unavailable": normlab_kernels.unavailable(device), "rows": rows, "geomean_ratio": geomean,
+            "training_ratio": {label: geomean.get(f"{label}/{training_backend}/hidden {LN_WIDTHS[0]}")
+                               for label, _, _ in ln_settings(device)}}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -382,15 +404,34 @@ def take_batches(cfg, tokenizer, tokenized, build_dataloaders, n: int, device) -
     return batches
 
 
+def on_reference_kernels(step, device):
+    """The step with NormLab's operators on their reference implementation (re-registered around each step)."""
+    import normlab_kernels
+
+    def wrapped(batch):
+        normlab_kernels.enable("reference", device)
+        try:
+            return step(batch)
+        finally:
+            normlab_kernels.enable("auto", device)
+
+    return wrapped
+
+
 def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device, repeats: int,
-                     compile_normlab: bool, compile_hf: bool, diagnose: bool = False) -> tuple[dict, dict]:
+                     compile_normlab: bool, compile_hf: bool, diagnose: bool = False,
+                     extras: bool = True) -> tuple[dict, dict]:
+    """`extras` False: only NormLab eager and HF BERT eager (no logging, compiled or diagnostic contestants)."""
+    import normlab_kernels
+
     t = cfg["train"]
     seed = cfg["seed"]
     normlab, hf = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
     params = param_counts(normlab, hf)
     models = {"normlab_eager": normlab, "hf_bert_eager": hf}
-    # the same NormLab again, with train.py's per-step stability logging: what the logging costs
-    models["normlab_eager_logged"], _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
+    compile_normlab, compile_hf, diagnose = (compile_normlab, compile_hf, diagnose) if extras else (False,) * 3
+    if extras:  # the same NormLab again, with train.py's per-step stability logging: what the logging costs
+        models["normlab_eager_logged"], _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
     if compile_normlab:
         compiled, _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
         compiled.compile()  # as train.py does for train.compile=true
@@ -403,6 +444,8 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
             m, _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
             m.normlab.unpad = False
             models["normlab_eager_padded_layout"] = m
+        # and on the reference implementation of its operators (train.kernels=reference)
+        models["normlab_eager_reference_kernels"], _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
     if compile_hf:
         _, hf_c = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
         hf_c.compile()
@@ -412,6 +455,8 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
         model.to(device).train()
         make = make_logged_step if name == "normlab_eager_logged" else make_step
         steps[name] = make(model, adamw(model, t), t["max_grad_norm"])
+        if name == "normlab_eager_reference_kernels":
+            steps[name] = on_reference_kernels(steps[name], device)
 
     real_tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     slots = sum(b["attention_mask"].numel() for b in batches)
@@ -458,7 +503,7 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
     ratios = {f"{n}_over_hf_bert_eager": c["real_tokens_per_s"] / hf_tps for n, c in contestants.items()
               if n not in ("hf_bert_eager", "normlab_eager_logged")}
     logging_overhead = (contestants["normlab_eager_logged"]["step_ms_median"]
-                        / contestants["normlab_eager"]["step_ms_median"] - 1)
+                        / contestants["normlab_eager"]["step_ms_median"] - 1) if extras else None
     paired_median = {f"{n}_over_hf_bert_eager": statistics.median(v) for n, v in paired.items()
                      if n != "normlab_eager_logged"}
     if compile_hf and compile_normlab:
@@ -472,10 +517,12 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
         "real_tokens_per_pass": real_tokens, "pad_fraction_of_these_batches": 1 - real_tokens / slots,
         "same_padded_batches_for_all": True, "repeats": repeats,
         "normlab_skips_padding": bool(getattr(normlab.normlab, "unpad", False)),
-        "normlab_layernorm_path": os.environ.get("NORMLAB_LN_IMPL", "auto")
-        + ("" if compile_normlab or os.environ.get("NORMLAB_LN_IMPL") != "reference" else " (pinned: --no-compile)"),
+        "model": {k: cfg["model"][k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                               "intermediate_size")},
+        "kernels": normlab_kernels.backends(device),  # what NormLab's operators ran on (train.kernels=auto)
         "compiled": "normlab_compiled" in models,
-        "compile_note": None if compile_normlab else "not run (--no-compile, default with --quick)",
+        "compile_note": None if compile_normlab else ("not run (--no-compile, default with --quick)" if extras
+                                                      else "not run at this width"),
         "contestants": contestants, "ratios": ratios,
         "logging_overhead": logging_overhead,  # step time with stability logging every step / without, minus 1
         "paired_step_ratio_median": paired_median,  # robustness check: median over steps of the per-step ratio
@@ -547,6 +594,35 @@ def _goal_mark(ok: bool) -> str:
     return "meets goal" if ok else "MISSES goal"
 
 
+def _print_throughput(title: str, tp: dict) -> None:
+    m = tp["model"]
+    print(f"\n{title} Training throughput, real tokens/s (hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, "
+          f"{m['num_attention_heads']} heads; {tp['batches']} SST-2 length-grouped batches of "
+          f"{tp['batch_size']}, padded lengths {tp['padded_lengths']}, pad {tp['pad_fraction_of_these_batches']:.1%}; "
+          f"same padded batches for every model; {tp['repeats']} interleaved repeats; NormLab's kernels "
+          f"{sorted(set(tp['kernels'].values()))}; goal {tp['goal']})")
+    print(f"   {'model':<33}{'tokens/s':>10}{'ms/step med':>13}{'min':>8}{'max':>8}{'warm-up s':>11}")
+    for n, c in tp["contestants"].items():
+        print(f"   {n:<33}{c['real_tokens_per_s']:>10.0f}{c['step_ms_median']:>13.1f}{c['step_ms_min']:>8.1f}"
+              f"{c['step_ms_max']:>8.1f}{c['warmup_s']:>11.1f}")
+    for k, v in tp["ratios"].items():
+        extra = tp["paired_step_ratio_median"].get(k)
+        extra = f" (median of per-step ratios {extra:.2f}x)" if extra is not None else ""
+        print(f"   {k}: {v:.2f}x{extra}  -> {_goal_mark(v >= GOALS['throughput'])}")
+    if tp["logging_overhead"] is not None:
+        print(f"   stability logging every step (normlab_eager_logged vs normlab_eager): "
+              f"{tp['logging_overhead']:+.1%} step time  -> {_goal_mark(tp['logging_overhead'] <= GOALS['logging'])} "
+              f"(goal <= {GOALS['logging']:.0%})")
+    if tp["normlab_skips_padding"]:
+        print("   note: NormLab packs the real tokens internally (unpad) and so skips pad positions; both models "
+              "receive the identical padded batches, and tokens/s counts real tokens only")
+    if tp["compile_note"]:
+        print(f"   compiled NormLab: {tp['compile_note']}")
+    p = tp["params"]
+    print(f"   parameters: NormLab {p['normlab']:,}, HF BERT {p['hf_bert']:,} (difference {p['difference_hf_minus_normlab']:,}"
+          f"{', fully explained' if p['explained_exactly'] else ', NOT fully explained'}): {p['explanation']}")
+
+
 def print_report(res: dict) -> None:
     m = res["machine"]
     print(f"NormLab bench  ({'QUICK: tiny sizes, numbers not meaningful' if res['settings']['quick'] else 'full'})")
@@ -557,50 +633,28 @@ def print_report(res: dict) -> None:
     print(f"command: {res['settings']['command']}")
 
     ln = res["layernorm"]
-    print(f"\n1. CustomLayerNorm fwd+bwd / torch.nn.LayerNorm  (training path: '{ln['training_path']}'"
-          f"{' pinned by --no-compile, training default is auto' if not res['settings']['compile'] else ''}; "
-          f"goal {ln['goal']}; * = training path)")
-    print(f"   {'dtype':<9}{'shape':<16}{'path':<11}{'runs as':<11}{'custom us':>10}{'torch us':>10}{'ratio':>8}"
-          f"{'paired':>8}")
+    print(f"\n1. CustomLayerNorm (normlab::layer_norm) fwd+bwd / torch.nn.LayerNorm  (training backend: "
+          f"'{ln['training_path']}', train.kernels=auto; goal {ln['goal']}; * = training backend)")
+    if ln["unavailable"]:
+        print(f"   the fast backend is unavailable here: {ln['unavailable']}")
+    print(f"   {'setting':<26}{'shape':<16}{'backend':<11}{'custom us':>10}{'torch us':>10}{'ratio':>8}{'paired':>8}")
     for r in ln["rows"]:
         star = " *" if r["training_default"] else ""
-        print(f"   {r['dtype']:<9}{'x'.join(map(str, r['shape'])):<16}{r['path']:<11}{r['resolves_to']:<11}"
+        print(f"   {r['setting']:<26}{'x'.join(map(str, r['shape'])):<16}{r['backend']:<11}"
               f"{r['custom_us']:>10.1f}{r['torch_us']:>10.1f}{r['ratio']:>7.2f}x{r['paired_ratio_median']:>7.2f}x{star}")
-    for dt, v in ln["training_ratio"].items():
-        if v is None:
-            print(f"   {dt}: the training path was not measured (see below)")
-            continue
-        print(f"   {dt} geometric mean, training path: {v:.2f}x  -> {_goal_mark(v <= GOALS['layernorm'])}")
+    for label, v in ln["training_ratio"].items():
+        print(f"   {label} geometric mean, training backend, default width: {v:.2f}x  -> "
+              f"{_goal_mark(v <= GOALS['layernorm'])}")
     for k, v in ln["geomean_ratio"].items():
         print(f"   geometric mean {k}: {v:.2f}x")
     print("   (ratio = median custom / median torch; paired = median over repetitions of the per-repetition ratio)")
-    for k, v in ln["skipped_paths"].items():
-        print(f"   path '{k}': {v}")
     print(f"   {res['cuda_note']}")
 
-    tp = res["throughput"]
-    print(f"\n2. Training throughput, real tokens/s ({tp['batches']} SST-2 length-grouped batches of "
-          f"{tp['batch_size']}, padded lengths {tp['padded_lengths']}, pad {tp['pad_fraction_of_these_batches']:.1%}; "
-          f"same padded batches for every model; {tp['repeats']} interleaved repeats; goal {tp['goal']})")
-    print(f"   {'model':<29}{'tokens/s':>10}{'ms/step med':>13}{'min':>8}{'max':>8}{'warm-up s':>11}")
-    for n, c in tp["contestants"].items():
-        print(f"   {n:<29}{c['real_tokens_per_s']:>10.0f}{c['step_ms_median']:>13.1f}{c['step_ms_min']:>8.1f}"
-              f"{c['step_ms_max']:>8.1f}{c['warmup_s']:>11.1f}")
-    for k, v in tp["ratios"].items():
-        extra = tp["paired_step_ratio_median"].get(k)
-        extra = f" (median of per-step ratios {extra:.2f}x)" if extra is not None else ""
-        print(f"   {k}: {v:.2f}x{extra}  -> {_goal_mark(v >= GOALS['throughput'])}")
-    print(f"   stability logging every step (normlab_eager_logged vs normlab_eager): "
-          f"{tp['logging_overhead']:+.1%} step time  -> {_goal_mark(tp['logging_overhead'] <= GOALS['logging'])} "
-          f"(goal <= {GOALS['logging']:.0%})")
-    if tp["normlab_skips_padding"]:
-        print("   note: NormLab packs the real tokens internally (unpad) and so skips pad positions; both models "
-              "receive the identical padded batches, and tokens/s counts real tokens only")
-    if tp["compile_note"]:
-        print(f"   compiled NormLab: {tp['compile_note']}")
-    p = tp["params"]
-    print(f"   parameters: NormLab {p['normlab']:,}, HF BERT {p['hf_bert']:,} (difference {p['difference_hf_minus_normlab']:,}"
-          f"{', fully explained' if p['explained_exactly'] else ', NOT fully explained'}): {p['explanation']}")
+    if "throughput" not in res:  # --layernorm-only
+        print(f"\ntotal bench time {res['settings']['wall_s']:.0f} s (section 1 only)")
+        return
+    _print_throughput("2.", res["throughput"])
+    _print_throughput("2b. Bigger width:", res["throughput_wide"])
 
     pd = res["padding"]
     print(f"\n3. Pad fraction, SST-2 train ({pd['examples']:,} rows), batch {pd['batch_size']}, epoch 0 "
@@ -643,6 +697,8 @@ def parse_args(argv=None):
     ap.add_argument("--compile-hf", action="store_true", help="also time a compiled HF BERT (slow to compile)")
     ap.add_argument("--diagnose", action="store_true",
                     help="also time NormLab with torch's LayerNorm, and with its padded layout (unpad=False)")
+    ap.add_argument("--layernorm-only", action="store_true",
+                    help="section 1 only (no data, no models): e.g. the Triton kernel on a GPU machine")
     ap.add_argument("--out", default=None, help="also write the JSON object to this file")
     ap.add_argument("--config", default=None, help="a config variant (default: configs/default.yaml)")
     args = ap.parse_args(argv)
@@ -667,15 +723,10 @@ def main(argv=None) -> int:
     n_batches = args.batches or (2 if quick else 12)
     do_compile = (not quick) if args.compile is None else args.compile
 
-    if not do_compile:
-        # Nothing in this run may call torch.compile. CustomLayerNorm's default ("auto") takes the C++ path on CPU;
-        # only where that cannot be built would it compile kernels for large inputs: then pin the reference path.
-        from model.cpu_kernels import cpu_kernels
-
-        if device.type != "cpu" or cpu_kernels() is None:
-            os.environ["NORMLAB_LN_IMPL"] = "reference"
-
+    import normlab_kernels
     from common.config import load_config
+
+    kernels = normlab_kernels.enable("auto", device)  # as train.py does (train.kernels=auto)
 
     overrides = [f"data.max_train_samples={QUICK_TRAIN_SAMPLES}"] if quick else []
     cfg = load_config(args.config, overrides)
@@ -687,20 +738,28 @@ def main(argv=None) -> int:
            "settings": {"quick": quick, "repeats": repeats, "batches": n_batches, "compile": do_compile,
                         "autocast": autocast,
                         "compile_hf": args.compile_hf, "config": args.config, "config_overrides": overrides,
-                        "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)}}
+                        "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)},
+           "kernels": kernels}
 
     # 1. LayerNorm at training shapes
-    dtypes = [torch.float32] + ([torch.bfloat16] if device.type == "cuda" else [])
-    lengths = (32,) if quick else LN_LENGTHS
     section_s = res["settings"]["section_s"] = {}
     t0 = time.perf_counter()
     # LayerNorm samples are short (~2 ms): many more of them than of training passes, for stable medians
-    res["layernorm"] = bench_layernorm(device, dtypes, cfg["model"]["hidden_size"], cfg["train"]["batch_size"],
-                                       lengths, 5 * repeats, do_compile)
+    res["layernorm"] = bench_layernorm(device, ln_shapes(device, quick, cfg["train"]["batch_size"]), 5 * repeats)
     res["cuda_note"] = ("CUDA paths measured on " + res["machine"].get("gpu", "GPU") if device.type == "cuda" else
                         "CUDA paths (fp32/bf16 LayerNorm, GPU throughput and memory): untested, no GPU in this run")
 
     section_s["layernorm"] = time.perf_counter() - t0
+    if not args.layernorm_only:
+        run_model_sections(args, res, cfg, overrides, device, repeats, n_batches, do_compile)
+    return finish(args, res, wall0)
+
+
+def run_model_sections(args, res, cfg, overrides, device, repeats, n_batches, do_compile) -> None:
+    """Sections 2-4 (they need the data and both models)."""
+    from common.config import load_config
+
+    section_s = res["settings"]["section_s"]
 
     # 3. padding (needs the data; cheap next to the timings)
     t0 = time.perf_counter()
@@ -720,6 +779,14 @@ def main(argv=None) -> int:
 
     section_s["throughput"] = time.perf_counter() - t0
 
+    # 2b. throughput at the bigger width (same data, tokenizer and batches; NormLab eager vs HF BERT eager)
+    t0 = time.perf_counter()
+    cfg_wide = load_config(args.config, overrides + WIDE)
+    res["throughput_wide"], _ = bench_throughput(
+        cfg_wide, take_batches(cfg_wide, tokenizer, tokenized, build_dataloaders, n_batches, device), len(tokenizer),
+        tokenizer.pad_token_id, num_labels, device, repeats, False, False, extras=False)
+    section_s["throughput_wide"] = time.perf_counter() - t0
+
     # 4. memory, on the longest timed batch
     t0 = time.perf_counter()
     longest = max(batches, key=lambda b: b["input_ids"].numel())
@@ -727,6 +794,8 @@ def main(argv=None) -> int:
         res["memory"] = bench_memory(cfg, models, longest, device)
     section_s["memory"] = time.perf_counter() - t0
 
+
+def finish(args, res, wall0) -> int:
     res["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     res["settings"]["wall_s"] = time.perf_counter() - wall0
     if args.out:

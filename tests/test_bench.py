@@ -23,7 +23,6 @@ def _positive(x) -> bool:
 def bench_json():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
            "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("NORMLAB_LN_IMPL", None)
     # one torch thread: on a shared 2-core machine a second OpenMP thread only waits for the other
     proc = subprocess.run([sys.executable, "scripts/bench.py", "--quick", "--json", "--threads", "1"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
@@ -35,7 +34,8 @@ def bench_json():
 
 def test_every_section_present_and_positive(bench_json):
     res = bench_json
-    for section in ("machine", "settings", "layernorm", "throughput", "padding", "memory", "cuda_note"):
+    for section in ("machine", "settings", "kernels", "layernorm", "throughput", "throughput_wide", "padding", "memory",
+                    "cuda_note"):
         assert section in res, section
     m = res["machine"]
     assert m["cpu"] and m["torch"]
@@ -45,11 +45,14 @@ def test_every_section_present_and_positive(bench_json):
 
     ln = res["layernorm"]
     assert ln["rows"], "no LayerNorm measurement"
-    timed_paths = {r["path"] for r in ln["rows"]}
-    assert ln["training_path"] in timed_paths
+    # the backend training uses (train.kernels=auto: "cpp" unless it cannot be built here) and the reference
+    assert ln["training_path"] == res["kernels"]["normlab::layer_norm"] in ("cpp", "reference")
+    assert {r["backend"] for r in ln["rows"]} == {"reference", ln["training_path"]}
+    assert {r["shape"][-1] for r in ln["rows"]} == {128, 256}  # the default width and the bigger one
     for r in ln["rows"]:
         assert _positive(r["custom_us"]) and _positive(r["torch_us"]) and _positive(r["ratio"]), r
         assert r["ratio"] == pytest.approx(r["custom_us"] / r["torch_us"])
+        assert r["training_default"] == (r["backend"] == ln["training_path"])
     assert all(_positive(v) for v in ln["training_ratio"].values()) and "float32" in ln["training_ratio"]
 
     tp = res["throughput"]
@@ -64,6 +67,14 @@ def test_every_section_present_and_positive(bench_json):
     p = tp["params"]
     assert _positive(p["normlab"]) and _positive(p["hf_bert"])
     assert p["explained_exactly"], p  # the sizes differ only by what the explanation names (the pooler, ...)
+    assert tp["kernels"] == res["kernels"]
+
+    wide = res["throughput_wide"]  # the bigger width: hidden 256, 4 layers, 4 heads, batch 32
+    assert wide["model"] == {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+                             "intermediate_size": 1024} and wide["batch_size"] == 32
+    assert set(wide["contestants"]) == {"normlab_eager", "hf_bert_eager"}
+    assert _positive(wide["ratios"]["normlab_eager_over_hf_bert_eager"]) and wide["logging_overhead"] is None
+    assert wide["params"]["explained_exactly"] and wide["params"]["normlab"] > 2 * p["normlab"]
 
     mem = res["memory"]
     assert mem["method"]

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from common import metrics
 from common.metrics import StabilityProbe, clip_coefficient
 from model import NormLabConfig, NormLabForSequenceClassification
 from model.norms import BatchStatNorm
@@ -26,12 +25,9 @@ def _batch():
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 1, 0])}
 
 
-@pytest.mark.parametrize("kernels", [True, False], ids=["cpp_snapshot", "torch_snapshot"])
 @pytest.mark.parametrize("norm,unpad", [("layernorm", True), ("layernorm", False), ("batchnorm", True)],
                          ids=["packed", "padded_layout", "naive_bn_padded"])
-def test_probe_matches_hidden_states_weights_and_grads(norm, unpad, kernels, monkeypatch):
-    if not kernels:  # the path CUDA and machines without a compiler take
-        monkeypatch.setattr(metrics, "cpu_kernels", lambda: None)
+def test_probe_matches_hidden_states_weights_and_grads(norm, unpad):
     model = _model(norm=norm)
     model.normlab.unpad = unpad
     model.train()
@@ -67,7 +63,6 @@ def test_probe_matches_hidden_states_weights_and_grads(norm, unpad, kernels, mon
     for _ in range(2):  # a second logged step reuses the snapshot buffer
         before = [torch.cat([p.detach().reshape(-1) for p in b]).clone() for b in blocks]
         probe.snapshot()
-        assert (probe._kernels is not None) == kernels  # (a broken C++ build fails tests/test_norms.py's fixture)
         optimizer.step()
         probe.read_update()
         after = [torch.cat([p.detach().reshape(-1) for p in b]) for b in blocks]

@@ -369,13 +369,15 @@ def _direct_logit_max(attention, x, attention_mask):
     return best
 
 
-@pytest.mark.parametrize("train", [False, True], ids=["eval_sdpa", "train_dropout_written_out_attention"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train_dropout"])
 @pytest.mark.parametrize("qk_norm", [False, True])
-def test_logit_max_recording_matches_direct_computation(qk_norm, train):
+def test_logit_max_recording_matches_direct_computation(qk_norm, train, attn):
     torch.manual_seed(0)
     drop = dict(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1) if train else {}
-    model = NormLabForSequenceClassification(tiny_config(norm_placement="post", qk_norm=qk_norm, **drop))
-    model.train(train)  # CPU training with dropout takes the written-out attention, which reuses its logits
+    config = tiny_config(norm_placement="post", qk_norm=qk_norm, **drop)
+    model = NormLabForSequenceClassification._from_config(config, attn_implementation=attn)
+    model.train(train)  # the probe reads q and k, whatever the attention path and its dropout do with them
     input_ids, attention_mask = padded_batch()
     for layer in model.normlab.encoder.layers:
         assert layer.attention.record_logit_max is False and layer.attention.last_logit_max is None

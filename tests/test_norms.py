@@ -13,10 +13,9 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
-from model import cpu_kernels, norms
+import normlab_kernels
 from model.configuration_normlab import BATCH_STAT_NORMS, NORM_TYPES, NormLabConfig
 from model.norms import (
-    LAYERNORM_IMPLS,
     NORM_REGISTRY,
     BatchStatNorm,
     CustomLayerNorm,
@@ -28,20 +27,20 @@ from model.norms import (
 )
 
 D = 16
-# Every CustomLayerNorm path that must give torch's results. All normalized shapes below flatten to 24
-# elements, so the compiled path compiles once per (dtype, affine) variant and the tests stay fast.
-LN_PATHS = tuple(i for i in LAYERNORM_IMPLS if i != "auto")
 LN_SHAPES = [(24,), (4, 6), (2, 3, 4)]
 LN_AFFINE = [dict(elementwise_affine=True, bias=True), dict(elementwise_affine=False), dict(bias=False)]
 
 
-@pytest.fixture(autouse=True)
-def _fast_paths_stay_healthy():
-    """The compiled and C++ CustomLayerNorm paths fall back to the reference one (with a warning) if they ever
-    fail, which would make their tests pass vacuously: fail them instead."""
-    yield
-    assert norms._COMPILED["broken"] is None, f"compiled LayerNorm path broke: {norms._COMPILED['broken']}"
-    assert cpu_kernels._STATE["broken"] is None, f"C++ CPU kernels broke: {cpu_kernels._STATE['broken']}"
+@pytest.fixture(params=["reference", "cpp"])
+def backend(request):
+    """Every CustomLayerNorm test runs on each CPU implementation of normlab::layer_norm: the reference math of
+    model/norms.py and normlab_kernels' C++ kernels (skipped, with the reason, only where they cannot be built)."""
+    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
+    got = normlab_kernels.enable("auto" if request.param == "cpp" else "reference", "cpu")["normlab::layer_norm"]
+    if got != request.param:
+        pytest.skip(f"the C++ kernels are unavailable here: {normlab_kernels.unavailable('cpu')}")
+    yield request.param
+    normlab_kernels.enable("auto" if before == "cpp" else "reference", "cpu")
 
 
 def _config(norm, **kw):
@@ -53,13 +52,13 @@ def _assert_close(a, b, atol, rtol=0.0):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# CustomLayerNorm
+# CustomLayerNorm: the operator normlab::layer_norm on every CPU backend
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _ln_pair(normalized_shape, impl, dtype=torch.float32, **affine):
+def _ln_pair(normalized_shape, dtype=torch.float32, **affine):
     ref = nn.LayerNorm(normalized_shape, eps=1e-5, dtype=dtype, **affine)
-    ours = CustomLayerNorm(normalized_shape, eps=1e-5, dtype=dtype, impl=impl, **affine)
+    ours = CustomLayerNorm(normalized_shape, eps=1e-5, dtype=dtype, **affine)
     with torch.no_grad():  # non-trivial affine parameters, so their use (and gradients) are really tested
         for p in ref.parameters():
             p.normal_(0.5, 0.5)
@@ -74,12 +73,11 @@ def _fwd_bwd(module, x, dy):
     return y.detach(), x.grad, {n: p.grad for n, p in module.named_parameters()}
 
 
-@pytest.mark.parametrize("impl", LN_PATHS)
 @pytest.mark.parametrize("normalized_shape", LN_SHAPES)
 @pytest.mark.parametrize("affine", LN_AFFINE, ids=["affine", "no_affine", "no_bias"])
-def test_custom_layernorm_matches_torch(impl, normalized_shape, affine):
+def test_custom_layernorm_matches_torch(backend, normalized_shape, affine):
     torch.manual_seed(0)
-    ref, ours = _ln_pair(normalized_shape, impl, **affine)
+    ref, ours = _ln_pair(normalized_shape, **affine)
     x = torch.randn(3, 5, *normalized_shape) * 2 + 0.5  # (B, L, *normalized_shape), moderate scale
     dy = torch.randn_like(x)
     y_ref, dx_ref, grads_ref = _fwd_bwd(ref, x, dy)
@@ -91,9 +89,8 @@ def test_custom_layernorm_matches_torch(impl, normalized_shape, affine):
         _assert_close(grads[name], grads_ref[name], atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("impl", LN_PATHS)
-def test_custom_layernorm_empty_batch(impl):
-    ref, ours = _ln_pair(24, impl)
+def test_custom_layernorm_empty_batch(backend):
+    ref, ours = _ln_pair(24)
     x, dy = torch.randn(0, 24), torch.randn(0, 24)
     y_ref, dx_ref, grads_ref = _fwd_bwd(ref, x, dy)
     y, dx, grads = _fwd_bwd(ours, x, dy)
@@ -102,11 +99,10 @@ def test_custom_layernorm_empty_batch(impl):
         _assert_close(grads[name], grads_ref[name], atol=0.0)
 
 
-@pytest.mark.parametrize("impl", LN_PATHS)
-def test_custom_layernorm_single_element(impl):
+def test_custom_layernorm_single_element(backend):
     # One normalized element: variance 0, xhat 0, so the output is the bias and no gradient reaches x.
     torch.manual_seed(0)
-    ref, ours = _ln_pair(1, impl)
+    ref, ours = _ln_pair(1)
     x, dy = torch.randn(6, 1) * 3, torch.randn(6, 1)
     y_ref, dx_ref, grads_ref = _fwd_bwd(ref, x, dy)
     y, dx, grads = _fwd_bwd(ours, x, dy)
@@ -121,11 +117,10 @@ def test_custom_layernorm_single_element(impl):
     _assert_close(grads["bias"], grads_ref["bias"], atol=1e-6)
 
 
-@pytest.mark.parametrize("impl", LN_PATHS)
 @pytest.mark.parametrize("normalized_shape", [(6,), (2, 3)])
-def test_custom_layernorm_gradcheck_float64(impl, normalized_shape):
+def test_custom_layernorm_gradcheck_float64(backend, normalized_shape):
     torch.manual_seed(0)
-    _, ours = _ln_pair(normalized_shape, impl, dtype=torch.float64)
+    _, ours = _ln_pair(normalized_shape, dtype=torch.float64)
     x = torch.randn(2, 3, *normalized_shape, dtype=torch.float64, requires_grad=True)
     w = ours.weight.detach().clone().requires_grad_(True)
     b = ours.bias.detach().clone().requires_grad_(True)
@@ -133,11 +128,10 @@ def test_custom_layernorm_gradcheck_float64(impl, normalized_shape):
                                     (x, w, b))
 
 
-@pytest.mark.parametrize("impl", LN_PATHS)
-def test_custom_layernorm_varying_batch_shapes(impl):
-    # Padded batches change B and L every step; every shape must stay exact (the compiled path marks rows dynamic).
-    ref, ours = _ln_pair(24, impl)
-    for shape in [(3, 5, 24), (2, 7, 24), (4, 3, 24), (7, 24), (2, 3, 2, 24)]:
+def test_custom_layernorm_varying_batch_shapes_and_strides(backend):
+    # Padded batches change B and L every step; every shape must stay exact.
+    ref, ours = _ln_pair(24)
+    for shape in [(3, 5, 24), (2, 7, 24), (4, 3, 24), (7, 24), (24,), (2, 3, 2, 24)]:
         x = torch.randn(*shape)
         dy = torch.randn_like(x)
         for got, want in zip(_fwd_bwd(ours, x, dy)[:2], _fwd_bwd(ref, x, dy)[:2]):
@@ -152,43 +146,68 @@ def test_custom_layernorm_varying_batch_shapes(impl):
     _assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-6)
 
 
-def test_custom_layernorm_auto_path_and_bad_impl(monkeypatch):
-    assert CustomLayerNorm(8).impl == "auto"
-    monkeypatch.setenv("NORMLAB_LN_IMPL", "reference")
-    assert CustomLayerNorm(8).impl == "reference"
-    with pytest.raises(ValueError, match="impl='fast'.*auto, reference, compiled, cpp"):
-        CustomLayerNorm(8, impl="fast")
-    # auto on CPU takes the C++ path: its output is the C++ autograd node, and it is exact.
-    ref, ours = _ln_pair(8, "auto")
-    x = torch.randn(2, 3, 8, requires_grad=True)
-    assert ours._resolve_impl(x) == "cpp"
-    y = ours(x)
-    assert y.grad_fn.name().endswith("::LayerNormFunction>")  # the C++ node: no Python autograd.Function, no view nodes
-    _assert_close(y, ref(x), atol=1e-6, rtol=1e-6)
-    # Inside an outer torch.compile, auto hands the reference math to the outer compiler.
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert ours._resolve_impl(x) == "reference"
-
-
-def test_custom_layernorm_cpp_refuses_double_backward_and_bfloat16_runs_in_float32():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_opcheck_both_operators(backend, dtype):
+    """torch.library.opcheck: schema, fake (shape-only) implementation against the real one, autograd
+    registration, and AOT-autograd tracing (what torch.compile does with the operators)."""
     torch.manual_seed(0)
-    ref, ours = _ln_pair(8, "cpp")
-    x = torch.randn(4, 8, requires_grad=True)
-    (dx,) = torch.autograd.grad(ours(x).pow(2).sum(), x, create_graph=False)  # first order is fine
-    with pytest.raises(RuntimeError, match="double backward.*impl='reference'"):
-        torch.autograd.grad(ours(x).pow(2).sum(), x, create_graph=True)
-    # bfloat16 input: normalized in float32 like the other paths, returned as bfloat16
-    xb = torch.randn(4, 8).to(torch.bfloat16)
-    y = ours(xb)
+    x = torch.randn(3, 4, 8).to(dtype).requires_grad_(True)
+    w, b = torch.randn(8, requires_grad=True), torch.randn(8, requires_grad=True)  # float32 parameters
+    for args in [(x, w, b, 1e-5), (x, None, None, 1e-5), (x.detach().transpose(0, 1), w, None, 1e-3)]:
+        torch.library.opcheck(torch.ops.normlab.layer_norm, args)
+    y, mean, rstd = torch.ops.normlab.layer_norm(x.detach(), w.detach(), b.detach(), 1e-5)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    assert (y.dtype, mean.dtype, rstd.dtype, mean.shape) == (dtype, compute, compute, (3, 4))
+    for weight in (w.detach(), None):
+        dy = torch.randn_like(x)
+        torch.library.opcheck(torch.ops.normlab.layer_norm_backward, (dy, x.detach(), weight, mean, rstd))
+
+
+def test_half_precision_is_normalized_in_float32(backend):
+    # bfloat16 / float16 inputs: the statistics and the arithmetic in float32, the result rounded once
+    torch.manual_seed(0)
+    ref, ours = _ln_pair(64)
+    for dtype in (torch.bfloat16, torch.float16):
+        x = (torch.randn(4, 64) * 3 + 100).to(dtype)  # |mean| >> std: a half-precision sum would lose it
+        want = ref(x.float()).to(dtype)
+        _assert_close(ours(x), want, atol=0.0, rtol=torch.finfo(dtype).eps)  # at most one rounding step apart
+        assert ours(x).dtype == dtype
+
+
+def test_torch_compile_fullgraph_and_autocast(backend):
+    """The module inside torch.compile(fullgraph=True) (the operators stay single opaque calls) and under CPU
+    bf16 autocast (a custom operator is not cast: the fp32 residual stream stays fp32; a bf16 input is normalized
+    in fp32 and returned in bf16)."""
+    torch.manual_seed(0)
+    ref, ours = _ln_pair(32)
+    x, dy = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    compiled = torch.compile(ours, backend="aot_eager", fullgraph=True)
+    (y, dx, _), (y_ref, dx_ref, grads_ref) = _fwd_bwd(compiled, x, dy), _fwd_bwd(ref, x, dy)
+    for got, want in [(y, y_ref), (dx, dx_ref), (ours.weight.grad, grads_ref["weight"]),
+                      (ours.bias.grad, grads_ref["bias"])]:
+        _assert_close(got, want, atol=1e-6, rtol=1e-6)
+    lin = nn.Linear(32, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert ours(x).dtype == torch.float32
+        h = lin(x)  # bf16 under autocast
+        y = compiled(h)
     assert y.dtype == torch.bfloat16
-    _assert_close(y.float(), ref(xb.float()).to(torch.bfloat16).float(), atol=0.0)
+    _assert_close(y, ref(h.float()).to(torch.bfloat16), atol=0.0, rtol=torch.finfo(torch.bfloat16).eps)
 
 
-def test_custom_layernorm_cpp_threads_split_parameter_gradients():
+def test_no_double_backward(backend):
+    _, ours = _ln_pair(8)
+    x = torch.randn(4, 8, requires_grad=True)
+    (dx,) = torch.autograd.grad(ours(x).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="layer_norm_backward.*no autograd formula"):
+        dx.sum().backward()
+
+
+def test_threads_split_parameter_gradients(backend):
     # Inputs above the grain (32768 elements per task) split rows across threads; dweight/dbias are summed per
     # task, so the result must still match torch's for any thread count.
     torch.manual_seed(0)
-    ref, ours = _ln_pair(128, "cpp")
+    ref, ours = _ln_pair(128)
     x, dy = torch.randn(16, 64, 128), torch.randn(16, 64, 128)
     threads = torch.get_num_threads()
     try:

@@ -48,6 +48,11 @@ def test_accelerate_launch_end_to_end(tmp_path):
     assert cfg["model"]["hidden_size"] == 32 and cfg["train"]["max_steps"] == 12
     s = summary(out)
     assert s["status"] == "completed" and s["step"] == 12 and s["loss_spikes"] == 0
+    # train.kernels=auto: the C++ kernels ran, or the reference did and one warning said why
+    assert cfg["train"]["kernels"] == "auto"
+    assert set(s["kernels"]) == {"normlab::layer_norm", "normlab::layer_norm_backward"}
+    backends = set(s["kernels"].values())
+    assert backends == {"cpp"} or (backends == {"reference"} and "cpp backend for cpu is unavailable" in result.stderr)
     assert set(s["final"]) == {"eval/loss", "eval/accuracy"} and 0 <= s["final"]["eval/accuracy"] <= 1
 
     # metrics.jsonl: every step has the stability metrics; evaluations at 6 and 12
@@ -156,6 +161,20 @@ def test_torch_compile(tmp_path):
     from model import NormLabForSequenceClassification
 
     NormLabForSequenceClassification.from_pretrained(out / "final")
+
+
+def test_train_kernels_reference_is_recorded(tmp_path):
+    import normlab_kernels
+
+    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
+    out = tmp_path / "reference"
+    try:
+        assert run_here(out, "train.kernels=reference", "train.max_steps=2", "train.eval_steps=100",
+                        "data.max_eval_samples=16") == 0
+    finally:
+        normlab_kernels.enable("auto" if before == "cpp" else "reference", "cpu")
+    assert summary(out)["kernels"] == {"normlab::layer_norm": "reference", "normlab::layer_norm_backward": "reference"}
+    assert yaml.safe_load((out / "config.yaml").read_text())["train"]["kernels"] == "reference"
 
 
 def test_cpu_threads_default_to_the_cores_split_between_local_processes(monkeypatch):

@@ -1,0 +1,85 @@
+"""Fast implementations of NormLab's operators, registered on them with torch.library. model/ never imports this.
+
+model/norms.py defines the operators `normlab::layer_norm` and `normlab::layer_norm_backward` (CustomLayerNorm)
+with their reference implementation: readable PyTorch math, what runs wherever nothing else is registered and
+all that a checkpoint's code carries. This package registers faster implementations of the same operators
+for one device type:
+
+    operator                        CPU backend                        CUDA backend
+    normlab::layer_norm             "cpp": layer_norm_cpu.cpp          "triton": triton_layer_norm.py
+    normlab::layer_norm_backward    "cpp"                              "triton"
+
+`enable(mode, device)` is the one switch (train.py passes `train.kernels`):
+  - "auto": the fast backend of the device's type when it can be had (C++: a compiler and ninja to build it;
+    Triton: the triton package); otherwise one warning, and the reference runs;
+  - "reference": the reference, also if a fast backend was registered earlier in this process.
+It returns {operator: backend} (train.py writes it to summary.json). Everything that can fail -- building,
+importing -- happens inside `enable`, before training; a kernel that fails while it runs (out of memory, an
+illegal address) raises like any torch op, and nothing here catches it.
+"""
+
+import importlib
+import warnings
+
+import torch
+
+MODES = ("auto", "reference")
+OPS = ("normlab::layer_norm", "normlab::layer_norm_backward")
+# device type -> (backend name, module); each module's register() puts its kernels on the operators for that
+# device type (raising if it cannot: no compiler, no triton) and unregister() takes them off again
+FAST_BACKENDS = {"cpu": ("cpp", "normlab_kernels.cpu"), "cuda": ("triton", "normlab_kernels.triton_layer_norm")}
+
+_registered = {}  # device type -> the fast backend registered for it now (absent: none, the reference runs)
+_unavailable = {}  # device type -> why its fast backend cannot be had (warned once per process)
+
+
+def backends(device="cpu") -> dict:
+    """{operator: backend} that runs now for tensors on `device`."""
+    backend = _registered.get(torch.device(device).type, "reference")
+    return {op: backend for op in OPS}
+
+
+def unavailable(device="cpu") -> str | None:
+    """Why the fast backend of `device`'s type could not be had in this process (None: it could, or was not
+    tried, or there is none)."""
+    return _unavailable.get(torch.device(device).type)
+
+
+def enable(mode: str = "auto", device="cpu") -> dict:
+    """Register the implementations `mode` asks for on `device`'s type; returns {operator: backend}."""
+    if mode not in MODES:
+        raise ValueError(f"kernels mode {mode!r} is not valid; choose one of: {', '.join(MODES)}")
+    device_type = torch.device(device).type
+    import model.norms  # noqa: F401 - defines the operators: kernels can only be registered on existing ones
+
+    wanted = FAST_BACKENDS[device_type][0] if mode == "auto" and device_type in FAST_BACKENDS else "reference"
+    if wanted != _registered.get(device_type, "reference"):
+        if device_type in _registered:
+            _backend_module(device_type).unregister()
+            del _registered[device_type]
+        if wanted != "reference" and _register(device_type):
+            _registered[device_type] = wanted
+    return backends(device)
+
+
+def _backend_module(device_type: str):
+    return importlib.import_module(FAST_BACKENDS[device_type][1])
+
+
+def _register(device_type: str) -> bool:
+    """Register the device type's fast backend; False (warned once) if it cannot be had."""
+    if device_type in _unavailable:
+        return False
+    try:
+        _backend_module(device_type).register()
+        return True
+    except Exception as err:  # noqa: BLE001 - no compiler or ninja, no triton: the reference implementation runs
+        detail = " ".join(str(err).split())  # a failed build's message ends with the compiler's errors
+        _unavailable[device_type] = f"{type(err).__name__}: {detail if len(detail) <= 300 else '...' + detail[-300:]}"
+        warnings.warn(f"normlab_kernels: the {FAST_BACKENDS[device_type][0]} backend for {device_type} is "
+                      f"unavailable ({_unavailable[device_type]}); NormLab's operators run their reference PyTorch "
+                      f"implementation (train.kernels=reference chooses it without this warning)", stacklevel=3)
+        return False
+
+
+__all__ = ["MODES", "OPS", "FAST_BACKENDS", "enable", "backends", "unavailable"]

@@ -1,0 +1,68 @@
+"""Builds and loads the C++ CPU LayerNorm (layer_norm_cpu.cpp), the CPU implementation of normlab::layer_norm.
+
+Why C++: at this project's training shapes (~1000 tokens x 128 features per batch) a LayerNorm is so small that
+the ~10 separate eager ops of the reference (and their temporaries) cost more than the arithmetic; one pass per
+row in C++ measures at parity with torch.nn.LayerNorm's own kernel (README, Performance).
+
+torch.utils.cpp_extension builds the file once per machine (cached under TORCH_EXTENSIONS_DIR, default
+~/.cache/torch_extensions) and loads the cached build afterwards.
+-march=native tunes the loops to this CPU, so the extension's name carries a digest of the CPU's model and flags:
+a cache shared by different machines never hands one of them the other's build. -ffp-contract=off keeps each
+multiply and add separately rounded, as in the reference ops (fused multiply-adds made the exactly-zero gradient
+of a one-element LayerNorm row come out as rounding noise).
+
+`register()` builds (or loads) the extension and registers its kernels on the operators for the CPU dispatch key
+from C++ (layer_norm_cpu.cpp says why from C++); `unregister()` takes them off again. `register()` raises when the
+extension cannot be built (no compiler, no ninja); normlab_kernels.enable decides what that means. The build
+leaves the process as it found it: torch's RNG state and thread count are restored, so a run that had to build
+first trains exactly like one that found the build cached.
+"""
+
+import hashlib
+import os
+import platform
+
+import torch
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layer_norm_cpu.cpp")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
+
+
+def _cpu_digest() -> str:
+    ident = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            ident += "".join(line for line in f if line.startswith(("model name", "flags")))[:4096]
+    except OSError:
+        pass
+    return hashlib.sha1(ident.encode()).hexdigest()[:10]
+
+
+_extension = None  # the loaded module, once built
+
+
+def load():
+    """The built extension module (building it if this machine has no cached build)."""
+    global _extension
+    if _extension is None:
+        from torch.utils.cpp_extension import load as build_and_load
+
+        threads = torch.get_num_threads()
+        try:
+            with torch.random.fork_rng(devices=[]):  # (no CUDA state is touched by a CPU build)
+                _extension = build_and_load(name=f"normlab_layer_norm_cpu_{_cpu_digest()}", sources=[SOURCE],
+                                            extra_cflags=FLAGS)
+        finally:
+            torch.set_num_threads(threads)
+    return _extension
+
+
+def register():
+    """The C++ kernels become the CPU implementation of normlab::layer_norm and normlab::layer_norm_backward."""
+    load().register_kernels()
+
+
+def unregister():
+    """Back to the operators' reference implementation on CPU."""
+    if _extension is not None:
+        _extension.unregister_kernels()
