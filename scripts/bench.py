@@ -733,7 +733,6 @@ def main(argv=None) -> int:
 
     # the training steps in the precision training uses on this device (configs/accelerate: bf16 on GPUs)
     autocast = "bf16" if device.type == "cuda" else None
-    amp = torch.autocast(device.type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     res = {"machine": machine_info(device),
            "settings": {"quick": quick, "repeats": repeats, "batches": n_batches, "compile": do_compile,
                         "autocast": autocast,
@@ -755,6 +754,11 @@ def main(argv=None) -> int:
     return finish(args, res, wall0)
 
 
+def training_precision(device):
+    """The precision training uses on this device (configs/accelerate: bf16 autocast on GPUs, float32 on CPU)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def run_model_sections(args, res, cfg, overrides, device, repeats, n_batches, do_compile) -> None:
     """Sections 2-4 (they need the data and both models)."""
     from common.config import load_config
@@ -772,7 +776,7 @@ def run_model_sections(args, res, cfg, overrides, device, repeats, n_batches, do
     # 2. throughput on the first batches of the training loader
     t0 = time.perf_counter()
     batches = take_batches(cfg, tokenizer, tokenized, build_dataloaders, n_batches, device)
-    with amp:
+    with training_precision(device):
         res["throughput"], models = bench_throughput(
             cfg, batches, len(tokenizer), tokenizer.pad_token_id, num_labels, device, repeats, do_compile,
             args.compile_hf, args.diagnose)
@@ -782,15 +786,16 @@ def run_model_sections(args, res, cfg, overrides, device, repeats, n_batches, do
     # 2b. throughput at the bigger width (same data, tokenizer and batches; NormLab eager vs HF BERT eager)
     t0 = time.perf_counter()
     cfg_wide = load_config(args.config, overrides + WIDE)
-    res["throughput_wide"], _ = bench_throughput(
-        cfg_wide, take_batches(cfg_wide, tokenizer, tokenized, build_dataloaders, n_batches, device), len(tokenizer),
-        tokenizer.pad_token_id, num_labels, device, repeats, False, False, extras=False)
+    with training_precision(device):
+        res["throughput_wide"], _ = bench_throughput(
+            cfg_wide, take_batches(cfg_wide, tokenizer, tokenized, build_dataloaders, n_batches, device),
+            len(tokenizer), tokenizer.pad_token_id, num_labels, device, repeats, False, False, extras=False)
     section_s["throughput_wide"] = time.perf_counter() - t0
 
     # 4. memory, on the longest timed batch
     t0 = time.perf_counter()
     longest = max(batches, key=lambda b: b["input_ids"].numel())
-    with amp:
+    with training_precision(device):
         res["memory"] = bench_memory(cfg, models, longest, device)
     section_s["memory"] = time.perf_counter() - t0
 
