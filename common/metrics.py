@@ -1,4 +1,4 @@
-"""Stability metrics of the training loop, under the names of DESIGN.md (wandb and metrics.jsonl alike).
+"""Stability metrics of the training loop, under the names the README lists (wandb and metrics.jsonl alike).
 
 Cost model: nothing here runs on a step that is not a logging step except `StepCounters.add` (two tensor adds,
 no host sync). On a logging step the model records its per-block activation sums of squares and attention-logit
@@ -167,7 +167,7 @@ class StepCounters:
 
 
 def gather_row(accelerator, counters: StepCounters, probe: StabilityProbe | None, grad_norm: float, lr: float):
-    """One metrics row (DESIGN.md names) from this process's counters and probe, combined over processes in a
+    """One metrics row (the README's metric names) from this process's counters and probe, combined over processes in a
     single gather: sums for token counts and squared activations, mean for the loss, max for logit maxima.
     Gradient norms and update ratios are the same on every process (gradients are all-reduced)."""
     n = probe.num_layers if probe is not None else 0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.jsonl import read_jsonl
 from common.stability import lr_sensitivity
 from common.stats import Estimate, fisher_greater, holm, paired_bootstrap, paired_t
 
@@ -47,9 +48,8 @@ class StudyData:
         if not (folder / "runs.jsonl").is_file():
             raise FileNotFoundError(f"{folder}/runs.jsonl not found: run `python scripts/score_runs.py {folder}` "
                                     f"on a finished study first")
-        read = lambda p: [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.is_file() else []
         labels = json.loads((folder / "labels.json").read_text()) if (folder / "labels.json").is_file() else {}
-        return cls(read(folder / "runs.jsonl"), read(folder / "e1.jsonl"), labels)
+        return cls(read_jsonl(folder / "runs.jsonl"), read_jsonl(folder / "e1.jsonl"), labels)
 
     def arm(self, experiment, variant, warmup="on", lr=None) -> list[dict]:
         """Runs of one arm, sorted by (lr, seed)."""

@@ -27,6 +27,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from common.data import get_tokenizer, resolve_dataset  # noqa: E402
+from common.jsonl import write_jsonl  # noqa: E402
 from common.metrics import block_parameters  # noqa: E402
 from model import NormLabConfig, NormLabForSequenceClassification  # noqa: E402
 
@@ -99,8 +100,7 @@ def run(init: dict, out: Path, tokenizer_rows: int, vocab_size: int) -> list[dic
                 print(f"e1 {placement} depth {depth} seed {seed}: grad last/first "
                       f"{r['grad_norm'][-1] / r['grad_norm'][0]:.3g}, output change {r['output_change'][-1]:.3g}",
                       flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    write_jsonl(out, rows)
     return rows
 
 

@@ -35,6 +35,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from common.data import resolve_dataset  # noqa: E402
+from common.jsonl import write_jsonl  # noqa: E402
 from common.metrics import read_metrics  # noqa: E402
 from model import BATCH_STAT_NORMS, NormLabForSequenceClassification  # noqa: E402
 from model.norms import set_batch_stats_in_eval  # noqa: E402
@@ -159,8 +160,7 @@ def main(argv=None) -> int:
             sets = score_sets(cfg, score["dev_rows"])
         rows.append(record(args.study_dir, name, entry, sets, score["batch_size"]))
         print(f"scored {name}: {rows[-1]['status']}", flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    write_jsonl(out, rows)
     if sets is not None:  # the gold labels, once: the report scores the saved predictions against them
         labels = {split: "".join(str(int(y)) for y in ys) for split, (_, ys) in sets.items()}
         (out.parent / "labels.json").write_text(json.dumps(labels))

@@ -425,6 +425,17 @@ def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool) -> 
         subprocess.run([sys.executable, str(scripts / "report.py"), str(study_dir)], cwd=REPO_ROOT)
 
 
+def dry_run(grid, runs, study_dir: Path, overrides) -> int:
+    """Print each run's command and whether a rerun would train or skip it; write nothing."""
+    for run in runs:
+        status = read_status(study_dir / "runs" / run["name"])
+        action = f"skip ({status})" if status in FINISHED else "train"
+        print(f"{action:18s} {shlex.join(train_command(grid, run, study_dir, overrides, [sys.executable]))}")
+    print(f"{len(runs)} runs ({sum(read_status(study_dir / 'runs' / r['name']) not in FINISHED for r in runs)} to train)"
+          f" in {study_dir}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (see the module docstring).",
@@ -465,13 +476,7 @@ def main(argv=None) -> int:
         print(f"study.py: error: {err}", file=sys.stderr)
         return 2
     if args.dry_run:
-        for run in runs:
-            status = read_status(study_dir / "runs" / run["name"])
-            action = f"skip ({status})" if status in FINISHED else "train"
-            print(f"{action:18s} {shlex.join(train_command(grid, run, study_dir, args.overrides, [sys.executable]))}")
-        print(f"{len(runs)} runs ({sum(read_status(study_dir / 'runs' / r['name']) not in FINISHED for r in runs)} to train)"
-              f" in {study_dir}")
-        return 0
+        return dry_run(grid, runs, study_dir, args.overrides)
     command = shlex.join(["python", "scripts/study.py", *(argv if argv is not None else sys.argv[1:])])
     started = time.time()
     try:

@@ -1,4 +1,4 @@
-"""Nothing is lost, nothing is a puzzle (issue 6): SIGTERM saves and exits cleanly, a `kill -9` run resumes to
+"""Nothing is lost, nothing is a puzzle: SIGTERM saves and exits cleanly, a `kill -9` run resumes to
 bitwise the same weights, checkpoints are atomic and a damaged one is named, divergence is a status, the same
 seed gives the same losses, and bad input is one line on stderr with nothing deleted."""
 

@@ -41,7 +41,7 @@ def test_accelerate_launch_end_to_end(tmp_path):
                                     "wandb.mode=offline", "wandb.tags=smoke"))
     assert result.returncode == 0, result.stderr[-3000:]
 
-    # the run directory of DESIGN.md
+    # the run directory the README describes
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "checkpoints/step_12", "final", "wandb"):
         assert (out / name).exists(), name
     cfg = yaml.safe_load((out / "config.yaml").read_text())
