@@ -41,10 +41,14 @@ def _table(header, rows) -> list[str]:
            ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
 
+def _estimate(est) -> str:
+    """The estimate with its interval, or the bare difference where there is none (a failure-rate difference)."""
+    return est.fmt(3) if math.isfinite(est.lo) else f"{est.mean:+.3f}"
+
+
 def verdict_section(data) -> list[str]:
-    rows = [[v["id"], v["experiment"], v["what"], v["estimate"].fmt(3) if v["estimate"].lo == v["estimate"].lo
-             else f"{v['estimate'].mean:+.3f}", f"{v['p']:.3g}", f"{v['p_holm']:.3g}", f"**{v['outcome']}**"]
-            for v in sa.verdicts(data)]
+    rows = [[v["id"], v["experiment"], v["what"], _estimate(v["estimate"]), f"{v['p']:.3g}", f"{v['p_holm']:.3g}",
+             f"**{v['outcome']}**"] for v in sa.verdicts(data)]
     lines = ["## Verdicts", "", "Primary hypotheses (one family, Holm-corrected at 0.05). Estimate: mean paired "
              "difference [95% interval] in the predicted comparison's units.", ""]
     lines += _table(["", "exp.", "quantity", "estimate", "p", "p (Holm)", "outcome"], rows)
@@ -56,8 +60,7 @@ def verdict_section(data) -> list[str]:
 
 def predictions_of(data, experiment: str) -> list[str]:
     """The experiment's predictions, each with its estimate and outcome (from the verdict tables)."""
-    found = {v["id"]: (v["estimate"].fmt(3) if v["estimate"].lo == v["estimate"].lo else f"{v['estimate'].mean:+.3f}",
-                       v["outcome"]) for v in sa.verdicts(data)}
+    found = {v["id"]: (_estimate(v["estimate"]), v["outcome"]) for v in sa.verdicts(data)}
     found.update({s["id"]: (s["value"], s["outcome"]) for s in sa.secondary(data)})
     lines = []
     for key, text in sa.PREDICTIONS[experiment].items():

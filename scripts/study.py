@@ -436,14 +436,14 @@ def dry_run(grid, runs, study_dir: Path, overrides) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (see the module docstring).",
         usage="study.py --preset quick|full|FILE.yaml [--only key=value,...] [--study-dir DIR] [--dry-run] "
               "[--engine local|ray [--address A] [--max-retries N]] [key=value ...]")
     parser.add_argument("--preset", required=True, help="quick, full (configs/study/<name>.yaml) or a study YAML file")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE,...",
-                        help="narrow the grid: keys variant, lr, warmup (on/off), seed; e.g. "
+                        help="narrow the grid: keys experiment (e1 too), variant, lr, warmup (on/off), seed; e.g. "
                              "--only variant=post_ln,pre_ln --only seed=0 (repeat a key for alternatives)")
     parser.add_argument("--study-dir", type=Path, default=None, help="default: studies/<study name>")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
@@ -460,7 +460,11 @@ def main(argv=None) -> int:
                              "was killed, each resuming from its last checkpoint (default 2)")
     parser.add_argument("--no-report", action="store_true", help="do not run scripts/report.py at the end")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py overrides for every run")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         bad = [o for o in args.overrides if "=" not in o]
         if bad:
