@@ -1,7 +1,7 @@
 """Data: find the dataset, check it, train (or fetch) the tokenizer, tokenize, and batch with little padding.
 
     resolve_dataset(cfg)            data.path -> local mirror -> Hub; checked; first N rows if asked
-    get_tokenizer(cfg, texts)       WordPiece trained on the training text (cached on disk), or a Hub tokenizer
+    get_tokenizer(cfg, texts)       BPE trained on the training text (cached on disk), or a Hub tokenizer
     tokenize_splits(dsd, tok, cfg)  input_ids, attention_mask, token_type_ids, labels, length
     build_dataloaders(cfg, tok, t)  length-grouped shuffled training batches, length-sorted eval batches
 
@@ -34,7 +34,7 @@ FORMATS = {
 # file-name stems that mean a split (HF's own conventions)
 SPLIT_ALIASES = {"validation": ("validation", "valid", "val", "dev"), "test": ("test", "eval"), "train": ("train",)}
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0: the model's default pad_token_id
-TOKENIZER_RECIPE = "wordpiece-bert-v1"  # bump when the recipe below changes: it is part of the cache key
+TOKENIZER_RECIPE = "bpe-metaspace-bert-v1"  # bump when the recipe below changes: it is part of the cache key
 MLM_PROBABILITY = 0.15
 # Mega-batches of MEGA_BATCH_MULT batches are sorted by length. The pad fraction falls like 1/MEGA_BATCH_MULT
 # (SST-2, batch 32: 50 -> 4.5%, 100 -> 2.4%); 100 still leaves ~20 mega-batches per SST-2 epoch to shuffle.
@@ -348,14 +348,20 @@ def label_names(dsd, cfg: dict) -> list[str]:
 # tokenizer
 
 
-def _train_wordpiece(texts: list[str], vocab_size: int):
+def _train_tokenizer(texts: list[str], vocab_size: int):
+    """A BPE tokenizer with BERT's text handling: lowercase, strip accents, split on whitespace and punctuation.
+    Pieces that start a word carry a leading "▁" (Metaspace, as in SentencePiece) instead of WordPiece's "##"
+    on the pieces that continue one. Why not WordPiece: its trainer in `tokenizers` numbers the "##" pieces in
+    hash-map order, which changes from process to process, and merges of equal count are ordered by those
+    numbers, so every fresh cache got a different vocabulary and runs differed between clones from the first
+    step. BPE over a sorted alphabet gives the same vocabulary, ids included, every time (tested)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)  # clean text, split CJK, strip accents, lowercase
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()  # whitespace and punctuation
-    tok.decoder = decoders.WordPiece(prefix="##")
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.BertPreTokenizer(), pre_tokenizers.Metaspace()])
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
@@ -387,7 +393,7 @@ def _as_texts(train_texts, text_column: str) -> list[str]:
 
 
 def get_tokenizer(cfg: dict, train_texts):
-    """data.tokenizer null: a WordPiece tokenizer trained on `train_texts` (a list of strings, `ds[text_column]`,
+    """data.tokenizer null: a BPE tokenizer trained on `train_texts` (a list of strings, `ds[text_column]`,
     or the training Dataset itself) with model.vocab_size tokens, or fewer when the text has fewer distinct
     pieces (so give the model vocab_size=len(tokenizer)); cached on disk.
     Otherwise AutoTokenizer.from_pretrained(data.tokenizer). model_max_length = data.max_length."""
@@ -399,7 +405,7 @@ def get_tokenizer(cfg: dict, train_texts):
             tokenizer = AutoTokenizer.from_pretrained(d["tokenizer"])
         except Exception as e:
             raise DataError(f"tokenizer {d['tokenizer']!r} could not be loaded ({type(e).__name__}); give a local "
-                            f"tokenizer folder or Hub id, or set data.tokenizer=null to train a WordPiece "
+                            f"tokenizer folder or Hub id, or set data.tokenizer=null to train a BPE "
                             f"tokenizer") from None
         if tokenizer.pad_token is None:  # e.g. GPT-2: padding needs some token; it is masked out anyway
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
@@ -413,7 +419,7 @@ def get_tokenizer(cfg: dict, train_texts):
     if not (final / "tokenizer.json").exists():
         final.parent.mkdir(parents=True, exist_ok=True)
         tokenizer = PreTrainedTokenizerFast(
-            tokenizer_object=_train_wordpiece(texts, vocab_size), unk_token="[UNK]", pad_token="[PAD]",
+            tokenizer_object=_train_tokenizer(texts, vocab_size), unk_token="[UNK]", pad_token="[PAD]",
             cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", model_max_length=d["max_length"],
         )
         # write to a temporary folder, then rename: a kill mid-save, or a second process doing the same

@@ -1,6 +1,8 @@
 """Data: finding the dataset (mirror, local files), clear errors on bad data, the tokenizer, and the batching."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -259,7 +261,7 @@ def test_tokenizer_cache_hit_and_key(small, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the cached tokenizer should have been used")
 
-    monkeypatch.setattr(data, "_train_wordpiece", no_training)
+    monkeypatch.setattr(data, "_train_tokenizer", no_training)
     again = get_tokenizer(cfg, texts)
     assert again.get_vocab() == tok.get_vocab()
     with pytest.raises(AssertionError, match="cached"):  # other text -> another key -> retrain
@@ -321,7 +323,7 @@ def test_sampler_under_accelerate_sharding_covers_everything_and_follows_set_epo
 
 def test_length_grouping_keeps_sst2_padding_under_5_percent():
     # Real SST-2 training lengths; GLUE's text is pre-tokenized with spaces, so words + [CLS]/[SEP] track the
-    # WordPiece lengths closely (and avoid tokenizing 67k sentences in a unit test).
+    # tokenizer's lengths closely (and avoid tokenizing 67k sentences in a unit test).
     sentences = pd.read_parquet(MIRROR / "train.parquet", columns=["sentence"]).sentence
     lengths = np.minimum(sentences.str.split().str.len().to_numpy() + 2, 64)
     grouped = padded_fraction_of(list(LengthGroupedBatchSampler(lengths, 32, seed=0)), lengths)
@@ -366,3 +368,15 @@ def test_build_dataloaders_mlm(small):
     assert not masked[:, 0].any()  # nor [CLS]
     share = masked.sum() / b["attention_mask"].sum()
     assert 0.03 < share < 0.4  # ~15% of real tokens
+
+
+def test_trained_tokenizer_is_the_same_in_every_process():
+    # The vocabulary must not depend on the process: a tokenizer trainer that numbers pieces in hash-map order
+    # (WordPiece's, in tokenizers) gives each fresh cache other ids, and runs then differ between clones.
+    script = ("import sys, pandas as pd; from common.data import _train_tokenizer; "
+              f"texts = pd.read_parquet({str(MIRROR / 'train.parquet')!r}).sentence.tolist()[:3000]; "
+              "sys.stdout.write(_train_tokenizer(texts, 1000).to_str())")
+    runs = [subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True,
+                           check=True).stdout for _ in range(3)]
+    assert len(json.loads(runs[0])["model"]["vocab"]) == 1000
+    assert runs[0] == runs[1] == runs[2]
