@@ -270,6 +270,23 @@ def structural_checks(data: StudyData) -> list[dict]:
     return checks
 
 
+def running_stats_table(data: StudyData) -> list[dict]:
+    """Per batch-statistics arm of E3, per seed: how far the running statistics eval uses sit from the statistics
+    of the real tokens (score_runs.py's `running_stats`), in the first norm layer, whose input no batch statistics
+    have touched, and averaged over layers. Descriptive: no prediction was written about it."""
+    rows = []
+    for norm in ("batchnorm", "masked_batchnorm"):
+        for batches in ("random", "grouped"):
+            gaps = [r["running_stats"] for r in e3_runs(data, norm, batches) if "running_stats" in r]
+            if gaps:
+                rows.append({"norm": norm, "batches": batches,
+                             "first_mean_gap": [g["mean_gap"][0] for g in gaps],
+                             "first_log_var_ratio": [g["log_var_ratio"][0] for g in gaps],
+                             "mean_gap": [float(np.mean(g["mean_gap"])) for g in gaps],
+                             "log_var_ratio": [float(np.mean(g["log_var_ratio"])) for g in gaps]})
+    return rows
+
+
 def p5(data: StudyData) -> dict:
     runs = e3_runs(data, "batchnorm", "random") + e3_runs(data, "batchnorm", "grouped")
     fixed = [data.correct(r, "val/fixed/batch") for r in runs]

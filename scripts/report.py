@@ -123,7 +123,22 @@ def e3_section(data) -> list[str]:
     lines += _table(["norm", "trained on", "statistics", "eval batching", "val accuracy", "flips vs sorted"], rows)
     lines += ["", f"Naive BN with batch statistics, sorted vs fixed padding: {p5['flips']} flips over {p5['runs']} "
               f"models.", "", "Structural checks:", ""]
-    return lines + _table(["check", "flips", "held"], checks) + [""]
+    return lines + _table(["check", "flips", "held"], checks) + [""] + running_stats_lines(data)
+
+
+def running_stats_lines(data) -> list[str]:
+    rows = [[r["norm"], r["batches"], _acc(r["first_mean_gap"]), _acc(r["first_log_var_ratio"]), _acc(r["mean_gap"]),
+             _acc(r["log_var_ratio"])] for r in sa.running_stats_table(data)]
+    if not rows:
+        return []
+    return ["Running statistics against the real tokens' (descriptive; measured after the predictions were "
+            "written): per layer, the mean over features of |running mean - real mean| / real std and of "
+            "|log(running var / real var)|, the real tokens' statistics taken over the validation split in eval "
+            "(sorted batches). 0 = the running statistics are exactly the real tokens'. The first layer's input "
+            "is the embeddings, untouched by batch statistics; deeper layers also inherit earlier layers' "
+            "train/eval differences.", ""] + _table(
+        ["norm", "trained on", "mean gap, layer 1", "log var ratio, layer 1", "mean gap, all layers",
+         "log var ratio, all layers"], rows) + [""]
 
 
 def e4_section(data) -> list[str]:

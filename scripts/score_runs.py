@@ -14,6 +14,10 @@ run of experiment e3, are also scored on the validation split batched three ways
 each with running statistics and (BN family) with the batch's own statistics. A sentence's prediction can only
 depend on its batch through batch statistics, so a prediction that changes between batchings is a "flip".
 
+Runs of norms with a running mean and variance also get a `running_stats` record: per layer, how far those running
+statistics (what eval normalizes with) sit from the mean and variance of the real tokens each layer sees when
+the validation split is evaluated. Running statistics averaged over padded positions are biased; this measures it.
+
 A record holds the run's grid coordinates, status, per-step curves (train loss, gradient norm, the largest
 attention logit over layers, the mean BN stat drift), the evaluations logged in training, and per batching the
 mean loss, the accuracy and every prediction as a string of class ids (one character per example; the gold labels
@@ -38,7 +42,7 @@ from common.data import resolve_dataset  # noqa: E402
 from common.jsonl import write_jsonl  # noqa: E402
 from common.metrics import read_metrics  # noqa: E402
 from model import BATCH_STAT_NORMS, NormLabForSequenceClassification  # noqa: E402
-from model.norms import set_batch_stats_in_eval  # noqa: E402
+from model.norms import _real_token_mask, set_batch_stats_in_eval  # noqa: E402
 
 BATCHINGS = ("sorted", "shuffled", "fixed")
 SHUFFLE_SEED = 1234  # one order for every model, so their shuffled batches hold the same sentences
@@ -71,6 +75,16 @@ def batches(lengths: list[int], how: str, batch_size: int) -> list[list[int]]:
     return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
 
 
+def padded(encoded, idx: list[int], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (len(idx), width), of the examples `idx` padded on the right."""
+    ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(idx), width, dtype=torch.long)
+    for row, i in enumerate(idx):
+        ids[row, :len(encoded[i])] = torch.tensor(encoded[i])
+        mask[row, :len(encoded[i])] = 1
+    return ids, mask
+
+
 @torch.no_grad()
 def predict(model, encoded, labels, how: str, batch_size: int, max_length: int, pad_id: int) -> dict:
     """Mean loss, accuracy and the predicted class of every example (in dataset order) under one batching."""
@@ -78,17 +92,48 @@ def predict(model, encoded, labels, how: str, batch_size: int, max_length: int, 
     preds, losses = np.zeros(n, dtype=np.int64), np.zeros(n)
     for idx in batches([len(e) for e in encoded], how, batch_size):
         width = max_length if how == "fixed" else max(len(encoded[i]) for i in idx)
-        ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        mask = torch.zeros(len(idx), width, dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids[row, :len(encoded[i])] = torch.tensor(encoded[i])
-            mask[row, :len(encoded[i])] = 1
+        ids, mask = padded(encoded, idx, width, pad_id)
         logits = model(input_ids=ids, attention_mask=mask).logits.float()  # (B, C)
         y = torch.tensor([labels[i] for i in idx])
         losses[idx] = F.cross_entropy(logits, y, reduction="none").numpy()
         preds[idx] = logits.argmax(-1).numpy()
     return {"loss": _sig(losses.mean()), "accuracy": _sig(float((preds == np.array(labels)).mean())),
             "pred": "".join(map(str, preds.tolist()))}
+
+
+@torch.no_grad()
+def running_stat_gap(model, encoded, batch_size: int, pad_id: int) -> dict | None:
+    """Per norm layer with running statistics (in model order), in the eval the report states (running statistics,
+    sorted batches): the mean over features of |running mean - real mean| / real std, and of
+    |log(running var / real var)|, where "real" is over the real (non-pad) tokens entering that layer on the
+    validation split. Both are 0 when the running statistics are those of the real tokens. None: no such layer."""
+    norms = [m for m in model.modules() if hasattr(m, "running_mean") and hasattr(m, "running_var")]
+    if not norms:
+        return None
+    sums = {id(m): torch.zeros(3, m.num_features, dtype=torch.float64) for m in norms}  # count, sum x, sum x^2
+
+    def record(module, args, kwargs):
+        x, mask = args[0], (args[1] if len(args) > 1 else kwargs.get("mask"))
+        real = _real_token_mask(x, mask)  # (N,) bool
+        xr = x.reshape(-1, module.num_features)[real].double()  # (n_real, D)
+        sums[id(module)] += torch.stack([torch.full_like(xr[0], len(xr)), xr.sum(0), (xr ** 2).sum(0)])
+
+    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in norms]
+    try:
+        for idx in batches([len(e) for e in encoded], "sorted", batch_size):
+            ids, mask = padded(encoded, idx, max(len(encoded[i]) for i in idx), pad_id)
+            model(input_ids=ids, attention_mask=mask)
+    finally:
+        for h in hooks:
+            h.remove()
+    mean_gap, log_var_ratio = [], []
+    for m in norms:
+        count, total, squares = sums[id(m)]
+        mean = total / count
+        var = (squares / count - mean ** 2).clamp(min=1e-12)
+        mean_gap.append(_sig(((m.running_mean.double() - mean).abs() / var.sqrt()).mean().item(), 4))
+        log_var_ratio.append(_sig((m.running_var.double() / var).log().abs().mean().item(), 4))
+    return {"mean_gap": mean_gap, "log_var_ratio": log_var_ratio}
 
 
 def score_sets(cfg: dict, dev_rows: int) -> dict:
@@ -104,26 +149,27 @@ def score_sets(cfg: dict, dev_rows: int) -> dict:
     return {"dev": (dev[col], dev[lab]), "val": (val[col], val[lab])}
 
 
-def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) -> dict:
+def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) -> tuple[dict, dict | None]:
+    """({split/batching/statistics: predict()}, running_stat_gap() on the validation split)"""
     from transformers import AutoTokenizer
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     max_length = cfg["data"]["max_length"]
     model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
-    out = {}
+    out, encoded = {}, {}
     for split, (texts, labels) in sets.items():
-        encoded = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
+        encoded[split] = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
         full = full_batchings and split == "val"
         hows = BATCHINGS if full else ("sorted",)
         modes = ("running", "batch") if (full and cfg["model"]["norm"] in BATCH_STAT_NORMS) else ("running",)
         for mode in modes:
             set_batch_stats_in_eval(model, mode == "batch")
             for how in hows:
-                out[f"{split}/{how}/{mode}"] = predict(model, encoded, list(labels), how, batch_size, max_length,
-                                                     tokenizer.pad_token_id)
+                out[f"{split}/{how}/{mode}"] = predict(model, encoded[split], list(labels), how, batch_size,
+                                                       max_length, tokenizer.pad_token_id)
         set_batch_stats_in_eval(model, False)
-    return out
+    return out, running_stat_gap(model, encoded["val"], batch_size, tokenizer.pad_token_id)
 
 
 def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> dict:
@@ -140,7 +186,9 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
         rec["curves"] = curves(read_metrics(run_dir / "metrics.jsonl"))
     if rec["status"] == "completed" and (run_dir / "final").is_dir():
         full = rec["experiment"] == "e3" or rec["norm"] in BATCH_STAT_NORMS
-        rec["scores"] = score_run(run_dir, sets, full, batch_size)
+        rec["scores"], gap = score_run(run_dir, sets, full, batch_size)
+        if gap is not None:
+            rec["running_stats"] = gap
     return rec
 
 

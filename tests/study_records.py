@@ -54,6 +54,13 @@ def e2_runs() -> list[dict]:
     return out
 
 
+# per (norm, training batches): two layers' gaps between running and real-token statistics
+RUNNING_STATS = {("batchnorm", "random"): {"mean_gap": [0.6, 0.4], "log_var_ratio": [0.8, 0.2]},
+                 ("batchnorm", "grouped"): {"mean_gap": [0.2, 0.2], "log_var_ratio": [0.1, 0.1]},
+                 ("masked_batchnorm", "random"): {"mean_gap": [0.0, 0.1], "log_var_ratio": [0.0, 0.1]},
+                 ("masked_batchnorm", "grouped"): {"mean_gap": [0.0, 0.1], "log_var_ratio": [0.0, 0.1]}}
+
+
 def e3_runs() -> list[dict]:
     """LN: identical predictions in every batching. Naive BN: batch statistics lose 4 answers with fixed padding
     and 2 with shuffled batches. Masked BN: batch statistics change only with shuffled batches."""
@@ -71,8 +78,10 @@ def e3_runs() -> list[dict]:
             drift = {"stat_drift": [0.4, 0.4, 0.4, 0.4] if batches == "random" else [0.1, 0.1, 0.1, 0.1]}
             out.append(run("e3", f"layernorm-{batches}", 1e-3, "on", seed, 30, 0.5, extra=ln))
             out.append(run("e3", f"batchnorm-{batches}", 1e-3, "on", seed, 28, 0.55, "batchnorm", drift, bn))
+            out[-1]["running_stats"] = RUNNING_STATS[("batchnorm", batches)]
             out.append(run("e3", f"masked_batchnorm-{batches}", 1e-3, "on", seed, 30, 0.5, "masked_batchnorm",
                            drift, mbn))
+            out[-1]["running_stats"] = RUNNING_STATS[("masked_batchnorm", batches)]
     return out
 
 

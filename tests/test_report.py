@@ -84,6 +84,16 @@ def test_lr_sensitivity_and_structural_checks(synthetic):
     assert s["naive BN stat drift (2nd half), random minus grouped batches"]["outcome"] == "confirmed"
 
 
+def test_running_statistics_table_reads_the_planted_gaps(synthetic):
+    _, data = synthetic
+    rows = {(r["norm"], r["batches"]): r for r in sa.running_stats_table(data)}
+    assert set(rows) == set(study_records.RUNNING_STATS)  # LN arms have no running statistics
+    naive = rows[("batchnorm", "random")]
+    assert naive["first_mean_gap"] == [0.6] * 3 and naive["first_log_var_ratio"] == [0.8] * 3
+    assert naive["mean_gap"] == pytest.approx([0.5] * 3) and naive["log_var_ratio"] == pytest.approx([0.5] * 3)
+    assert rows[("masked_batchnorm", "grouped")]["first_mean_gap"] == [0.0] * 3
+
+
 def test_a_broken_structural_check_is_reported(synthetic, tmp_path):
     folder, _ = synthetic
     rows = [json.loads(x) for x in (folder / "runs.jsonl").read_text().splitlines()]
@@ -110,6 +120,7 @@ def test_report_regenerates_from_the_records_alone(synthetic, tmp_path):
         with Image.open(out / f"{png}.png") as im:
             assert im.size[0] > 200
     assert "| P3 | E2 |" in text and "(6/6 vs 0/6)" in text and "commit `abc1234`" in text
+    assert "| batchnorm | random | 0.600 (0.600, 0.600, 0.600) | 0.800 (0.800, 0.800, 0.800) |" in text
     assert report.make_report(out).read_text() == text  # the committed folder alone gives the same report
 
 

@@ -60,6 +60,10 @@ def test_tiny_study_trains_scores_and_reports(tmp_path):
     assert set(bn["scores"]) == {f"val/{h}/{m}" for h in ("sorted", "shuffled", "fixed")
                                  for m in ("running", "batch")} | {"dev/sorted/running"}
     assert "stat_drift" in bn["curves"]
+    # 2 blocks x 2 norms + the final norm; LN runs have no running statistics
+    assert [len(bn["running_stats"][k]) for k in ("mean_gap", "log_var_ratio")] == [5, 5]
+    assert all(v >= 0 for k in ("mean_gap", "log_var_ratio") for v in bn["running_stats"][k])
+    assert not any("running_stats" in r for r in runs if r["norm"] != "batchnorm")
     # with running statistics nothing depends on the batch: the three batchings predict alike
     assert len({bn["scores"][f"val/{h}/running"]["pred"] for h in ("sorted", "shuffled", "fixed")}) == 1
     e1 = [json.loads(x) for x in (study_dir / "e1.jsonl").read_text().splitlines()]

@@ -1,0 +1,51 @@
+"""score_runs.py's measurement of running statistics against the real tokens', on a tiny model."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+
+import score_runs  # noqa: E402
+from model import NormLabConfig, NormLabForSequenceClassification  # noqa: E402
+
+SENTENCES = [[2, 5, 6, 3], [2, 7, 3], [2, 8, 9, 10, 11, 3], [2, 12, 3]]  # 16 real tokens, lengths 3-6
+
+
+def gap_after_one_batch(norm: str) -> dict:
+    """Train-mode forward over all sentences as one padded batch with momentum 1, so the running statistics become
+    that batch's; then measure them in eval."""
+    torch.manual_seed(0)
+    config = NormLabConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=16, norm=norm, norm_placement="pre", bn_momentum=1.0,
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0)
+    model = NormLabForSequenceClassification(config).train()
+    with torch.no_grad():
+        ids, mask = score_runs.padded(SENTENCES, list(range(len(SENTENCES))), 6, pad_id=0)
+        model(input_ids=ids, attention_mask=mask)
+    return score_runs.running_stat_gap(model.eval(), SENTENCES, batch_size=2, pad_id=0)
+
+
+def test_masked_batchnorm_running_statistics_are_the_real_tokens():
+    gap = gap_after_one_batch("masked_batchnorm")
+    assert len(gap["mean_gap"]) == 3  # attention and FFN norms of the block, the final norm
+    # the first norm sees the embeddings in train and eval alike: its running mean is the real tokens' mean, and
+    # its running variance their unbiased variance (n / (n - 1) times the biased one)
+    assert gap["mean_gap"][0] == pytest.approx(0, abs=1e-4)
+    assert gap["log_var_ratio"][0] == pytest.approx(math.log(16 / 15), rel=1e-3)
+
+
+def test_naive_batchnorm_running_statistics_carry_the_padding():
+    naive, masked = gap_after_one_batch("batchnorm"), gap_after_one_batch("masked_batchnorm")
+    assert naive["mean_gap"][0] > 0.1 > masked["mean_gap"][0]  # 8 of 24 positions were padding
+
+
+def test_norms_without_running_statistics_have_no_record():
+    config = NormLabConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=16, norm="layernorm", pad_token_id=0)
+    model = NormLabForSequenceClassification(config).eval()
+    assert score_runs.running_stat_gap(model, SENTENCES, batch_size=2, pad_id=0) is None
