@@ -368,7 +368,7 @@ class NormLabPreTrainedModel(PreTrainedModel):
         """Make every forward store the training loop's stability probes: each attention layer's largest
         pre-softmax logit over real tokens (`.last_logit_max`, a 0-dim tensor) and the encoder's per-block sum of
         squares of the residual stream over real tokens (`encoder.last_act_sumsq`, (N,)). Off clears them."""
-        encoder = self.base_model.encoder  # (its blocks directly: walking every module costs ~0.1 ms a call)
+        encoder = self.base_model.encoder  # its blocks directly: walking every module on each logged step is slow
         encoder.record_act_sumsq = bool(flag)
         for layer in encoder.layers:
             layer.attention.record_logit_max = bool(flag)
