@@ -22,7 +22,6 @@ import torch.nn as nn
 from torch import Tensor
 
 
-
 def _real_token_mask(x, mask):
     """mask (B, L) of 1/True for real tokens -> bool (B*L,) aligned with x.reshape(-1, D); None = all real."""
     if mask is None:
