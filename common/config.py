@@ -1,12 +1,11 @@
 """The run configuration: configs/default.yaml, deep-merged with a variant file, then `key.sub=value` overrides.
 
-The result is a nested plain dict (what gets saved with the run and logged to wandb). Every key and value is
-checked here, before any data is loaded, so a typo costs a second, not a tokenizer build:
-  - the keys of configs/default.yaml are the schema; `model.*` may be any NormLabConfig field;
-  - a value must have the default's type (an int is fine where a float is expected); keys whose default is null
-    have their type in NULLABLE_TYPES below;
-  - choices (task, wandb.mode, ...), positivity, data.max_length <= model.max_position_embeddings, and the
-    model section itself (a NormLabConfig is built from it).
+Two sources, one job each: the dataclasses below are the schema (each key's type, and in its metadata the
+choices or bounds it must keep); configs/default.yaml holds every value, with a comment each. OmegaConf holds the
+typed tree while the three layers are set key by key, converting values to their type (`1e-3` written in YAML is
+a float, `1` where a float is expected is 1.0) and refusing the rest. The result is a nested plain dict (what
+gets saved with the run and logged to wandb), checked before any data is loaded, so a typo costs a second, not a
+tokenizer build. `model.*` may be any NormLabConfig field: that section's schema is read off NormLabConfig.
 Every failure is a ConfigError (a ValueError) with a one-line message naming the key and what is valid.
 """
 
@@ -16,13 +15,16 @@ import hashlib
 import inspect
 import json
 import math
+import operator
 import os
 import sys
-import types
 import typing
 from pathlib import Path
 
 import yaml
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import ValidationError
+from transformers import SchedulerType
 
 from model.configuration_normlab import HIDDEN_ACTS, NORM_PLACEMENTS, NORM_TYPES, POOLINGS, NormLabConfig
 from normlab_kernels import MODES as KERNEL_MODES
@@ -36,29 +38,11 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 # accelerate's tracker names (accelerate.utils.LoggerType) plus "all"; kept literal so the config loads fast.
 TRACKERS = ("all", "wandb", "tensorboard", "trackio", "comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
-
-# Keys whose default is null: their type cannot be read off the default. A null-default key missing here
-# (added to default.yaml later) accepts any value.
-NULLABLE_TYPES = {
-    "data.path": (str,),
-    "data.num_labels": (int,),
-    "data.max_train_samples": (int,),
-    "data.max_eval_samples": (int,),
-    "data.tokenizer": (str,),
-    "train.max_steps": (int,),
-    "train.cpu_threads": (int,),
-    "train.mixed_precision": (str,),
-    "train.resume": (str,),
-    "wandb.group": (str,),
-}
-# Keys that take more than their default's type.
-EXTRA_TYPES = {"wandb.report_to": (str, list)}
 # Where a user's likely mistake has a better answer than a spelling suggestion.
 HINTS = {
     "model.num_labels": "the number of labels is data.num_labels (null: inferred from the training labels)",
     "model.max_length": "the truncation length is data.max_length",
 }
-
 USAGE = ("train.py [--config FILE|NAME] [--debug] [key.sub=value ...]   "
          "e.g. --config post_ln model.norm=rmsnorm train.lr=1e-3")
 
@@ -67,57 +51,163 @@ class ConfigError(ValueError):
     """A bad config key or value; the message names the key and what is valid."""
 
 
-@dataclasses.dataclass(frozen=True)
-class _Leaf:
-    types: tuple  # accepted types, in order of preference; () = anything
-    nullable: bool
+# ----------------------------------------------------------------------------------------------------------
+# the schema
 
-    def describe(self) -> str:
-        names = " or ".join("list" if t is list else t.__name__ for t in self.types) or "any value"
-        return names + (" or null" if self.nullable else "")
+
+def _key(**checks):
+    """A schema key: no default here (configs/default.yaml holds the values); `checks` are choices=, ge=, gt=,
+    lt= or nonempty=True, applied once the layers are merged."""
+    return dataclasses.field(default=MISSING, metadata=checks)
+
+
+def _model_section():
+    """Every NormLabConfig field as an optional key (`float | int` read as float), with the model's choices."""
+    choices = {"norm": NORM_TYPES, "norm_placement": NORM_PLACEMENTS, "pooling": POOLINGS, "hidden_act": HIDDEN_ACTS}
+    fields = []
+    for name, annotation in inspect.get_annotations(NormLabConfig).items():
+        kinds = typing.get_args(annotation) or (annotation,)
+        kind = float if float in kinds else next(k for k in kinds if k is not type(None))
+        kind = typing.Optional[kind] if type(None) in kinds else kind
+        fields.append((name, kind, _key(choices=choices[name]) if name in choices else _key()))
+    return dataclasses.make_dataclass("ModelSection", fields)
+
+
+ModelSection = _model_section()
+
+
+@dataclasses.dataclass
+class DataSection:
+    name: str = _key()
+    path: typing.Optional[str] = _key()
+    text_column: str = _key(nonempty=True)
+    label_column: str = _key(nonempty=True)
+    num_labels: typing.Optional[int] = _key(ge=2)
+    train_split: str = _key(nonempty=True)
+    eval_split: str = _key(nonempty=True)
+    max_length: int = _key(ge=1)
+    max_train_samples: typing.Optional[int] = _key(ge=1)
+    max_eval_samples: typing.Optional[int] = _key(ge=1)
+    group_by_length: bool = _key()
+    tokenizer: typing.Optional[str] = _key()
+
+
+@dataclasses.dataclass
+class TrainSection:
+    lr: float = _key(gt=0)
+    weight_decay: float = _key(ge=0)
+    adam_beta1: float = _key(ge=0, lt=1)
+    adam_beta2: float = _key(ge=0, lt=1)
+    batch_size: int = _key(ge=1)
+    grad_accum_steps: int = _key(ge=1)
+    epochs: int = _key(ge=1)
+    max_steps: typing.Optional[int] = _key(ge=1)
+    warmup_steps: int = _key(ge=0)
+    scheduler: str = _key(choices=tuple(s.value for s in SchedulerType))
+    max_grad_norm: float = _key(gt=0)
+    mixed_precision: typing.Optional[str] = _key(choices=MIXED_PRECISIONS)
+    tf32: bool = _key()
+    eval_steps: int = _key(ge=1)
+    save_steps: int = _key(ge=1)
+    save_total_limit: int = _key(ge=1)
+    log_steps: int = _key(ge=1)
+    resume: typing.Optional[str] = _key()  # null | auto | a checkpoint directory (checked in _validate)
+    cpu_threads: typing.Optional[int] = _key(ge=1)
+    compile: bool = _key()
+    compile_backend: str = _key()
+    kernels: str = _key(choices=KERNEL_MODES)
+
+
+@dataclasses.dataclass
+class WandbSection:
+    mode: str = _key(choices=WANDB_MODES)
+    project: str = _key()
+    group: typing.Optional[str] = _key()
+    tags: typing.List[str] = _key()
+    report_to: typing.Any = _key()  # one tracker name or a list of them (checked in _validate)
+    log_model: bool = _key()
+    log_checkpoints: bool = _key()
+
+
+@dataclasses.dataclass
+class RunConfig:
+    seed: int = _key(ge=0, lt=2**32)
+    output_dir: str = _key(nonempty=True)
+    task: str = _key(choices=TASKS)
+    model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    data: DataSection = dataclasses.field(default_factory=DataSection)
+    train: TrainSection = dataclasses.field(default_factory=TrainSection)
+    wandb: WandbSection = dataclasses.field(default_factory=WandbSection)
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the schema: default.yaml's tree, with the model section widened to every NormLabConfig field
+# setting one key
 
 
-def _leaf_from_annotation(annotation) -> _Leaf:
-    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
-    nullable = type(None) in args
-    kinds = tuple(a for a in args if a is not type(None))
-    if float in kinds:  # `float | int` fields: store floats
-        kinds = (float,)
-    return _Leaf(kinds, nullable)
+def _suggest(word, choices) -> str:
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def model_fields() -> dict:
-    """NormLabConfig's own fields (name -> _Leaf): the valid `model.*` keys."""
-    return {name: _leaf_from_annotation(a) for name, a in inspect.get_annotations(NormLabConfig).items()}
+def _field(key: str, source: str) -> dataclasses.Field:
+    """The schema field of a dotted key, or a ConfigError naming the key, a close match and the valid keys."""
+    section, here = RunConfig, ""
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(section):
+            raise ConfigError(f"config key '{key}' ({source}): '{here}' is a value, not a section with sub-keys")
+        fields = {f.name: f for f in dataclasses.fields(section)}
+        full = f"{here}.{part}" if here else part
+        if part not in fields:
+            close = difflib.get_close_matches(part, list(fields), n=1, cutoff=0.6)
+            hint = f"; {HINTS[full]}" if full in HINTS else (
+                f"; did you mean '{here + '.' if here else ''}{close[0]}'?" if close else "")
+            under = f"under {here}" if here else "at the top level"
+            raise ConfigError(f"unknown config key '{full}' ({source}){hint}; valid keys {under}: {', '.join(fields)}")
+        field, section, here = fields[part], fields[part].type, full
+    if dataclasses.is_dataclass(section):
+        first = dataclasses.fields(section)[0].name
+        raise ConfigError(f"'{key}' is a section ({source}); give its keys, e.g. {key}.{first}=...")
+    return field
 
 
-def _leaf_from_default(key: str, value) -> _Leaf:
-    if key in EXTRA_TYPES:
-        return _Leaf(EXTRA_TYPES[key], value is None)
-    if value is None:
-        return _Leaf(NULLABLE_TYPES.get(key, ()), True)
-    if isinstance(value, bool):
-        return _Leaf((bool,), False)
-    if isinstance(value, float):
-        return _Leaf((float,), False)
-    return _Leaf((type(value),), False)
+def _describe(kind) -> str:
+    kinds = typing.get_args(kind) if typing.get_origin(kind) is typing.Union else (kind,)
+    names = [getattr(typing.get_origin(k) or k, "__name__", "any value") for k in kinds if k is not type(None)]
+    return " or ".join(names) + (" or null" if type(None) in kinds else "")
 
 
-def _schema_from(defaults: dict, prefix: str = "") -> dict:
-    schema = {}
-    for k, v in defaults.items():
-        key = prefix + k
-        if key == "model":
-            schema[k] = model_fields()
-        elif isinstance(v, dict):
-            schema[k] = _schema_from(v, key + ".")
-        else:
-            schema[k] = _leaf_from_default(key, v)
-    return schema
+def _set(cfg, key: str, value, source: str, raw: str | None = None) -> None:
+    """cfg[key] = value, converted to the key's type by OmegaConf; `raw` is the command line's text."""
+    kind = _field(key, source).type
+    base = typing.get_args(kind)[0] if typing.get_origin(kind) is typing.Union else kind  # Optional[X] -> X
+    if base is str and raw is not None and value is not None and not isinstance(value, (str, list, dict)):
+        value = raw.strip()  # keep `wandb.group=1.10` and `train.mixed_precision=no` as typed
+    if base is str and isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} has the wrong type ({source}); expected {_describe(kind)} (YAML reads "
+                          f"yes/no/on/off as booleans: quote it, e.g. 'no')")
+    if base is int and isinstance(value, (str, float)) and not isinstance(value, bool):
+        try:  # `1e3` (a string to YAML) or 1000.0 where an int is expected
+            value = int(float(value)) if float(value).is_integer() else value
+        except (ValueError, OverflowError):
+            pass
+    if typing.get_origin(base) is list and isinstance(value, str):  # `wandb.tags=a,b` or `wandb.tags=a`
+        value = [s.strip() for s in value.split(",") if s.strip()]
+    try:
+        OmegaConf.update(cfg, key, value, merge=False)
+    except ValidationError:
+        if value is None:
+            raise ConfigError(f"{key} may not be null ({source}); expected {_describe(kind)}") from None
+        raise ConfigError(f"{key}={value!r} has the wrong type ({source}); expected {_describe(kind)}") from None
+    if isinstance(OmegaConf.select(cfg, key), float) and not math.isfinite(OmegaConf.select(cfg, key)):
+        raise ConfigError(f"{key}={value!r} must be a finite number ({source})")
+
+
+def _settings(tree: dict, prefix: str = "") -> list:
+    """A YAML mapping as (dotted key, value) pairs: {'train': {'lr': 1}} -> [('train.lr', 1)]."""
+    pairs = []
+    for k, v in tree.items():
+        pairs += _settings(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+    return pairs
 
 
 def _read_yaml(path: Path) -> dict:
@@ -128,128 +218,26 @@ def _read_yaml(path: Path) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"{path}{where} is not valid YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
+    if not isinstance(data, dict | None):
         raise ConfigError(f"{path} must hold a mapping of config keys (e.g. `model: {{norm: rmsnorm}}`), "
                           f"got {type(data).__name__}")
-    return data
+    return data or {}
 
 
-# ----------------------------------------------------------------------------------------------------------
-# keys and values
-
-
-def _suggest(word: str, choices) -> str:
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _child(node, part: str, here: str, source: str):
-    """node[part] (schema), or a ConfigError naming the full key, a close match and the valid keys."""
-    full = f"{here}.{part}" if here else part
-    if not isinstance(node, dict):
-        raise ConfigError(f"config key '{full}' ({source}): '{here}' is a value, not a section with sub-keys")
-    if part not in node:
-        close = difflib.get_close_matches(part, list(node), n=1, cutoff=0.6)
-        hint = f"; {HINTS[full]}" if full in HINTS else (
-            f"; did you mean '{here + '.' if here else ''}{close[0]}'?" if close else "")
-        under = f"under {here}" if here else "at the top level"
-        raise ConfigError(f"unknown config key '{full}' ({source}){hint}; valid keys {under}: {', '.join(node)}")
-    return node[part]
-
-
-def _lookup(schema: dict, key: str, source: str):
-    """The schema node (_Leaf or section dict) of a dotted key; ConfigError if it does not exist."""
-    node, here = schema, ""
-    for part in key.split("."):
-        node = _child(node, part, here, source)
-        here = f"{here}.{part}" if here else part
-    return node
-
-
-def _coerce(key: str, value, leaf: _Leaf, source: str):
-    """`value` converted to the leaf's type, or ConfigError. YAML reads `1e-3` as a string: numbers are parsed."""
-    if value is None:
-        if leaf.nullable or not leaf.types:
-            return None
-        raise ConfigError(f"{key} may not be null ({source}); expected {leaf.describe()}")
-    kinds = leaf.types
-    if not kinds:
-        return value
-    if isinstance(value, dict):
-        raise ConfigError(f"{key} is a value ({leaf.describe()}), not a section ({source})")
-    if isinstance(value, bool):
-        if bool in kinds:
-            return value
-        hint = " (YAML reads yes/no/on/off as booleans: quote it, e.g. 'no')" if str in kinds else ""
-        raise ConfigError(f"{key}={value!r} has the wrong type ({source}); expected {leaf.describe()}{hint}")
-    if isinstance(value, str) and (int in kinds or float in kinds):
-        for parse in (int, float):
-            try:
-                value = parse(value.strip())
-                break
-            except ValueError:
-                continue
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{key}={value!r} must be a finite number ({source})")
-        if int in kinds and isinstance(value, int):
-            return value
-        if float in kinds:
-            return float(value)
-        if int in kinds and float(value).is_integer():
-            return int(value)
-        if str in kinds:
-            return str(value)
-    if isinstance(value, str) and str in kinds:
-        return value
-    if list in kinds:
-        if isinstance(value, str):  # `wandb.tags=a,b` or `wandb.tags=a`
-            return [s.strip() for s in value.split(",") if s.strip()]
-        if isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
-            return [str(v) for v in value]
-    raise ConfigError(f"{key}={value!r} has the wrong type ({source}); expected {leaf.describe()}")
-
-
-def _merge(cfg: dict, update: dict, schema: dict, source: str, prefix: str = ""):
-    """Deep-merge `update` (a variant file's tree) into `cfg`, checking every key and value."""
-    for k, v in update.items():
-        key = f"{prefix}{k}"
-        node = _child(schema, str(k), prefix.rstrip("."), source)
-        if isinstance(node, dict):
-            if not isinstance(v, dict):
-                raise ConfigError(f"'{key}' is a section ({source}); give its keys, e.g. {key}.{next(iter(node))}=...")
-            _merge(cfg.setdefault(k, {}), v, node, source, key + ".")
-        else:
-            cfg[k] = _coerce(key, v, node, source)
-
-
-def _apply_override(cfg: dict, schema: dict, item: str):
+def _parse_override(item: str) -> tuple[str, object, str]:
+    """`key=value` -> (key, the value as YAML reads it, the raw text)."""
     key, sep, raw = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
+    if not sep or not key.strip():
         raise ConfigError(f"override {item!r} is not key=value (e.g. train.lr=1e-3)")
-    source = "command line"
-    node = _lookup(schema, key, source)
-    if isinstance(node, dict):
-        raise ConfigError(f"'{key}' is a section ({source}); set one of its keys, e.g. {key}.{next(iter(node))}=...")
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError:
         value = raw  # e.g. a path with odd characters: take it literally
-    if str in node.types and list not in node.types and value is not None and not isinstance(value, (str, list, dict)):
-        value = raw.strip()  # keep `wandb.group=1.10` and `train.mixed_precision=no` as typed
-    value = _coerce(key, value, node, source)
-    parts = key.split(".")
-    target = cfg
-    for p in parts[:-1]:
-        target = target.setdefault(p, {})
-    target[parts[-1]] = value
+    return key.strip(), value, raw
 
 
 # ----------------------------------------------------------------------------------------------------------
-# cross checks
+# checks on the merged config
 
 
 def _check_choice(key: str, value, choices):
@@ -259,68 +247,41 @@ def _check_choice(key: str, value, choices):
         )
 
 
-def _check_min(cfg: dict, key: str, low, inclusive=True, upper=None):
-    section, _, name = key.rpartition(".")
-    value = (cfg.get(section, {}) if section else cfg).get(name)
-    if value is None:  # null where allowed, or a key this version of default.yaml does not have
-        return
-    ok = (value >= low if inclusive else value > low) and (upper is None or value < upper)
-    if not ok:
-        rng = f"{'>=' if inclusive else '>'} {low}" + (f" and < {upper}" if upper is not None else "")
-        raise ConfigError(f"{key}={value!r} must be {rng}")
+BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "lt": ("<", operator.lt)}
+
+
+def _check_section(section, values: dict, prefix: str = ""):
+    """Each key's metadata checks (choices, bounds, non-empty); null passes where the type allows it."""
+    for f in dataclasses.fields(section):
+        key, value, checks = prefix + f.name, values.get(f.name), f.metadata
+        if dataclasses.is_dataclass(f.type):
+            _check_section(f.type, value, key + ".")
+        elif value is None:
+            continue
+        elif "choices" in checks:
+            _check_choice(key, value, checks["choices"])
+        elif checks.get("nonempty") and not str(value).strip():
+            raise ConfigError(f"{key} is empty; give a value (e.g. {key}=...)")
+        bounds = [(sign, op, checks[name]) for name, (sign, op) in BOUNDS.items() if name in checks]
+        if value is not None and not all(op(value, bound) for _, op, bound in bounds):
+            raise ConfigError(f"{key}={value!r} must be {' and '.join(f'{s} {b}' for s, _, b in bounds)}")
 
 
 def _validate(cfg: dict):
-    _check_choice("task", cfg["task"], TASKS)
-    _check_min(cfg, "seed", 0, upper=2**32)
-    if not cfg["output_dir"].strip():
-        raise ConfigError("output_dir is empty; give a run directory, e.g. output_dir=runs/my_run")
-
-    t, d, w, m = cfg["train"], cfg["data"], cfg["wandb"], cfg["model"]
-    for key in ("lr", "max_grad_norm"):
-        _check_min(cfg, f"train.{key}", 0, inclusive=False)
-    for key in ("batch_size", "grad_accum_steps", "epochs", "max_steps", "eval_steps", "save_steps", "log_steps",
-                "save_total_limit", "cpu_threads"):
-        _check_min(cfg, f"train.{key}", 1)
-    _check_min(cfg, "train.warmup_steps", 0)
-    _check_min(cfg, "train.weight_decay", 0)
-    _check_min(cfg, "train.adam_beta1", 0, upper=1)
-    _check_min(cfg, "train.adam_beta2", 0, upper=1)
-    if t.get("mixed_precision") is not None:
-        _check_choice("train.mixed_precision", t["mixed_precision"], MIXED_PRECISIONS)
-    from transformers import SchedulerType  # light: transformers imports lazily
-
-    _check_choice("train.scheduler", t["scheduler"], [s.value for s in SchedulerType])
-    _check_choice("train.kernels", t["kernels"], KERNEL_MODES)
-    resume = t.get("resume")
+    _check_section(RunConfig, cfg)
+    t, d, w = cfg["train"], cfg["data"], cfg["wandb"]
+    resume = t["resume"]
     if resume is not None and resume != "auto" and not Path(resume).is_dir():
         raise ConfigError(
             f"train.resume={resume!r} is not an existing directory; give null, auto (latest checkpoint in "
             f"output_dir), or a path such as {cfg['output_dir']}/checkpoints/step_500"
         )
-
-    _check_choice("wandb.mode", w["mode"], WANDB_MODES)
     for name in [w["report_to"]] if isinstance(w["report_to"], str) else w["report_to"]:
         _check_choice("wandb.report_to", name, TRACKERS + ("none",))
-
-    for key in ("max_length", "max_train_samples", "max_eval_samples"):
-        _check_min(cfg, f"data.{key}", 1)
-    _check_min(cfg, "data.num_labels", 2)
-    for key in ("text_column", "label_column", "train_split", "eval_split"):
-        if not d[key]:
-            raise ConfigError(f"data.{key} is empty; give a column/split name")
     if not d["name"] and not d["path"]:
         raise ConfigError("data.name and data.path are both empty; set data.name (Hub id) or data.path "
                           "(local file or folder)")
-
-    for key, choices in (("norm", NORM_TYPES), ("norm_placement", NORM_PLACEMENTS), ("pooling", POOLINGS),
-                         ("hidden_act", HIDDEN_ACTS)):
-        if key in m:
-            _check_choice(f"model.{key}", m[key], choices)
-    try:
-        model_cfg = NormLabConfig(**m)
-    except Exception as e:  # ValueError from its checks, or huggingface_hub's strict-dataclass error
-        raise ConfigError(" ".join(str(e).replace("NormLabConfig.", "model.").split())) from None
+    model_cfg = model_config_from(cfg)
     if d["max_length"] > model_cfg.max_position_embeddings:
         raise ConfigError(
             f"data.max_length={d['max_length']} exceeds model.max_position_embeddings="
@@ -350,27 +311,31 @@ def resolve_config_file(config_file: str) -> Path:
 
 def load_config(config_file: str | None = None, overrides=()) -> dict:
     """configs/default.yaml <- config_file (path or bare variant name) <- `key.sub=value` overrides; checked."""
-    defaults = _read_yaml(DEFAULT_CONFIG)
-    schema = _schema_from(defaults)
-    cfg = {}
-    _merge(cfg, defaults, schema, source=f"in {DEFAULT_CONFIG}")  # also coerces, e.g. a float written `1e-3`
+    cfg = OmegaConf.structured(RunConfig)
+    layers = [(DEFAULT_CONFIG, f"in {DEFAULT_CONFIG}")]
     if config_file:
         path = resolve_config_file(str(config_file))
-        _merge(cfg, _read_yaml(path), schema, source=f"in {path}")
+        layers.append((path, f"in {path}"))
+    for path, source in layers:
+        for key, value in _settings(_read_yaml(path)):
+            _set(cfg, key, value, source)
     for item in overrides:
-        _apply_override(cfg, schema, item)
-    _validate(cfg)
-    return cfg
+        key, value, raw = _parse_override(item)
+        _set(cfg, key, value, "command line", raw)
+    unset = [k for k in OmegaConf.missing_keys(cfg) if not k.startswith("model.")]
+    if unset:
+        raise ConfigError(f"{DEFAULT_CONFIG} has no value for {', '.join(sorted(unset))}; add it there")
+    out = OmegaConf.to_container(cfg)
+    out["model"] = {k: v for k, v in out["model"].items() if v != MISSING}  # only the model keys given
+    _validate(out)
+    return out
 
 
 def model_config_from(cfg: dict, **extra) -> NormLabConfig:
     """The NormLabConfig of a run; `extra` (vocab_size, num_labels, pad_token_id, ...) wins over cfg['model']."""
-    kwargs = {**cfg["model"], **extra}
     try:
-        return NormLabConfig(**kwargs)
-    except ConfigError:
-        raise
-    except Exception as e:
+        return NormLabConfig(**{**cfg["model"], **extra})
+    except Exception as e:  # ValueError from its checks, or huggingface_hub's strict-dataclass error
         raise ConfigError(" ".join(str(e).replace("NormLabConfig.", "model.").split())) from None
 
 
@@ -392,33 +357,20 @@ def config_hash(cfg_subset) -> str:
 
 def flatten_config(cfg: dict, prefix: str = "") -> dict:
     """{'train': {'lr': 1e-3}} -> {'train.lr': 1e-3} (for trackers that want flat keys)."""
-    flat = {}
-    for k, v in cfg.items():
-        if isinstance(v, dict):
-            flat.update(flatten_config(v, f"{prefix}{k}."))
-        else:
-            flat[f"{prefix}{k}"] = v
-    return flat
+    return dict(_settings(cfg, prefix))
 
 
 def parse_cli(argv=None):
     """`[--config FILE] [--debug] [key=value ...]` -> (config_file or None, [overrides], debug)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     config_file, overrides, debug = None, [], False
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
+    while argv:
+        arg = argv.pop(0)
         if arg in ("--config", "-c") or arg.startswith("--config="):
             if config_file is not None:
                 raise ConfigError(f"--config given twice ({config_file!r} and more); give one variant file and put "
                                   f"the rest in key=value overrides")
-            if "=" in arg:
-                config_file = arg.split("=", 1)[1]
-            elif i < len(argv):
-                config_file, i = argv[i], i + 1
-            else:
-                config_file = ""
+            config_file = arg.split("=", 1)[1] if "=" in arg else (argv.pop(0) if argv else "")
             if not config_file:
                 raise ConfigError("--config needs a file or variant name, e.g. --config configs/post_ln.yaml or "
                                   "--config post_ln")
@@ -427,12 +379,10 @@ def parse_cli(argv=None):
         elif arg in ("-h", "--help"):
             print(f"usage: {USAGE}")
             raise SystemExit(0)
-        elif arg.startswith("--") and "=" in arg:  # `--train.lr=1e-3`: forgive the dashes
-            overrides.append(arg[2:])
-        elif arg.startswith("-"):
+        elif arg.startswith("-") and "=" not in arg:
             raise ConfigError(f"unknown option {arg!r}; usage: {USAGE}")
         elif "=" in arg:
-            overrides.append(arg)
+            overrides.append(arg.lstrip("-"))  # `--train.lr=1e-3`: forgive the dashes
         else:
             raise ConfigError(
                 f"unexpected argument {arg!r}: overrides are key=value (e.g. train.lr=1e-3) and a config file "
@@ -442,6 +392,6 @@ def parse_cli(argv=None):
 
 
 __all__ = [
-    "ConfigError", "REPO_ROOT", "CONFIG_DIR", "DEFAULT_CONFIG", "TASKS", "WANDB_MODES", "load_config",
+    "ConfigError", "REPO_ROOT", "CONFIG_DIR", "DEFAULT_CONFIG", "TASKS", "WANDB_MODES", "RunConfig", "load_config",
     "model_config_from", "save_config", "config_hash", "flatten_config", "parse_cli", "resolve_config_file",
 ]

@@ -37,7 +37,7 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0: th
 TOKENIZER_RECIPE = "bpe-metaspace-bert-v1"  # bump when the recipe below changes: it is part of the cache key
 MLM_PROBABILITY = 0.15
 # Mega-batches of MEGA_BATCH_MULT batches are sorted by length. The pad fraction falls like 1/MEGA_BATCH_MULT
-# (SST-2, batch 32: 50 -> 4.5%, 100 -> 2.4%); 100 still leaves ~20 mega-batches per SST-2 epoch to shuffle.
+# (measured in docs/architecture.md); 100 still leaves ~20 mega-batches per SST-2 epoch to shuffle.
 MEGA_BATCH_MULT = 100
 
 
@@ -46,7 +46,7 @@ class DataError(ValueError):
 
 
 def _column(ds, col: str) -> list:
-    """One column as a Python list, fast (iterating `ds[col]` row by row is ~100x slower)."""
+    """One column as a Python list, fast (iterating `ds[col]` row by row decodes one row at a time)."""
     return ds.select_columns([col])[:][col]
 
 
@@ -549,7 +549,7 @@ class RandomBatchSampler(Sampler):
 class LengthGroupedBatchSampler(RandomBatchSampler):
     """Shuffled batches of similar lengths: a random permutation is cut into mega-batches of
     `mega_batch_mult * batch_size` indices, each sorted by length and cut into batches, and the batches are
-    shuffled. Padding then almost vanishes (SST-2, batch 32: ~2% instead of ~67% with random batches), while the
+    shuffled. Padding then almost vanishes (docs/architecture.md measures it on SST-2), while the
     batch order, and which examples share a batch, stay random. Deterministic for (seed, epoch)."""
 
     def __init__(self, lengths, batch_size: int, seed: int = 0, drop_last: bool = False,

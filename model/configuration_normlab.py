@@ -7,19 +7,9 @@ Every field is typed and checked when the config is built (not at the first forw
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-# The single source of truth for the choices; `norms.py` registers exactly these names (a test checks).
-NORM_TYPES = (
-    "layernorm",  # torch.nn.LayerNorm
-    "custom_layernorm",  # norms.CustomLayerNorm, hand-written and exact
-    "rmsnorm",  # torch.nn.RMSNorm semantics
-    "batchnorm",  # naive BN over every position, padding included (the cautionary tale)
-    "masked_batchnorm",  # BN statistics over real tokens only, synced across processes
-    "powernorm",  # Shen et al. 2020
-    "dyt",  # Dynamic Tanh, Zhu et al. 2025
-    "none",  # identity, the ablation
-)
-# Norms whose statistics come from the batch (and so have running statistics and a train/eval gap).
-BATCH_STAT_NORMS = ("batchnorm", "masked_batchnorm", "powernorm")
+# The norm names and the batch-statistics family come from the norm classes themselves (norms.py).
+from .norms import BATCH_STAT_NORMS, NORM_TYPES
+
 NORM_PLACEMENTS = ("post", "pre", "sandwich", "deepnorm")
 POOLINGS = ("cls", "mean")
 HIDDEN_ACTS = ("gelu", "relu", "gelu_new", "silu")
@@ -47,7 +37,7 @@ class NormLabConfig(PreTrainedConfig):
     except that the normalization layer (`norm`) and where it sits in a block (`norm_placement`) are chosen here.
 
     Args:
-        norm: one of `NORM_TYPES`.
+        norm: one of `NORM_TYPES`, the names registered in norms.py's `NORM_REGISTRY`.
         norm_placement: `post` (BERT: norm(x + f(x))), `pre` (x + f(norm(x)), final norm after the last block),
             `sandwich` (Peri-LN: x + norm_out(f(norm_in(x)))), `deepnorm` (post with residual scaled by
             (2N)^(1/4) and some projections initialised with gain (8N)^(-1/4); Wang et al. 2022).

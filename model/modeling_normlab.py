@@ -30,7 +30,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from .configuration_normlab import NormLabConfig
-from .norms import NORM_REGISTRY, build_norm
+from .norms import BATCH_STAT_NORMS, NORM_REGISTRY, NORM_TYPES, Norm, build_norm
 
 # Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
 PLACEMENTS_WITH_FINAL_NORM = ("pre", "sandwich")
@@ -324,10 +324,6 @@ def _real_sumsq(x, layout: TokenLayout):
     return (x.float().square().sum(-1) * layout.norm_mask).sum()  # padded layout: drop the pad positions
 
 
-def _is_norm_module(module: nn.Module) -> bool:
-    return isinstance(module, tuple(NORM_REGISTRY.values()))
-
-
 class NormLabPreTrainedModel(PreTrainedModel):
     config_class = NormLabConfig
     config: NormLabConfig
@@ -365,14 +361,14 @@ class NormLabPreTrainedModel(PreTrainedModel):
                 if not getattr(w, "_is_hf_initialized", False):  # a slice loses the "loaded" flag: check here
                     with torch.no_grad():
                         w[2 * (w.shape[0] // 3) :].normal_(0.0, std * module.value_init_gain)
-        elif _is_norm_module(module):
-            _init_norm(module, self.config)
+        elif isinstance(module, Norm):
+            _init_norm(module)
 
     def set_record_stability(self, flag: bool) -> None:
         """Make every forward store the training loop's stability probes: each attention layer's largest
         pre-softmax logit over real tokens (`.last_logit_max`, a 0-dim tensor) and the encoder's per-block sum of
         squares of the residual stream over real tokens (`encoder.last_act_sumsq`, (N,)). Off clears them."""
-        encoder = self.base_model.encoder  # (its blocks directly: walking every module costs ~0.1 ms a call)
+        encoder = self.base_model.encoder  # its blocks directly: walking every module on each logged step is slow
         encoder.record_act_sumsq = bool(flag)
         for layer in encoder.layers:
             layer.attention.record_logit_max = bool(flag)
@@ -387,7 +383,7 @@ class NormLabPreTrainedModel(PreTrainedModel):
             raise ValueError(
                 f"gradient checkpointing recomputes every block in the backward pass, which would update "
                 f"norm={self.config.norm}'s running statistics twice per step; use it with a norm without running "
-                f"statistics (layernorm, custom_layernorm, rmsnorm, dyt, none)"
+                f"statistics ({', '.join(n for n in NORM_TYPES if n not in BATCH_STAT_NORMS)})"
             )
         super()._set_gradient_checkpointing(enable, *args, **kwargs)
 
@@ -397,21 +393,12 @@ class NormLabPreTrainedModel(PreTrainedModel):
         return super().save_pretrained(save_directory, *args, **kwargs)
 
 
-def _init_norm(module: nn.Module, config: NormLabConfig) -> None:
-    """Reset a norm from norms.py to its identity-like start: scale 1, shift 0, DyT alpha = dyt_alpha_init,
-    running mean 0, running variance / quadratic mean 1, gradient statistic and counters 0."""
-    for name, p in module.named_parameters(recurse=False):
-        if name == "alpha":
-            init.constant_(p, config.dyt_alpha_init)
-        elif name == "bias":
-            init.zeros_(p)
-        else:
-            init.ones_(p)
-    for name, b in module.named_buffers(recurse=False):
-        if name in ("running_var", "running_psi2"):
-            init.ones_(b)
-        else:  # running_mean, ema_gz, num_batches_tracked
-            init.zeros_(b)
+def _init_norm(module: nn.Module) -> None:
+    """Reset a norm from norms.py to the values its class declares (`Norm.initial_values`): scale 1, shift 0,
+    running statistics at their neutral values, DyT's alpha at its configured start."""
+    values = module.initial_values()
+    for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+        init.constant_(t, values[name])  # a KeyError here: the norm class forgot to declare this tensor's start
 
 
 def _padding_mask(attention_mask):
@@ -464,7 +451,7 @@ class NormLabModel(NormLabPreTrainedModel):
         mask = _padding_mask(attention_mask)  # (B, L) bool or None
         packed = (
             self.unpad
-            and c.norm != "batchnorm"  # the naive BN must see the padding: that is its point
+            and not NORM_REGISTRY[c.norm].sees_padding  # the naive BN must see the padding: that is its point
             and not torch.compiler.is_compiling()  # packing has data-dependent shapes
         )
         layout = TokenLayout(mask, packed, attention_dtype(self.embeddings.word_embeddings.weight))

@@ -6,8 +6,12 @@ mask: a token's output depends on that token only, so padding can never leak in.
 (`BatchStatNorm`: batchnorm, masked_batchnorm, powernorm) must be told which positions are real; the naive
 `batchnorm` deliberately is not, to measure the harm of padding leaking into the statistics.
 
-`build_norm(config, dim)` builds the norm named by `config.norm`; `NORM_REGISTRY` maps each name of
-`NORM_TYPES` to its class.
+Each norm class declares what the rest of NormLab needs to know about it (`Norm`: its registry name, whether
+its statistics come from the batch, whether it must see the padding, how it is built from the config and the
+values it starts from); `NORM_REGISTRY` at the end lists the classes, and everything else derives from it: the
+valid `config.norm` names (`NORM_TYPES`), the batch-statistics family (`BATCH_STAT_NORMS`), `build_norm`, the
+weight initialization and the study's reports. This module imports nothing from the rest of the package, so the
+config can read the names from it.
 """
 
 from numbers import Integral
@@ -16,8 +20,6 @@ from typing import Optional
 import torch
 import torch.nn as nn
 from torch import Tensor
-
-from .configuration_normlab import NORM_TYPES
 
 
 def _real_token_mask(x, mask):
@@ -29,13 +31,38 @@ def _real_token_mask(x, mask):
     return mask.reshape(-1).to(device=x.device, dtype=torch.bool)
 
 
+class Norm:
+    """What every norm class declares (a mixin next to its torch base class).
+
+    name           its `config.norm` name
+    batch_stats    statistics come from the batch: running statistics, a train/eval gap, `bn/*` metrics
+    sees_padding   must run on the padded (B, L, D) layout, pad positions included (the naive BatchNorm)
+    from_config    how `build_norm` builds it from a NormLabConfig
+    initial_values the value every parameter and buffer of its own starts from; the model's `_init_weights`
+                   applies them (with transformers' init functions, which skip tensors loaded from a checkpoint)
+    """
+
+    name: str
+    batch_stats = False
+    sees_padding = False
+
+    @classmethod
+    def from_config(cls, config, dim: int) -> nn.Module:
+        return cls(dim, eps=config.norm_eps)
+
+    def initial_values(self) -> dict[str, float]:
+        return {"weight": 1.0, "bias": 0.0}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # LayerNorm, torch's and ours
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class LayerNorm(nn.LayerNorm):
+class LayerNorm(Norm, nn.LayerNorm):
     """torch.nn.LayerNorm that accepts (and ignores) the padding mask: its statistics are per token."""
+
+    name = "layernorm"
 
     def forward(self, x, mask=None):
         return super().forward(x)
@@ -117,7 +144,7 @@ if not hasattr(torch.ops.normlab, "layer_norm"):
     _op.register_fake(_layer_norm_backward_fake)
 
 
-class CustomLayerNorm(nn.Module):
+class CustomLayerNorm(Norm, nn.Module):
     r"""The project's hand-written LayerNorm: same constructor, parameters and results as torch.nn.LayerNorm.
 
     y = (x - mean) / sqrt(var + eps) * weight + bias, statistics over the last len(normalized_shape) dims,
@@ -145,6 +172,8 @@ class CustomLayerNorm(nn.Module):
     (the reference above unless a kernel package registered a faster one). No double backward (create_graph=True):
     the backward operator has no derivative of its own.
     """
+
+    name = "custom_layernorm"
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None):
         super().__init__()
@@ -183,31 +212,52 @@ class CustomLayerNorm(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class RMSNorm(nn.RMSNorm):
+class RMSNorm(Norm, nn.RMSNorm):
     """torch.nn.RMSNorm (x / sqrt(mean(x^2) + eps) * weight) accepting (and ignoring) the padding mask."""
+
+    name = "rmsnorm"
 
     def forward(self, x, mask=None):
         return super().forward(x)
 
 
-class DyT(nn.Module):
+class DyT(Norm, nn.Module):
     """Dynamic Tanh (Zhu et al., 2025, "Transformers without Normalization"): weight * tanh(alpha * x) + bias.
 
     No statistics at all; a learnable scalar alpha sets how early tanh squashes outliers.
     """
 
+    name = "dyt"
+
+    @classmethod
+    def from_config(cls, config, dim):
+        return cls(dim, alpha_init=config.dyt_alpha_init)
+
     def __init__(self, dim, alpha_init=0.5):
         super().__init__()
-        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.alpha_init = float(alpha_init)
+        self.alpha = nn.Parameter(torch.tensor(self.alpha_init))
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
+
+    def initial_values(self):
+        return {"alpha": self.alpha_init, "weight": 1.0, "bias": 0.0}
 
     def forward(self, x, mask=None):
         return self.weight * torch.tanh(self.alpha * x) + self.bias
 
 
-class Identity(nn.Module):
+class Identity(Norm, nn.Module):
     """No normalization: the ablation."""
+
+    name = "none"
+
+    @classmethod
+    def from_config(cls, config, dim):
+        return cls()
+
+    def initial_values(self):
+        return {}
 
     def forward(self, x, mask=None):
         return x
@@ -245,7 +295,7 @@ def _log_ratio_rms(var_b, var_r, eps):
     return torch.sqrt(torch.mean((torch.log(var_b + eps) - torch.log(var_r + eps)) ** 2))
 
 
-class BatchStatNorm(nn.Module):
+class BatchStatNorm(Norm, nn.Module):
     r"""Base of the norms whose statistics come from the batch: batchnorm, masked_batchnorm, powernorm.
 
     Training normalizes with the current batch's statistics and updates running statistics (momentum
@@ -271,10 +321,16 @@ class BatchStatNorm(nn.Module):
     buffer to its `buffer_dtype`) is turned back to float32 at the next training forward (`_float32_buffers`).
     """
 
-    name = "batch_stat_norm"  # the registry name, for error messages
+    name = "batch_stat_norm"  # each subclass has its registry name, used in error messages
+    batch_stats = True
+
+    @classmethod
+    def from_config(cls, config, dim):
+        return cls(dim, eps=config.norm_eps, momentum=config.bn_momentum)
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1):
         super().__init__()
+        self._stat_init = {}  # running-statistic buffer -> its initial value (`initial_values`)
         self.num_features = num_features
         self.eps = eps
         self.momentum = momentum
@@ -290,6 +346,10 @@ class BatchStatNorm(nn.Module):
         """A float32 running-statistic buffer (explicit dtype: from_pretrained(dtype=...) builds the model under
         another default dtype)."""
         self.register_buffer(name, torch.full((self.num_features,), value, dtype=torch.float32))
+        self._stat_init[name] = value
+
+    def initial_values(self):
+        return {"weight": 1.0, "bias": 0.0, "num_batches_tracked": 0, "last_stat_drift": 0.0, **self._stat_init}
 
     def _float32_buffers(self):
         """Half-precision floating buffers back to float32, in place (`.data`), so every holder of the buffer
@@ -379,6 +439,7 @@ class NaiveBatchNorm(_MeanVarBatchNorm):
     """
 
     name = "batchnorm"
+    sees_padding = True  # so the model keeps the padded layout for it: padding in the statistics is its point
 
     def _real(self, x, mask):
         return torch.ones(x.shape[:-1].numel(), dtype=torch.bool, device=x.device)
@@ -457,6 +518,11 @@ class PowerNorm(BatchStatNorm):
 
     name = "powernorm"
 
+    @classmethod
+    def from_config(cls, config, dim):
+        return cls(dim, eps=config.norm_eps, alpha_fwd=config.powernorm_alpha_fwd,
+                   alpha_bkw=config.powernorm_alpha_bkw, warmup_steps=config.powernorm_warmup_steps)
+
     def __init__(self, num_features, eps=1e-5, alpha_fwd=0.9, alpha_bkw=0.9, warmup_steps=1000, group_scaling=True):
         super().__init__(num_features, eps, momentum=1 - alpha_fwd)
         self.alpha_fwd = alpha_fwd
@@ -517,42 +583,30 @@ def set_batch_stats_in_eval(module: nn.Module, flag: bool) -> int:
 # Registry
 # ---------------------------------------------------------------------------------------------------------------
 
-NORM_REGISTRY = {
-    "layernorm": LayerNorm,
-    "custom_layernorm": CustomLayerNorm,
-    "rmsnorm": RMSNorm,
-    "batchnorm": NaiveBatchNorm,
-    "masked_batchnorm": MaskedBatchNorm,
-    "powernorm": PowerNorm,
-    "dyt": DyT,
-    "none": Identity,
-}
-assert tuple(NORM_REGISTRY) == NORM_TYPES, "NORM_REGISTRY must register exactly NORM_TYPES"
+# One line per norm; the order is the order of `NORM_TYPES` in error messages and docs.
+NORM_REGISTRY = {cls.name: cls for cls in (
+    LayerNorm,
+    CustomLayerNorm,
+    RMSNorm,
+    NaiveBatchNorm,
+    MaskedBatchNorm,
+    PowerNorm,
+    DyT,
+    Identity,
+)}
+NORM_TYPES = tuple(NORM_REGISTRY)
+BATCH_STAT_NORMS = tuple(name for name, cls in NORM_REGISTRY.items() if cls.batch_stats)
 
 
 def build_norm(config, dim=None) -> nn.Module:
     """The norm named by config.norm over the last dim `dim` (default config.hidden_size)."""
-    name = config.norm
-    dim = config.hidden_size if dim is None else dim
-    eps = config.norm_eps
-    if name in ("layernorm", "custom_layernorm"):
-        return NORM_REGISTRY[name](dim, eps=eps)
-    if name == "rmsnorm":
-        return RMSNorm(dim, eps=eps)
-    if name in ("batchnorm", "masked_batchnorm"):
-        return NORM_REGISTRY[name](dim, eps=eps, momentum=config.bn_momentum)
-    if name == "powernorm":
-        return PowerNorm(dim, eps=eps, alpha_fwd=config.powernorm_alpha_fwd, alpha_bkw=config.powernorm_alpha_bkw,
-                         warmup_steps=config.powernorm_warmup_steps)
-    if name == "dyt":
-        return DyT(dim, alpha_init=config.dyt_alpha_init)
-    if name == "none":
-        return Identity()
-    raise ValueError(f"norm={name!r} is not valid; choose one of: {', '.join(NORM_TYPES)}")
+    if config.norm not in NORM_REGISTRY:
+        raise ValueError(f"norm={config.norm!r} is not valid; choose one of: {', '.join(NORM_TYPES)}")
+    return NORM_REGISTRY[config.norm].from_config(config, config.hidden_size if dim is None else dim)
 
 
 __all__ = [
-    "NORM_REGISTRY", "build_norm", "BatchStatNorm", "set_batch_stats_in_eval", "CustomLayerNorm", "LayerNorm",
+    "NORM_REGISTRY", "NORM_TYPES", "BATCH_STAT_NORMS", "Norm", "build_norm", "BatchStatNorm", "set_batch_stats_in_eval", "CustomLayerNorm", "LayerNorm",
     "RMSNorm", "NaiveBatchNorm", "MaskedBatchNorm", "PowerNorm", "DyT", "Identity", "layer_norm_reference",
     "layer_norm_backward_reference",
 ]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check of NormLab's GPU paths, on a machine with one NVIDIA GPU (about 10 minutes):
+# One prepared check of NormLab's GPU paths, on a machine with one NVIDIA GPU (within a 10-minute budget, below):
 #
 #   bash scripts/gpu_check.sh [--cpu] [OUT_DIR]            # OUT_DIR default: runs/gpu_check-<time>/report
 #

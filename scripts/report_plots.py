@@ -107,8 +107,8 @@ def plot_e3_batching(data, path: Path) -> None:
 
 
 def plot_stat_drift(data, path: Path) -> None:
-    fig, axes = _panels(2, width=4.5)
-    for ax, norm in zip(axes, ("batchnorm", "masked_batchnorm")):
+    fig, axes = _panels(len(sa.E3_BN_NORMS), width=4.5)
+    for ax, norm in zip(axes, sa.E3_BN_NORMS):
         for batches, color in (("random", "tab:red"), ("grouped", "tab:blue")):
             for k, r in enumerate(data.arm("e3", f"{norm}-{batches}")):
                 c = r.get("curves", {})

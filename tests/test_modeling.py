@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from model import NormLabConfig, NormLabForMaskedLM, NormLabForSequenceClassification, NormLabModel
 from model.configuration_normlab import BATCH_STAT_NORMS, NORM_PLACEMENTS, NORM_TYPES
 from model.modeling_normlab import NormLabAttention, TokenLayout, deepnorm_alpha, deepnorm_beta
+from model.norms import NORM_REGISTRY
 
 VOCAB = 60
 PAD = 0
@@ -82,7 +83,7 @@ def _real_tokens_and_logits(model, input_ids, attention_mask):
     return captured["h"][attention_mask.bool()], logits
 
 
-PADDING_CASES = [(norm, placement, "cls", True) for norm in NORM_TYPES if norm != "batchnorm"
+PADDING_CASES = [(norm, placement, "cls", True) for norm in NORM_TYPES if not NORM_REGISTRY[norm].sees_padding
                  for placement in NORM_PLACEMENTS]
 PADDING_CASES += [("masked_batchnorm", "pre", "mean", True), ("layernorm", "post", "mean", True)]
 # the padded layout (NormLabModel.unpad = False) must be padding-invariant too: it is what runs without packing
@@ -511,7 +512,7 @@ def test_batch_stat_norm_with_one_real_token_raises(norm):
     model = NormLabForSequenceClassification(tiny_config(norm=norm)).train()
     with pytest.raises(ValueError, match="2 real tokens"):
         model(torch.tensor([[5]]), attention_mask=torch.tensor([[1]]))
-    if norm != "batchnorm":  # the naive variant counts pad positions, so only the masked ones see 1 token here
+    if not NORM_REGISTRY[norm].sees_padding:  # the naive variant counts pad positions: 1 token only when masked
         with pytest.raises(ValueError, match="2 real tokens"):
             model(torch.tensor([[5, 0, 0]]), attention_mask=torch.tensor([[1, 0, 0]]))
     model.eval()  # eval uses running statistics: a single token is fine

@@ -15,6 +15,7 @@ from torch.func import functional_call
 
 import normlab_kernels
 from model.configuration_normlab import BATCH_STAT_NORMS, NORM_TYPES, NormLabConfig
+from model.modeling_normlab import _init_norm
 from model.norms import (
     NORM_REGISTRY,
     BatchStatNorm,
@@ -257,6 +258,21 @@ def test_registry_matches_norm_types_and_build_norm():
     assert build_norm(_config("rmsnorm", norm_eps=1e-6)).eps == 1e-6
 
 
+@pytest.mark.parametrize("name", NORM_TYPES)
+def test_init_restores_the_values_each_norm_declares(name):
+    """The model's weight init resets a norm to `initial_values()`; they must match what its constructor makes
+    and name every tensor the norm owns (a new norm that forgets one fails here with a KeyError)."""
+    norm = build_norm(_config(name, dyt_alpha_init=0.7))
+    fresh = copy.deepcopy(norm.state_dict(keep_vars=False))
+    with torch.no_grad():
+        for t in [*norm.parameters(), *norm.buffers()]:
+            t.add_(torch.ones_like(t) if not t.is_floating_point() else torch.randn_like(t))
+    _init_norm(norm)
+    for key, value in norm.state_dict().items():
+        torch.testing.assert_close(value, fresh[key], msg=lambda m: f"{name}.{key}: {m}")
+    assert name != "dyt" or norm.alpha.item() == pytest.approx(0.7)
+
+
 def test_rmsnorm_matches_torch():
     torch.manual_seed(0)
     ours, ref = build_norm(_config("rmsnorm", norm_eps=1e-6)), nn.RMSNorm(D, eps=1e-6)
@@ -319,7 +335,7 @@ def test_padding_does_not_change_real_tokens_in_train(name):
         c = torch.randn(int(mask.sum()), D)
         y, dx = _real_outputs_and_grads(short, x, mask, c)
         yp, dxp = _real_outputs_and_grads(padded, xp, maskp, c)
-        if name == "batchnorm":
+        if NORM_REGISTRY[name].sees_padding:  # the naive batchnorm: what its class declares
             assert (y - yp).abs().max() > 1e-3  # the pads leak into the statistics: the harm, shown
             return
         _assert_close(yp, y, atol=1e-5, rtol=1e-5)
@@ -406,7 +422,7 @@ def test_single_real_token_raises_in_training(name):
     norm = build_norm(_config(name)).train()
     x = torch.randn(1, 3, D)
     mask = torch.tensor([[1, 0, 0]])
-    if name == "batchnorm":  # counts every position: one position in all
+    if NORM_REGISTRY[name].sees_padding:  # counts every position: one position in all
         x, mask = x[:, :1], mask[:, :1]
     with pytest.raises(ValueError, match=f"{name} needs at least 2 real tokens"):
         norm(x, mask)

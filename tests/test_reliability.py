@@ -185,7 +185,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("case,make_data,overrides,words", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
 def test_each_bad_input_is_one_named_line(case, make_data, overrides, words, tmp_path, capsys):
-    """Issue 6 item 4, through train.main: exit 2, one `error:` line naming the problem, nothing deleted."""
+    """Through train.main: exit 2, one `error:` line naming the problem, nothing deleted."""
     keep = tmp_path / "keep.txt"
     keep.write_text("a user's file")
     if make_data is not None:

@@ -96,7 +96,7 @@ def test_accelerate_launch_end_to_end(tmp_path):
     with torch.no_grad():
         expected = local(**enc).logits[0]
     assert torch.allclose(torch.tensor(json.loads(fresh.stdout.strip().splitlines()[-1])), expected, atol=1e-6)
-    # every checkpoint carries the tokenizer too (issue: "saved with every checkpoint")
+    # every checkpoint carries the tokenizer too, so AutoTokenizer loads from any checkpoint
     for ckpt in sorted((out / "checkpoints").glob("step_*")):
         assert AutoTokenizer.from_pretrained(ckpt).get_vocab() == AutoTokenizer.from_pretrained(out / "final").get_vocab()
     card = (out / "final" / "README.md").read_text()
@@ -150,7 +150,7 @@ def test_gradient_accumulation_and_log_steps(tmp_path):
 
 def test_torch_compile(tmp_path):
     # aot_eager: dynamo's graph capture and AOTAutograd, as with the default inductor backend, without the C++
-    # code generation that takes minutes on a shared 2-core CPU
+    # code generation, slow on a small shared CPU
     out = tmp_path / "compiled"
     assert run_here(out, "train.compile=true", "train.compile_backend=aot_eager", "train.max_steps=2",
                     "train.eval_steps=100", "data.max_eval_samples=16") == 0
