@@ -277,7 +277,7 @@ def running_stats_table(data: StudyData) -> list[dict]:
     of the real tokens (score_runs.py's `running_stats`), in the first norm layer, whose input no batch statistics
     have touched, and averaged over layers. Descriptive: no prediction was written about it."""
     rows = []
-    for norm in ("batchnorm", "masked_batchnorm"):
+    for norm in E3_BN_NORMS:
         for batches in ("random", "grouped"):
             gaps = [r["running_stats"] for r in e3_runs(data, norm, batches) if "running_stats" in r]
             if gaps:
