@@ -34,6 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # for common.data (the run's dataset), as train.py finds it
 
+from common.io import read_json, read_yaml  # noqa: E402
 from common.wandb_run import resolve_mode  # noqa: E402
 
 DATA_FORMATS = (".parquet", ".csv", ".tsv", ".jsonl", ".json")
@@ -80,9 +81,9 @@ def run_config(checkpoint: Path) -> dict | None:
     """The training config: <run>/config.yaml next to final/, else the YAML block of final/README.md."""
     import yaml
 
-    saved = checkpoint.parent / "config.yaml"
-    if saved.is_file():
-        return yaml.safe_load(saved.read_text())
+    saved = read_yaml(checkpoint.parent / "config.yaml")
+    if saved is not None:
+        return saved
     card = checkpoint / "README.md"
     if card.is_file():
         match = re.search(r"## Config\s*```yaml\n(.*?)```", card.read_text(), re.S)
@@ -390,9 +391,7 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
     cfg = run_config(checkpoint) or {}
     w, m = cfg.get("wandb") or {}, cfg.get("model") or {}
     in_run = (checkpoint.parent / "config.yaml").is_file()  # a run's final/: log next to the training run
-    trained = {}
-    if in_run and (checkpoint.parent / "summary.json").is_file():
-        trained = json.loads((checkpoint.parent / "summary.json").read_text())
+    trained = read_json(checkpoint.parent / "summary.json", {}) if in_run else {}
     project = w.get("project") or "normlab"
     group = w.get("group") or (f"{m['norm']}-{m['norm_placement']}" if m.get("norm") else None)
     name = (checkpoint.parent.name if in_run else checkpoint.name) + "-eval"
