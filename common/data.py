@@ -576,17 +576,6 @@ def pad_fraction(attention_mask) -> float:
     return 1.0 - float(mask.sum()) / max(mask.numel(), 1)
 
 
-def padded_fraction_of(batches, lengths) -> float:
-    """Pad fraction of a list of index batches padded to their longest member, from lengths alone."""
-    lengths = np.asarray(lengths)
-    real = padded = 0
-    for b in batches:
-        ls = lengths[b]
-        real += int(ls.sum())
-        padded += int(ls.max()) * len(ls)
-    return 1.0 - real / max(padded, 1)
-
-
 def _collator(cfg: dict, tokenizer, pad_to_multiple_of):
     from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
 
@@ -627,5 +616,5 @@ def build_dataloaders(cfg: dict, tokenizer, tokenized, pad_to_multiple_of: int |
 __all__ = [
     "DataError", "read_data_file", "resolve_dataset", "label_names", "mirror_candidates", "get_tokenizer", "tokenize_splits",
     "tokenizer_cache_key", "RandomBatchSampler", "LengthGroupedBatchSampler", "build_dataloaders", "pad_fraction",
-    "padded_fraction_of", "cache_dir", "MLM_PROBABILITY",
+    "cache_dir", "MLM_PROBABILITY",
 ]
