@@ -522,8 +522,9 @@ def micro_batches(run: Run):
 
 
 def train_loop(run: Run, stop: "StopSignal") -> str:
-    """One iteration per micro-batch, an optimizer step every grad_accum_steps of them. -> the run's status:
-    completed, diverged (a non-finite loss or gradient) or interrupted (SIGTERM/SIGINT, after a checkpoint)."""
+    """One iteration per micro-batch, an optimizer step every grad_accum_steps of them (forward, backward, clip,
+    optimizer step: common.step.train_step). -> the run's status: completed, diverged (a non-finite loss or
+    gradient) or interrupted (SIGTERM/SIGINT, after a checkpoint)."""
     st, t = run.state, run.cfg["train"]
     batches = micro_batches(run)
     window_start = None  # when the current optimizer step's first micro-batch started
@@ -654,7 +655,7 @@ def _init_trackers(accelerator, cfg: dict, wandb_mode: str, run_id: str, variant
     flat = {k: (", ".join(map(str, v)) if isinstance(v, list) else ("null" if v is None else v))
             for k, v in flatten_config(cfg).items()}  # flat scalars: what every tracker accepts
     accelerator.init_trackers(cfg["wandb"]["project"], config=flat, init_kwargs=init_kwargs)
-    wandb_on = any(getattr(tr, "name", None) == "wandb" for tr in accelerator.trackers)
+    wandb_on = any(tr.name == "wandb" for tr in accelerator.trackers)
     if wandb_on and accelerator.is_main_process:
         wandb_run.define_metrics(accelerator.get_tracker("wandb", unwrap=True))
     return wandb_on

@@ -1,10 +1,12 @@
 """Stability metrics of the training loop, under the names the README lists (wandb and metrics.jsonl alike).
 
-Cost model: nothing here runs on a step that is not a logging step except `StepCounters.add` (two tensor adds,
-no host sync). On a logging step the model records its per-block activation sums of squares and attention-logit
-maxima in the forward it runs anyway (`set_record_stability`), the loop takes per-block gradient norms with one
-`torch._foreach_norm`, copies the block weights into one flat buffer before the optimizer step and diffs them
-in place after it, and moves everything to the host in one `gather` (one collective, one sync).
+Cost model: nothing here runs on a step that is not a logging step except `StabilityProbe.count` (two tensor
+adds, no host sync). On a logging step the model records its per-block activation sums of squares and
+attention-logit maxima in the forward it runs anyway (`set_record_stability`), the probe takes per-block gradient
+norms with one `torch._foreach_norm`, copies the block weights into one flat buffer before the optimizer step and
+diffs them in place after it, gathers its dict of results over processes (one small all-gather per entry, none on
+one process), combines each entry by its own rule (`_ACROSS_PROCESSES`), and moves the lot to the host at once
+(one sync).
 
 Per-block metrics, for block i of `model.normlab.encoder.layers`:
   layers/{i}/grad_norm       L2 norm of the block's gradients, before clipping
