@@ -60,6 +60,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from common.io import atomic_write_json  # noqa: E402
 from common.optim import adamw  # noqa: E402  (the optimizer train.py uses)
 from common.step import MODEL_INPUTS, train_step  # noqa: E402  (the step train.py takes)
 
@@ -789,7 +790,7 @@ def finish(args, res, wall0) -> int:
     res["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     res["settings"]["wall_s"] = time.perf_counter() - wall0
     if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+        atomic_write_json(args.out, res, indent=1)
     if args.json:
         print(json.dumps(res))
     else:

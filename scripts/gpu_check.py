@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common.io import read_json, read_jsonl  # noqa: E402
+from common.io import atomic_write_json, read_json, read_jsonl  # noqa: E402
 
 # (batch, length, hidden): the default model's shapes, and one above CustomLayerNorm's threshold for compiled kernels
 LN_SHAPES = ((32, 64, 128), (64, 128, 256))
@@ -123,7 +123,7 @@ def kernels(args) -> int:
     rows = check_layernorm(device) + check_padded_row(device)
     info = {"device": str(device), "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
-    Path(args.out).write_text(json.dumps({"info": info, "checks": rows}, indent=1) + "\n")
+    atomic_write_json(args.out, {"info": info, "checks": rows}, indent=1)
     failed = [r for r in rows if not r["ok"]]
     for r in rows:
         print(("ok    " if r["ok"] else "FAIL  ") + json.dumps({k: v for k, v in r.items() if k != "ok"}))
@@ -154,7 +154,7 @@ def summarize_run(run: Path) -> dict:
 
 def summarize(args) -> int:
     runs = [summarize_run(Path(p)) for p in args.runs]
-    Path(args.out).write_text(json.dumps(runs, indent=1) + "\n")
+    atomic_write_json(args.out, runs, indent=1)
     for r in runs:
         print(json.dumps(r))
     bad = [r for r in runs if r["status"] != "completed" or r.get("running_stats_dtypes") not in (None, ["F32"])]
