@@ -21,30 +21,36 @@ import sys
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from transformers import get_scheduler
 
 from common import wandb_run
 from common.checkpointing import (
     CheckpointError,
-    atomic_write_json,
-    atomic_write_text,
-    capture_rng_state,
     list_checkpoints,
     load_checkpoint,
-    read_json,
+    mid_epoch_rng,
     replace_dir,
     resolve_resume,
-    restore_rng_state,
+    restore_after_first,
     save_checkpoint,
     validate_checkpoint,
 )
 from common.config import ConfigError, flatten_config, load_config, model_config_from, parse_cli, save_config
-from common.metrics import MetricsWriter, StabilityProbe, StepCounters, clip_coefficient, gather_row
+from common.data import build_dataloaders, get_tokenizer, label_names, resolve_dataset, tokenize_splits
+from common.evaluation import evaluate
+from common.io import atomic_write_json, atomic_write_text, read_json, read_yaml
+from common.metrics import MetricsWriter, StabilityProbe
 from common.optim import adamw
 from common.stability import LossSpikeDetector
+from common.step import train_step
+from model import NormLabForMaskedLM, NormLabForSequenceClassification
+from model.norms import BatchStatNorm, set_batch_stats_in_eval
 
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT = 0, 1, 2
 # Keys that may change when a run is resumed; any other difference from the checkpoint's config is an error.
@@ -99,15 +105,6 @@ def check_output_dir(cfg: dict) -> None:
         )
 
 
-def read_yaml(path):
-    import yaml
-
-    try:
-        return yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-
-
 def check_resume_config(cfg: dict, ckpt_cfg: dict, path: Path) -> list[str]:
     """ConfigError when the checkpoint was trained with another model/data/batch setup; the harmless
     differences (more steps, other logging...) are returned for a notice."""
@@ -133,40 +130,7 @@ def resolve_trackers(cfg: dict) -> tuple[list[str], str]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# building blocks of the loop
-
-
-@torch.no_grad()
-def evaluate(accelerator, model, loader, task: str, seed: int) -> dict:
-    """Loss and accuracy over the whole eval split (classification: per example; mlm: per masked token).
-    Per-example sums are gathered with gather_for_metrics, which drops the duplicates that pad the last batch
-    across processes. Runs under a forked RNG seeded with `seed`: MLM masks are the same at every evaluation,
-    and the training RNG stream (dropout) is left untouched, so evaluating never changes training."""
-    was_training = model.training
-    model.eval()
-    totals = torch.zeros(3, dtype=torch.float64)  # loss sum, targets, correct
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        for batch in loader:
-            labels = batch["labels"]
-            inputs = {k: v for k, v in model_inputs(batch).items() if k != "labels"}
-            logits = model(**inputs).logits.float()
-            if task == "mlm":  # logits (B, L, V), labels (B, L) with -100 off the masked positions
-                target = labels != -100
-                tok_loss = F.cross_entropy(logits.transpose(1, 2), labels.clamp_min(0), reduction="none")  # (B, L)
-                loss = (tok_loss * target).sum(1)
-                count = target.sum(1).float()
-                correct = ((logits.argmax(-1) == labels) & target).sum(1).float()
-            else:  # logits (B, C), labels (B,)
-                loss = F.cross_entropy(logits, labels, reduction="none")
-                count = torch.ones_like(loss)
-                correct = (logits.argmax(-1) == labels).float()
-            per_example = torch.stack([loss, count, correct], dim=1)  # (B, 3)
-            totals += accelerator.gather_for_metrics(per_example).sum(0).double().cpu()
-    model.train(was_training)
-    loss_sum, n, correct = totals.tolist()
-    return {"eval/loss": loss_sum / max(n, 1), "eval/accuracy": correct / max(n, 1)}
+# building blocks of the run
 
 
 def bn_stats_spread(accelerator, model, batch_stat_norm_cls) -> float:
@@ -188,6 +152,10 @@ class StopSignal:
     def __init__(self):
         self.signum = None
         self._previous = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
     def _handle(self, signum, frame):
         self.signum = signum
@@ -276,15 +244,15 @@ def write_summary(accelerator, cfg: dict, summary: dict, wandb_on: bool) -> None
 
 
 # ----------------------------------------------------------------------------------------------------------
-# the run
+# processes and threads
 
 
 def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ):
     """Intra-op threads per process of a CPU run (None off CPU: torch's default stands):
       1. `setting` (train.cpu_threads) if given;
       2. else OMP_NUM_THREADS as the user set it -- except a 1 under `accelerate launch`, which exports
-         OMP_NUM_THREADS=1 on a machine without GPUs unless told otherwise (the default run took 2 min 52 s on one
-         of two cores that way);
+         OMP_NUM_THREADS=1 on a machine without GPUs unless told otherwise, leaving all but one core idle
+         (docs/architecture.md has the measurement);
       3. else the physical cores this process may use, split between the machine's processes: what
          `accelerate launch --cpu` picks."""
     if device_type != "cpu":
@@ -315,33 +283,60 @@ def fsdp_float32_buffers(accelerator) -> None:
         plugin.mixed_precision_policy = dataclasses.replace(policy, buffer_dtype=torch.float32)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# the run: setup, the loop, evaluation, checkpoints, the end
+
+
 def train(cfg: dict, variant: str | None = None) -> int:
     """One run of `cfg`; `variant` (the --config file's name) becomes a wandb tag."""
+    resume_path, notices, trackers, wandb_mode = preflight(cfg)
+    accelerator = make_accelerator(cfg, trackers)
+    for message in notices:
+        accelerator.print(f"note: {message}", file=sys.stderr)
+    # The operators' implementations (normlab_kernels: C++ on CPU, Triton on CUDA, or the reference PyTorch math),
+    # chosen, built and registered before seeding: a build never runs inside the loop or touches its RNG.
+    import normlab_kernels
+
+    kernels = normlab_kernels.enable(cfg["train"]["kernels"], accelerator.device)
+    set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
+    try:
+        run = setup(cfg, accelerator, resume_path, wandb_mode, variant, kernels)
+        with StopSignal().installed() as stop:
+            status = train_loop(run, stop)
+        run.progress.close()
+        finish(run, status)
+        return EXIT_OK
+    finally:
+        accelerator.end_training()
+
+
+def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
+    """Before loading anything: the checkpoint to resume from, whether the run directory is ours to write, and
+    the trackers. -> (resume path, notices, tracker names, wandb mode)."""
     t, out = cfg["train"], Path(cfg["output_dir"])
     if not isinstance(t["save_total_limit"], int) or t["save_total_limit"] < 1:
         raise ConfigError(f"train.save_total_limit={t['save_total_limit']!r} must be an integer >= 1")
-
-    # 1. Before loading anything: which checkpoint to resume from, and is the run directory ours to write?
     check_output_dir(cfg)
     resume_path, notices = resolve_resume(t["resume"], out)
     if resume_path is not None:
         changed = check_resume_config(cfg, validate_checkpoint(resume_path)["config"], resume_path)
         notices += [f"resuming with changed {k}" for k in changed if k != "train.resume"]
-    trackers, wandb_mode = resolve_trackers(cfg)
-    os.environ.setdefault("WANDB_SILENT", "true")
-    if "wandb" in trackers:
-        os.environ["WANDB_MODE"] = wandb_mode  # offline: wandb never touches the network
-
-    # 2. The accelerator: processes, devices, mixed precision, gradient accumulation, trackers.
-    from accelerate import Accelerator
-    from accelerate.utils import set_seed
-
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         raise ConfigError(
             "train.py does not run under DeepSpeed (its per-step stability metrics read every parameter's gradient "
             "and update, which ZeRO partitions and applies inside backward); use configs/accelerate/fsdp.yaml or "
             "multi_gpu.yaml, or configs/accelerate/deepspeed_zero2.yaml with a transformers Trainer script"
         )
+    trackers, wandb_mode = resolve_trackers(cfg)
+    os.environ.setdefault("WANDB_SILENT", "true")
+    if "wandb" in trackers:
+        os.environ["WANDB_MODE"] = wandb_mode  # offline: wandb never touches the network
+    return resume_path, notices, trackers, wandb_mode
+
+
+def make_accelerator(cfg: dict, trackers: list[str]):
+    """The accelerator (processes, devices, mixed precision, gradient accumulation, trackers) and the threads."""
+    t = cfg["train"]
     # Several processes on a machine without GPUs (configs/accelerate/cpu_2proc.yaml): CPU processes, gloo.
     cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available()
     accelerator = Accelerator(
@@ -349,7 +344,7 @@ def train(cfg: dict, variant: str | None = None) -> int:
         gradient_accumulation_steps=t["grad_accum_steps"],
         mixed_precision=t["mixed_precision"],  # None: what `accelerate launch` was given
         log_with=trackers or None,
-        project_dir=str(out),
+        project_dir=cfg["output_dir"],
     )
     threads = cpu_threads(t["cpu_threads"], accelerator.device.type,
                           int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))
@@ -358,31 +353,110 @@ def train(cfg: dict, variant: str | None = None) -> int:
     if accelerator.device.type == "cuda":
         torch.set_float32_matmul_precision("high" if t["tf32"] else "highest")  # high = TF32 matmuls
     fsdp_float32_buffers(accelerator)
-    for message in notices:
-        accelerator.print(f"note: {message}", file=sys.stderr)
-    # The operators' implementations (normlab_kernels: C++ on CPU, Triton on CUDA, or the reference PyTorch math),
-    # chosen, built and registered before seeding: a build never runs inside the loop or touches its RNG.
-    import normlab_kernels
-
-    kernels = normlab_kernels.enable(t["kernels"], accelerator.device)
-    set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
-    try:
-        return _train(cfg, accelerator, resume_path, wandb_mode, variant, kernels)
-    finally:
-        accelerator.end_training()
+    return accelerator
 
 
-def _train(cfg, accelerator, resume_path, wandb_mode, variant=None, kernels: dict | None = None) -> int:
-    from transformers import get_scheduler
+@dataclass
+class TrainerState:
+    """Where the run is and what it has seen: what a checkpoint's trainer_state.json holds besides the config."""
 
-    from common.data import build_dataloaders, get_tokenizer, label_names, resolve_dataset, tokenize_splits
-    from model import NormLabForMaskedLM, NormLabForSequenceClassification
-    from model.norms import BatchStatNorm, set_batch_stats_in_eval
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batches_in_epoch: int = 0  # micro-batches of `epoch` consumed (per process)
+    spikes: LossSpikeDetector = field(default_factory=LossSpikeDetector)
+    best: dict | None = None  # the eval metrics with the best accuracy so far, and their step
+    last_eval: dict | None = None
+    wall_time_s: float = 0.0  # spent by the earlier processes of this run (resumed runs)
+    wandb_run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
-    t, d, out, task = cfg["train"], cfg["data"], Path(cfg["output_dir"]), cfg["task"]
+    def to_checkpoint(self, cfg: dict, num_processes: int, wall_time_s: float) -> dict:
+        return {"step": self.step, "epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
+                "num_processes": num_processes, "spike_detector": self.spikes.state_dict(), "best": self.best,
+                "last_eval": self.last_eval, "wall_time_s": wall_time_s, "wandb_run_id": self.wandb_run_id,
+                "config": cfg}
+
+    @classmethod
+    def from_checkpoint(cls, st: dict) -> "TrainerState":
+        spikes = LossSpikeDetector()
+        spikes.load_state_dict(st["spike_detector"])
+        return cls(st["step"], st["epoch"], st["batches_in_epoch"], spikes, st["best"], st["last_eval"],
+                   st["wall_time_s"], st["wandb_run_id"])
+
+
+@dataclass
+class Run:
+    """Everything the loop and its helpers use: what setup built, the trainer state, and the bookkeeping."""
+
+    cfg: dict
+    accelerator: object
+    model: torch.nn.Module  # prepared (DDP/FSDP-wrapped, compiled) for forward and backward
+    optimizer: object
+    scheduler: object
+    train_loader: object
+    batch_sampler: object  # the train loader's own sampler, which set_epoch reshuffles
+    eval_loader: object
+    tokenizer: object
+    total_steps: int
+    state: TrainerState
+    resumed: bool
+    resume_rng: dict | None  # resuming mid-epoch: the RNG state to restore after the first batch
+    kernels: dict  # operator -> the backend that runs it (train.kernels)
+    wall_start: float
+    probe: StabilityProbe | None = None
+    writer: MetricsWriter | None = None  # metrics.jsonl (main process)
+    wandb_on: bool = False
+    wb: object = None  # the wandb run (main process): charts, artifacts, the summary
+    progress: object = None
+    evaluated_at: int = -1
+    saved_at: int = -1
+    train_time: float = 0.0  # seconds inside optimizer steps, and how many: summary.json's step_time_s
+    steps_timed: int = 0
+    bn_spread: float | None = None  # BN family: do the running statistics agree across processes at the end?
+
+    @property
+    def unwrapped(self):
+        return self.accelerator.unwrap_model(self.model)
+
+    @property
+    def uses_bn(self) -> bool:
+        return self.unwrapped.config.uses_batch_statistics
+
+
+def setup(cfg, accelerator, resume_path, wandb_mode, variant, kernels) -> Run:
+    """Data, model, optimizer and schedule; the resumed state; the run directory and trackers."""
     wall_start = time.time()
+    tokenizer, dsd, train_loader, eval_loader = build_data(cfg, accelerator)
+    batch_sampler = train_loader.batch_sampler  # ours (deterministic per (seed, epoch)), before prepare wraps it
+    model, optimizer = build_model(cfg, tokenizer, dsd)
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    t, P = cfg["train"], accelerator.num_processes
+    steps_per_epoch = math.ceil(len(train_loader) / t["grad_accum_steps"])
+    total_steps = t["max_steps"] or t["epochs"] * steps_per_epoch
+    # The prepared scheduler steps once per process per optimizer step, hence the factor.
+    scheduler = accelerator.prepare(get_scheduler(
+        t["scheduler"], optimizer, num_warmup_steps=t["warmup_steps"] * P, num_training_steps=total_steps * P))
+    state, resume_rng = TrainerState(), None
+    if resume_path is not None:  # weights, optimizer, schedule and RNG; the data position from the state
+        state = TrainerState.from_checkpoint(load_resume_checkpoint(accelerator, resume_path))
+        resume_rng = mid_epoch_rng(state.batches_in_epoch, len(train_loader))
+        accelerator.print(f"resumed from {resume_path} (step {state.step}, epoch {state.epoch}, "
+                          f"{state.batches_in_epoch} batches into it)")
+    if state.batches_in_epoch >= len(train_loader):  # saved at the end of an epoch
+        state.epoch, state.batches_in_epoch = state.epoch + 1, 0
+    run = Run(cfg, accelerator, model, optimizer, scheduler, train_loader, batch_sampler, eval_loader, tokenizer,
+              total_steps, state, resumed=resume_path is not None, resume_rng=resume_rng, kernels=kernels,
+              wall_start=wall_start)
+    open_run_dir(run, wandb_mode, variant)
+    run.probe = StabilityProbe(run.unwrapped, BatchStatNorm if run.uses_bn else None)
+    run.evaluated_at = run.saved_at = state.step if run.resumed else -1
+    run.progress = _progress(accelerator, total_steps, state.step)
+    return run
 
-    # 3. Data: the main process builds (and caches) the tokenizer and tokenized splits first, then the others.
+
+def build_data(cfg: dict, accelerator):
+    """(tokenizer, raw DatasetDict, train loader, eval loader). The main process builds (and caches) the tokenizer
+    and tokenized splits first, then the others load them."""
+    d = cfg["data"]
     with accelerator.main_process_first():
         dsd = resolve_dataset(cfg)
         tokenizer = get_tokenizer(cfg, dsd[d["train_split"]][d["text_column"]])
@@ -390,235 +464,187 @@ def _train(cfg, accelerator, resume_path, wandb_mode, variant=None, kernels: dic
     low_precision = accelerator.mixed_precision in ("bf16", "fp16")
     train_loader, eval_loader = build_dataloaders(cfg, tokenizer, tokenized,
                                                   pad_to_multiple_of=8 if low_precision else None)
-    batch_sampler = train_loader.batch_sampler  # ours (deterministic per (seed, epoch)); set_epoch it directly
+    return tokenizer, dsd, train_loader, eval_loader
 
-    # 4. Model, optimizer, and a schedule in optimizer steps.
+
+def build_model(cfg: dict, tokenizer, dsd):
+    """The model for cfg's task, sized to the tokenizer and labels, and its AdamW."""
     extra = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
-    if task == "classification":
+    if cfg["task"] == "classification":
         names = label_names(dsd, cfg)
         extra.update(num_labels=len(names), id2label=dict(enumerate(names)),
                      label2id={name: i for i, name in enumerate(names)},
                      problem_type="single_label_classification")  # HF infers it at the first loss otherwise
                                                                   # (a config change: a torch.compile recompile)
     model_config = model_config_from(cfg, **extra)
-    model = (NormLabForMaskedLM if task == "mlm" else NormLabForSequenceClassification)(model_config)
-    if t["compile"]:
+    model = (NormLabForMaskedLM if cfg["task"] == "mlm" else NormLabForSequenceClassification)(model_config)
+    if cfg["train"]["compile"]:
         # In place: parameter names, state dicts and attribute access stay those of the model. dynamic: padded
         # batches change length every step; one graph with symbolic shapes instead of a recompile per length.
-        model.compile(backend=t.get("compile_backend") or "inductor", dynamic=True)
-    optimizer = adamw(model, t)
-    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
-    steps_per_epoch = math.ceil(len(train_loader) / t["grad_accum_steps"])
-    total_steps = t["max_steps"] or t["epochs"] * steps_per_epoch
-    # The prepared scheduler steps once per process per optimizer step, hence the factor.
-    P = accelerator.num_processes
-    scheduler = accelerator.prepare(get_scheduler(
-        t["scheduler"], optimizer, num_warmup_steps=t["warmup_steps"] * P, num_training_steps=total_steps * P))
-    unwrapped = accelerator.unwrap_model(model)
-    uses_bn = model_config.uses_batch_statistics
+        model.compile(backend=cfg["train"]["compile_backend"] or "inductor", dynamic=True)
+    return model, adamw(model, cfg["train"])
 
-    # 5. Resume: weights, optimizer, schedule and RNG from the checkpoint; the data position from its state.
-    step, epoch, batches_done = 0, 0, 0
-    spikes = LossSpikeDetector()
-    best, last_eval, wall_before = None, None, 0.0
-    run_id = uuid.uuid4().hex[:8]
-    if resume_path is not None:
-        st = validate_checkpoint(resume_path)
-        if st["num_processes"] != P:  # the data position (batches per process) and RNG files are per process
-            raise CheckpointError(f"checkpoint {resume_path} was written by {st['num_processes']} processes; "
-                                  f"resume with the same number (accelerate launch --num_processes {st['num_processes']})")
-        st = load_checkpoint(accelerator, resume_path)
-        step, epoch, batches_done = st["step"], st["epoch"], st["batches_in_epoch"]
-        spikes.load_state_dict(st["spike_detector"])
-        best, last_eval, wall_before, run_id = st["best"], st["last_eval"], st["wall_time_s"], st["wandb_run_id"]
-        accelerator.print(f"resumed from {resume_path} (step {step}, epoch {epoch}, {batches_done} batches into it)")
-    # Resuming mid-epoch: starting the skipping data loader draws from the global RNG (the DataLoader's base
-    # seed), which the uninterrupted run drew before this checkpoint. Put the restored state back after that.
-    rng_after_first_batch = capture_rng_state() if 0 < batches_done < len(train_loader) else None
-    if batches_done >= len(train_loader):
-        epoch, batches_done = epoch + 1, 0
 
-    # 6. The run directory and trackers.
-    if accelerator.is_main_process:
+def load_resume_checkpoint(accelerator, path: Path) -> dict:
+    st = validate_checkpoint(path)
+    if st["num_processes"] != accelerator.num_processes:  # the data position and RNG files are per process
+        raise CheckpointError(f"checkpoint {path} was written by {st['num_processes']} processes; resume with the "
+                              f"same number (accelerate launch --num_processes {st['num_processes']})")
+    return load_checkpoint(accelerator, path)
+
+
+def open_run_dir(run: Run, wandb_mode: str, variant: str | None) -> None:
+    """config.yaml, metrics.jsonl (rewound to the checkpoint when resuming) and the trackers."""
+    out, acc = Path(run.cfg["output_dir"]), run.accelerator
+    if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, out / "config.yaml")
-    writer = MetricsWriter(out / "metrics.jsonl", resume_step=step if resume_path else None) \
-        if accelerator.is_main_process else None
-    wandb_on = _init_trackers(accelerator, cfg, wandb_mode, run_id, variant)
-    # the wandb run (main process only): charts, artifacts and the summary beyond accelerator.log's scalars
-    wb = accelerator.get_tracker("wandb", unwrap=True) if wandb_on and accelerator.is_main_process else None
+        save_config(run.cfg, out / "config.yaml")
+        run.writer = MetricsWriter(out / "metrics.jsonl", resume_step=run.state.step if run.resumed else None)
+    run.wandb_on = _init_trackers(acc, run.cfg, wandb_mode, run.state.wandb_run_id, variant)
+    if run.wandb_on and acc.is_main_process:
+        run.wb = acc.get_tracker("wandb", unwrap=True)
 
-    # 7. The loop. One iteration = one micro-batch; an optimizer step every grad_accum_steps micro-batches.
-    probe = StabilityProbe(unwrapped, BatchStatNorm if uses_bn else None)
-    counters = StepCounters(accelerator.device)
-    status, stop = "completed", StopSignal()
-    train_time, steps_timed = 0.0, 0
-    bn_spread = None  # BN family, several processes: do the running statistics agree after the last step?
-    evaluated_at = saved_at = step if resume_path else -1
-    progress = _progress(accelerator, total_steps, step)
 
-    def trainer_state():
-        return {"step": step, "epoch": epoch, "batches_in_epoch": batches_done, "num_processes": P,
-                "spike_detector": spikes.state_dict(), "best": best, "last_eval": last_eval,
-                "wall_time_s": wall_before + time.time() - wall_start, "wandb_run_id": run_id, "config": cfg}
+def micro_batches(run: Run):
+    """The training micro-batches from the run's data position on, epoch after epoch (each epoch reshuffled by
+    its number); keeps run.state's epoch and batches_in_epoch current."""
+    st, rng = run.state, run.resume_rng
+    while True:
+        run.batch_sampler.set_epoch(st.epoch)
+        run.train_loader.set_epoch(st.epoch)
+        loader = run.train_loader
+        if st.batches_in_epoch:
+            loader = run.accelerator.skip_first_batches(loader, st.batches_in_epoch)
+        for batch in restore_after_first(loader, rng):
+            st.batches_in_epoch += 1
+            yield batch
+        st.epoch, st.batches_in_epoch, rng = st.epoch + 1, 0, None
 
-    def run_eval():
-        nonlocal best, last_eval, evaluated_at
-        metrics = evaluate(accelerator, model, eval_loader, task, cfg["seed"])
-        if uses_bn:  # the train/eval gap of the BN family: the same eval with the batches' own statistics
-            set_batch_stats_in_eval(unwrapped, True)
-            metrics["eval/accuracy_batch_stats"] = evaluate(accelerator, model, eval_loader, task, cfg["seed"])["eval/accuracy"]
-            set_batch_stats_in_eval(unwrapped, False)
-        key = "eval/accuracy"
-        if best is None or metrics[key] > best[key]:
-            best = {"step": step, **metrics}
-        last_eval, evaluated_at = metrics, step
-        log({"step": step, "epoch": epoch, **metrics})
-        if wb is not None:
-            wandb_run.log_depth_charts(wb, writer.path)
-        if accelerator.is_main_process:
-            progress.write(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
-    def log(row):
-        if writer is not None:
-            writer.write(row)
-        accelerator.log(row, step=row["step"])  # `step` too: every wandb panel's x-axis (define_metrics)
+def train_loop(run: Run, stop: "StopSignal") -> str:
+    """One iteration per micro-batch, an optimizer step every grad_accum_steps of them (forward, backward, clip,
+    optimizer step: common.step.train_step). -> the run's status: completed, diverged (a non-finite loss or
+    gradient) or interrupted (SIGTERM/SIGINT, after a checkpoint)."""
+    st, t = run.state, run.cfg["train"]
+    batches = micro_batches(run)
+    window_start = None  # when the current optimizer step's first micro-batch started
+    run.model.train()
+    while st.step < run.total_steps:
+        batch = next(batches)
+        window_start = window_start or time.perf_counter()
+        logging_step = (st.step + 1) % t["log_steps"] == 0
+        out = train_step(run.accelerator, run.model, run.optimizer, run.scheduler, batch, t["max_grad_norm"],
+                         probe=run.probe if logging_step else None, stop_requested=stop.requested)
+        run.probe.count(out.loss, batch["attention_mask"])
+        if not out.synced:
+            continue  # on to the next micro-batch of this optimizer step
+        if out.nonfinite:  # this step's update was not applied; the last checkpoint stays as it is
+            log_divergence(run, out)
+            return "diverged"
+        st.step += 1
+        if logging_step:
+            log_train_row(run, out)
+        run.train_time += time.perf_counter() - window_start
+        run.steps_timed, window_start = run.steps_timed + 1, None
+        run.progress.update(1)
 
-    def checkpoint():
-        nonlocal saved_at
-        path = save_checkpoint(accelerator, out, step, trainer_state(), keep=t["save_total_limit"],
-                               tokenizer=tokenizer)
-        saved_at = step
-        if wb is not None and cfg["wandb"]["log_checkpoints"]:
-            wandb_run.log_checkpoint(wb, path, step)
+        last = st.step == run.total_steps
+        if last and run.uses_bn:  # before evaluation, whose forward may re-sync buffers (DDP)
+            run.bn_spread = bn_stats_spread(run.accelerator, run.unwrapped, BatchStatNorm)
+        if st.step % t["eval_steps"] == 0 or last:
+            run_eval(run)
+        if st.step % t["save_steps"] == 0 or last:  # a finished run ends with a checkpoint
+            save(run)
+        if out.interrupted:
+            return "interrupted"
+    return "completed"
 
-    model.train()
-    window_start = None  # when the current optimizer step's first micro-batch started (step-time measurement)
-    with stop.installed():
-        while step < total_steps and status == "completed":
-            if hasattr(batch_sampler, "set_epoch"):
-                batch_sampler.set_epoch(epoch)
-            train_loader.set_epoch(epoch)
-            loader = accelerator.skip_first_batches(train_loader, batches_done) if batches_done else train_loader
-            for batch in loader:
-                if rng_after_first_batch is not None:
-                    restore_rng_state(rng_after_first_batch)
-                    rng_after_first_batch = None
-                window_start = window_start or time.perf_counter()
-                batches_done += 1
-                logging_step = (step + 1) % t["log_steps"] == 0
-                with accelerator.accumulate(model):  # decides sync_gradients: is this the window's last batch?
-                    probing = logging_step and accelerator.sync_gradients
-                    if probing:
-                        probe.arm()
-                    outputs = model(**model_inputs(batch))
-                    if probing:
-                        probe.read_forward(batch["attention_mask"])
-                    counters.add(outputs.loss, batch["attention_mask"])
-                    accelerator.backward(outputs.loss)
-                    if accelerator.sync_gradients:
-                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), t["max_grad_norm"])  # pre-clip
-                        nonfinite, interrupted = step_flags(accelerator, outputs.loss, grad_norm, stop)
-                        grad_norm = grad_norm.item()
-                        if not nonfinite:
-                            if probing:
-                                probe.read_grads(clip_coefficient(grad_norm, t["max_grad_norm"]))
-                                probe.snapshot()
-                            lr = optimizer.param_groups[0]["lr"]  # the rate this step uses
-                            optimizer.step()
-                            scheduler.step()
-                        optimizer.zero_grad(set_to_none=True)
-                if not accelerator.sync_gradients:
-                    continue  # on to the next micro-batch of this optimizer step
 
-                if nonfinite:  # diverged: this step's update was not applied, the last checkpoint stays as it is
-                    row = gather_row(accelerator, counters, None, grad_norm, optimizer.param_groups[0]["lr"])
-                    log({"step": step + 1, "epoch": epoch, **row, "events/loss_spike": 0, "events/nonfinite": 1})
-                    accelerator.print(f"\nstep {step + 1}: non-finite loss or gradient (loss {row['train/loss']}, "
-                                      f"grad norm {grad_norm}); stopping, status diverged", file=sys.stderr)
-                    status = "diverged"
-                    break
-                step += 1
-                if probing:
-                    probe.read_update()
-                    row = gather_row(accelerator, counters, probe, grad_norm, lr)
-                    spike = spikes.update(row["train/loss"])
-                    log({"step": step, "epoch": epoch, **row, "events/loss_spike": int(spike), "events/nonfinite": 0})
-                    progress.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
-                    counters.reset()
-                train_time += time.perf_counter() - window_start
-                steps_timed, window_start = steps_timed + 1, None
-                progress.update(1)
+def log(run: Run, row: dict) -> None:
+    if run.writer is not None:
+        run.writer.write(row)
+    run.accelerator.log(row, step=row["step"])  # `step` too: every wandb panel's x-axis (define_metrics)
 
-                if step == total_steps and uses_bn:  # before evaluation, whose forward may re-sync buffers (DDP)
-                    bn_spread = bn_stats_spread(accelerator, unwrapped, BatchStatNorm)
-                if step % t["eval_steps"] == 0 or step == total_steps:
-                    run_eval()
-                if step % t["save_steps"] == 0 or step == total_steps:  # a finished run ends with a checkpoint
-                    checkpoint()
-                if interrupted:
-                    status = "interrupted"
-                    break
-                if step >= total_steps:
-                    break
-            else:  # the epoch ran out
-                epoch, batches_done = epoch + 1, 0
-    progress.close()
 
-    # 8. The end: evaluate, checkpoint, final/ (completed runs only), summary.json.
-    if status == "completed" and evaluated_at != step:  # resumed a run that had already finished its steps
-        run_eval()
-    if status in ("completed", "interrupted") and saved_at != step:
-        checkpoint()
+def log_train_row(run: Run, out) -> None:
+    row = run.probe.collect(run.accelerator, out.grad_norm, out.lr)
+    spike = run.state.spikes.update(row["train/loss"])
+    log(run, {"step": run.state.step, "epoch": run.state.epoch, **row, "events/loss_spike": int(spike),
+              "events/nonfinite": 0})
+    run.progress.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
+
+
+def log_divergence(run: Run, out) -> None:
+    row = run.probe.collect(run.accelerator, out.grad_norm, out.lr, measured=False)
+    step = run.state.step + 1
+    log(run, {"step": step, "epoch": run.state.epoch, **row, "events/loss_spike": 0, "events/nonfinite": 1})
+    run.accelerator.print(f"\nstep {step}: non-finite loss or gradient (loss {row['train/loss']}, grad norm "
+                          f"{out.grad_norm}); stopping, status diverged", file=sys.stderr)
+
+
+def run_eval(run: Run) -> None:
+    """Evaluate, keep the best, log; the BN family also with the batches' own statistics (its train/eval gap)."""
+    acc, st, task, seed = run.accelerator, run.state, run.cfg["task"], run.cfg["seed"]
+    metrics = evaluate(acc, run.model, run.eval_loader, task, seed)
+    if run.uses_bn:
+        set_batch_stats_in_eval(run.unwrapped, True)
+        metrics["eval/accuracy_batch_stats"] = evaluate(acc, run.model, run.eval_loader, task, seed)["eval/accuracy"]
+        set_batch_stats_in_eval(run.unwrapped, False)
+    if st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]:
+        st.best = {"step": st.step, **metrics}
+    st.last_eval, run.evaluated_at = metrics, st.step
+    log(run, {"step": st.step, "epoch": st.epoch, **metrics})
+    if run.wb is not None:
+        wandb_run.log_depth_charts(run.wb, run.writer.path)
+    if acc.is_main_process:
+        run.progress.write(f"step {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+
+
+def save(run: Run) -> None:
+    """A checkpoint of this step (collective), logged to wandb when asked."""
+    st, cfg = run.state, run.cfg
+    trainer_state = st.to_checkpoint(cfg, run.accelerator.num_processes, st.wall_time_s + time.time() - run.wall_start)
+    path = save_checkpoint(run.accelerator, cfg["output_dir"], st.step, trainer_state,
+                           keep=cfg["train"]["save_total_limit"], tokenizer=run.tokenizer)
+    run.saved_at = st.step
+    if run.wb is not None and cfg["wandb"]["log_checkpoints"]:
+        wandb_run.log_checkpoint(run.wb, path, st.step)
+
+
+def finish(run: Run, status: str) -> None:
+    """The end: evaluate and checkpoint what the loop did not, final/ (completed runs only), summary.json."""
+    acc, st, cfg, out = run.accelerator, run.state, run.cfg, Path(run.cfg["output_dir"])
+    if status == "completed" and run.evaluated_at != st.step:  # resumed a run that had already finished its steps
+        run_eval(run)
+    if status in ("completed", "interrupted") and run.saved_at != st.step:
+        save(run)
+    checkpoints = list_checkpoints(out)
     summary = {
-        "status": status, "step": step, "total_steps": total_steps, "epoch": epoch,
-        "final": last_eval, "best": best, "loss_spikes": spikes.spikes,
-        "wall_time_s": round(wall_before + time.time() - wall_start, 2),
-        "step_time_s": round(train_time / max(steps_timed, 1), 5),
-        "num_processes": P,
-        "cpu_threads": torch.get_num_threads() if accelerator.device.type == "cpu" else None,  # per process
-        "kernels": kernels,  # operator -> the backend that ran it (train.kernels)
+        "status": status, "step": st.step, "total_steps": run.total_steps, "epoch": st.epoch,
+        "final": st.last_eval, "best": st.best, "loss_spikes": st.spikes.spikes,
+        "wall_time_s": round(st.wall_time_s + time.time() - run.wall_start, 2),
+        "step_time_s": round(run.train_time / max(run.steps_timed, 1), 5),
+        "num_processes": acc.num_processes,
+        "cpu_threads": torch.get_num_threads() if acc.device.type == "cpu" else None,  # per process
+        "kernels": run.kernels,
         "final_model": None,
-        "last_checkpoint": str(list_checkpoints(out)[-1][1]) if list_checkpoints(out) else None,
-        "wandb_run_id": run_id if wandb_on else None,
+        "last_checkpoint": str(checkpoints[-1][1]) if checkpoints else None,
+        "wandb_run_id": st.wandb_run_id if run.wandb_on else None,
     }
-    if bn_spread is not None:
-        summary["bn_running_stats_max_diff_across_processes"] = bn_spread
+    if run.bn_spread is not None:
+        summary["bn_running_stats_max_diff_across_processes"] = run.bn_spread
     if status == "completed":
-        summary["final_model"] = str(save_final(accelerator, model, tokenizer, cfg, summary))
-    if wb is not None:
+        summary["final_model"] = str(save_final(acc, run.model, run.tokenizer, cfg, summary))
+    if run.wb is not None:
         if status != "completed":  # no final evaluation drew the depth charts up to the end
-            wandb_run.log_depth_charts(wb, writer.path)
+            wandb_run.log_depth_charts(run.wb, run.writer.path)
         if status == "completed" and cfg["wandb"]["log_model"]:
-            wandb_run.log_model(wb, summary["final_model"], cfg, summary)
-    write_summary(accelerator, cfg, summary, wandb_on)
-    if writer is not None:
-        writer.close()
+            wandb_run.log_model(run.wb, summary["final_model"], cfg, summary)
+    write_summary(acc, cfg, summary, run.wandb_on)
+    if run.writer is not None:
+        run.writer.close()
     if status != "completed":
-        accelerator.print(f"run {status} at step {step}; state kept in {summary['last_checkpoint']}", file=sys.stderr)
-    return EXIT_OK
-
-
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
-
-
-def model_inputs(batch) -> dict:
-    """The batch without the collator's extras (e.g. `length`)."""
-    return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
-
-
-def step_flags(accelerator, loss, grad_norm, stop: StopSignal) -> tuple[bool, bool]:
-    """(non-finite loss or gradient, stop signal) on any process: one tiny all-reduce per optimizer step keeps
-    every process stopping at the same step. Under fp16 the grad scaler owns inf gradients (it skips the step
-    and lowers the scale), so there only the loss counts."""
-    bad = ~torch.isfinite(loss.detach().float())
-    if accelerator.mixed_precision != "fp16":
-        bad = bad | ~torch.isfinite(grad_norm.to(bad.device))
-    flags = torch.stack([bad.float(), torch.tensor(float(stop.signum is not None), device=bad.device)])
-    if accelerator.num_processes > 1:
-        flags = accelerator.reduce(flags, "sum")
-    nonfinite, interrupted = (flags > 0).tolist()
-    return nonfinite, interrupted
+        acc.print(f"run {status} at step {st.step}; state kept in {summary['last_checkpoint']}", file=sys.stderr)
 
 
 def _init_trackers(accelerator, cfg: dict, wandb_mode: str, run_id: str, variant: str | None) -> bool:
@@ -629,7 +655,7 @@ def _init_trackers(accelerator, cfg: dict, wandb_mode: str, run_id: str, variant
     flat = {k: (", ".join(map(str, v)) if isinstance(v, list) else ("null" if v is None else v))
             for k, v in flatten_config(cfg).items()}  # flat scalars: what every tracker accepts
     accelerator.init_trackers(cfg["wandb"]["project"], config=flat, init_kwargs=init_kwargs)
-    wandb_on = any(getattr(tr, "name", None) == "wandb" for tr in accelerator.trackers)
+    wandb_on = any(tr.name == "wandb" for tr in accelerator.trackers)
     if wandb_on and accelerator.is_main_process:
         wandb_run.define_metrics(accelerator.get_tracker("wandb", unwrap=True))
     return wandb_on

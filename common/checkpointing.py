@@ -9,7 +9,6 @@ Atomicity: everything is written into `checkpoints/.tmp-step_N/` and renamed to 
 read and is removed by the next save; the previous checkpoint stays intact. `final/` is written the same way.
 """
 
-import json
 import os
 import random
 import re
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from common.io import atomic_write_json, read_json
 
 CHECKPOINTS = "checkpoints"
 TRAINER_STATE = "trainer_state.json"
@@ -30,7 +31,7 @@ class CheckpointError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# small atomic writers
+# replacing a directory atomically
 
 
 def _fsync_dir(path: Path) -> None:
@@ -44,30 +45,6 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def atomic_write_text(path, text: str) -> None:
-    """Write a file so that readers see the old content or the new one, never half of it."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-
-
-def read_json(path):
-    """The parsed JSON file, or None when it is missing or unreadable (a caller decides if that is an error)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
@@ -164,7 +141,7 @@ def resolve_resume(resume, output_dir) -> tuple[Path | None, list[str]]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# RNG: resuming mid-epoch must put the generators back *after* the data loader has started (see train.py)
+# RNG: resuming mid-epoch must put the generators back *after* the data loader has started
 
 
 def capture_rng_state() -> dict:
@@ -180,6 +157,22 @@ def restore_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state:
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def mid_epoch_rng(batches_in_epoch: int, epoch_length: int) -> dict | None:
+    """Call right after `load_checkpoint`. Resuming mid-epoch, starting the data loader that skips the consumed
+    batches draws from the global RNG (the DataLoader's base seed), which the uninterrupted run drew before this
+    checkpoint was written. The restored state, to be put back once that loader has produced its first batch
+    (`restore_after_first`); None at an epoch boundary, where the uninterrupted run starts a loader too."""
+    return capture_rng_state() if 0 < batches_in_epoch < epoch_length else None
+
+
+def restore_after_first(batches, rng_state: dict | None):
+    """`batches`, with `rng_state` (from mid_epoch_rng) restored as soon as the first batch is drawn."""
+    for i, batch in enumerate(batches):
+        if i == 0 and rng_state is not None:
+            restore_rng_state(rng_state)
+        yield batch
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -232,7 +225,7 @@ def load_checkpoint(accelerator, path) -> dict:
 
 
 __all__ = [
-    "CheckpointError", "CHECKPOINTS", "TRAINER_STATE", "atomic_write_text", "atomic_write_json", "read_json",
-    "replace_dir", "checkpoints_root", "list_checkpoints", "validate_checkpoint", "find_latest_checkpoint",
-    "resolve_resume", "capture_rng_state", "restore_rng_state", "save_checkpoint", "load_checkpoint",
+    "CheckpointError", "CHECKPOINTS", "TRAINER_STATE", "replace_dir", "checkpoints_root", "list_checkpoints",
+    "validate_checkpoint", "find_latest_checkpoint", "resolve_resume", "capture_rng_state", "restore_rng_state",
+    "mid_epoch_rng", "restore_after_first", "save_checkpoint", "load_checkpoint",
 ]

@@ -114,14 +114,22 @@ def _load_files(files: dict[str, list[Path]]):
         raise DataError(f"could not read {names} as {builder}: {msg}") from None
 
 
+def read_data_file(path):
+    """One parquet/csv/tsv/jsonl/json file as a Dataset: how training reads data.path, and evaluate.py --data."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file not found: {path}")
+    if path.suffix.lower() not in FORMATS:
+        raise DataError(f"data file {path} has an unsupported extension; use one of: {', '.join(FORMATS)}")
+    return _load_files({"train": [path]})["train"]
+
+
 def _load_local(path: Path, train_split: str, eval_split: str):
     """A DatasetDict from a folder of split files, a `save_to_disk` folder, or one file (split 90/10)."""
     import datasets
 
     if path.is_file():
-        if path.suffix.lower() not in FORMATS:
-            raise DataError(f"data file {path} has an unsupported extension; use one of: {', '.join(FORMATS)}")
-        full = _load_files({"train": [path]})["train"]
+        full = read_data_file(path)
         if len(full) < 2:
             raise DataError(f"data file {path} has {len(full)} rows; a single file is split 90/10 into "
                             f"{train_split}/{eval_split}, so it needs at least 2 rows")
@@ -574,17 +582,6 @@ def pad_fraction(attention_mask) -> float:
     return 1.0 - float(mask.sum()) / max(mask.numel(), 1)
 
 
-def padded_fraction_of(batches, lengths) -> float:
-    """Pad fraction of a list of index batches padded to their longest member, from lengths alone."""
-    lengths = np.asarray(lengths)
-    real = padded = 0
-    for b in batches:
-        ls = lengths[b]
-        real += int(ls.sum())
-        padded += int(ls.max()) * len(ls)
-    return 1.0 - real / max(padded, 1)
-
-
 def _collator(cfg: dict, tokenizer, pad_to_multiple_of):
     from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
 
@@ -623,7 +620,7 @@ def build_dataloaders(cfg: dict, tokenizer, tokenized, pad_to_multiple_of: int |
 
 
 __all__ = [
-    "DataError", "resolve_dataset", "label_names", "mirror_candidates", "get_tokenizer", "tokenize_splits",
+    "DataError", "read_data_file", "resolve_dataset", "label_names", "mirror_candidates", "get_tokenizer", "tokenize_splits",
     "tokenizer_cache_key", "RandomBatchSampler", "LengthGroupedBatchSampler", "build_dataloaders", "pad_fraction",
-    "padded_fraction_of", "cache_dir", "MLM_PROBABILITY",
+    "cache_dir", "MLM_PROBABILITY",
 ]

@@ -1,10 +1,12 @@
 """Stability metrics of the training loop, under the names the README lists (wandb and metrics.jsonl alike).
 
-Cost model: nothing here runs on a step that is not a logging step except `StepCounters.add` (two tensor adds,
-no host sync). On a logging step the model records its per-block activation sums of squares and attention-logit
-maxima in the forward it runs anyway (`set_record_stability`), the loop takes per-block gradient norms with one
-`torch._foreach_norm`, copies the block weights into one flat buffer before the optimizer step and diffs them
-in place after it, and moves everything to the host in one `gather` (one collective, one sync).
+Cost model: nothing here runs on a step that is not a logging step except `StabilityProbe.count` (two tensor
+adds, no host sync). On a logging step the model records its per-block activation sums of squares and
+attention-logit maxima in the forward it runs anyway (`set_record_stability`), the probe takes per-block gradient
+norms with one `torch._foreach_norm`, copies the block weights into one flat buffer before the optimizer step and
+diffs them in place after it, gathers its dict of results over processes (one small all-gather per entry, none on
+one process), combines each entry by its own rule (`_ACROSS_PROCESSES`), and moves the lot to the host at once
+(one sync).
 
 Per-block metrics, for block i of `model.normlab.encoder.layers`:
   layers/{i}/grad_norm       L2 norm of the block's gradients, before clipping
@@ -18,9 +20,12 @@ import json
 import math
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from common.io import atomic_write_text, read_jsonl
 
 _LAYER = re.compile(r"(?:^|\.)encoder\.layers\.(\d+)\.")
 
@@ -51,12 +56,50 @@ def _per_block_norm(tensors_by_block) -> torch.Tensor:
     return sq.sqrt()  # (N,)
 
 
-class StabilityProbe:
-    """Per-block stability measurements of one logging step (see the module docstring).
+class StepCounters:
+    """What the hot path accumulates between logging steps, as device tensors (no host sync per step)."""
 
-    Use, on a logging step: `arm()` before the forward, `read_forward(attention_mask)` after it,
-    `read_grads(clip_coef)` after clipping, `snapshot()` before `optimizer.step()`, `read_update()` after it,
-    then `collect()`.
+    def __init__(self, device):
+        self.device = device
+        self.reset()
+
+    def reset(self):
+        self.loss_sum = torch.zeros((), device=self.device)
+        self.loss_count = 0  # micro-batches
+        self.real_tokens = torch.zeros((), device=self.device)
+        self.all_tokens = 0
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        self.loss_sum += loss.detach().float()
+        self.loss_count += 1
+        self.real_tokens += attention_mask.sum()
+        self.all_tokens += attention_mask.numel()
+
+
+# How each measured quantity combines over processes. Gradient norms and update ratios need none: gradients are
+# all-reduced, so they are the same on every process.
+_ACROSS_PROCESSES = {
+    "real_tokens": lambda x: x.sum(0), "all_tokens": lambda x: x.sum(0), "loss": lambda x: x.mean(0),
+    "act_sumsq": lambda x: x.sum(0), "act_count": lambda x: x.sum(0), "logit_max": lambda x: x.amax(0),
+    "stat_drift": lambda x: x.mean(0),
+}
+
+
+class StabilityProbe:
+    """The training loop's metrics (see the module docstring): counters on every micro-batch (`count`), and on a
+    logging step the per-block measurements, taken by two context managers around the forward and around the
+    optimizer step, then `collect`ed into one metrics row.
+
+        probe.count(loss, attention_mask)                  # every micro-batch
+        with probe.forward(attention_mask):                # a logging step's forward
+            ...
+        with probe.update(grad_norm, max_grad_norm):       # its optimizer step, after clipping
+            optimizer.step()
+        row = probe.collect(accelerator, grad_norm, lr)    # combined over processes; restarts the counters
+
+    The steps inside the contexts (`arm`, `read_forward`, `read_grads`, `snapshot`, `read_update`) are public for
+    the tests that check each measurement against a direct computation.
     """
 
     def __init__(self, model, batch_stat_norm_cls=None):
@@ -64,6 +107,7 @@ class StabilityProbe:
         self.blocks = blocks_of(model)
         self.params = block_parameters(model)
         self.num_layers = len(self.blocks)
+        self.counters = StepCounters(next(model.parameters()).device)
         self.bn_by_block = []
         if batch_stat_norm_cls is not None:
             self.bn_by_block = [[m for m in blk.modules() if isinstance(m, batch_stat_norm_cls)] for blk in self.blocks]
@@ -80,6 +124,43 @@ class StabilityProbe:
         self.act_sumsq = self.act_count = self.logit_max = self.grad_norm = None
         self._before_sq = None
         self.update_ratio = None
+
+    # --- the loop's interface ---
+
+    def count(self, loss: torch.Tensor, attention_mask: torch.Tensor) -> None:
+        self.counters.add(loss, attention_mask)
+
+    @contextmanager
+    def forward(self, attention_mask):
+        """Record the stability quantities of the forward run inside."""
+        self.arm()
+        try:
+            yield
+        finally:
+            self.read_forward(attention_mask)
+
+    @contextmanager
+    def update(self, grad_norm: float, max_grad_norm: float):
+        """Per-block gradient norms and the weight snapshot before the optimizer step inside; update ratios after."""
+        self.read_grads(clip_coefficient(grad_norm, max_grad_norm))
+        self.snapshot()
+        yield
+        self.read_update()
+
+    def collect(self, accelerator, grad_norm: float, lr: float, measured: bool = True) -> dict:
+        """One metrics row (the README's names) combined over processes, then restart the counters. `measured`
+        False: the counters only (a step whose probe measurements were not taken, e.g. a non-finite one)."""
+        local = self._local_values(measured)
+        everyone = accelerator.gather({k: v.unsqueeze(0) for k, v in local.items()})  # each (P, ...)
+        combined = _to_host({k: _ACROSS_PROCESSES[k](v.reshape(accelerator.num_processes, *local[k].shape))
+                             for k, v in everyone.items()})
+        row = self._counter_metrics(combined, grad_norm, lr)
+        if measured:
+            row.update(self._block_metrics(combined))
+        self.counters.reset()
+        return row
+
+    # --- the measurements ---
 
     def arm(self) -> None:
         self._reset()
@@ -139,84 +220,54 @@ class StabilityProbe:
             for norms in self.bn_by_block
         ])  # (N,)
 
+    # --- building the row ---
+
+    def _local_values(self, measured: bool) -> dict[str, torch.Tensor]:
+        """This process's values, float32 on the counters' device, keyed as in _ACROSS_PROCESSES."""
+        c, dev = self.counters, self.counters.device
+        local = {"real_tokens": c.real_tokens.float(), "all_tokens": torch.tensor(float(c.all_tokens), device=dev),
+                 "loss": c.loss_sum / max(c.loss_count, 1)}
+        if measured:
+            local.update(act_sumsq=self.act_sumsq, act_count=self.act_count.float(), logit_max=self.logit_max)
+            drift = self.stat_drift()
+            if drift is not None:
+                local["stat_drift"] = drift
+        return {k: v.to(dev).float() for k, v in local.items()}
+
+    def _counter_metrics(self, combined: dict, grad_norm: float, lr: float) -> dict:
+        (real,), (total,) = combined["real_tokens"], combined["all_tokens"]
+        elapsed = time.perf_counter() - self.counters.t0
+        return {"train/loss": combined["loss"][0], "train/lr": lr, "train/grad_norm": grad_norm,
+                "train/pad_fraction": 1.0 - real / total if total else 0.0,
+                "train/tokens_per_s": real / elapsed if elapsed > 0 else 0.0}
+
+    def _block_metrics(self, combined: dict) -> dict:
+        n, (act_count,) = self.num_layers, combined["act_count"]
+        grad_norms = self.grad_norm.tolist()
+        ratios = self.update_ratio.tolist() if self.update_ratio is not None else [float("nan")] * n
+        row = {}
+        for layer in range(n):
+            row[f"layers/{layer}/grad_norm"] = grad_norms[layer]
+            row[f"layers/{layer}/act_rms"] = math.sqrt(combined["act_sumsq"][layer] / act_count) if act_count else 0.0
+            row[f"layers/{layer}/attn_logit_max"] = combined["logit_max"][layer]
+            row[f"layers/{layer}/update_ratio"] = ratios[layer]
+        for layer, drift in enumerate(combined.get("stat_drift", [])):
+            row[f"bn/{layer}/stat_drift"] = drift
+        return row
+
+
+def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+    """Every tensor of the dict as a list of floats, in one device-to-host copy (one sync)."""
+    flat = torch.cat([t.reshape(-1) for t in tensors.values()]).tolist()
+    out, i = {}, 0
+    for k, t in tensors.items():
+        out[k], i = flat[i:i + t.numel()], i + t.numel()
+    return out
+
 
 def clip_coefficient(total_norm: float, max_norm: float) -> float:
     """The factor torch.nn.utils.clip_grad_norm_ multiplied the gradients by (same formula)."""
     return min(1.0, max_norm / (total_norm + 1e-6)) if math.isfinite(total_norm) else 1.0
-
-
-class StepCounters:
-    """What the hot path accumulates between logging steps, as device tensors (no host sync per step)."""
-
-    def __init__(self, device):
-        self.device = device
-        self.reset()
-
-    def reset(self):
-        self.loss_sum = torch.zeros((), device=self.device)
-        self.loss_count = 0  # micro-batches
-        self.real_tokens = torch.zeros((), device=self.device)
-        self.all_tokens = 0
-        self.t0 = time.perf_counter()
-
-    def add(self, loss: torch.Tensor, attention_mask: torch.Tensor) -> None:
-        self.loss_sum += loss.detach().float()
-        self.loss_count += 1
-        self.real_tokens += attention_mask.sum()
-        self.all_tokens += attention_mask.numel()
-
-
-def gather_row(accelerator, counters: StepCounters, probe: StabilityProbe | None, grad_norm: float, lr: float):
-    """One metrics row (the README's metric names) from this process's counters and probe, combined over processes in a
-    single gather: sums for token counts and squared activations, mean for the loss, max for logit maxima.
-    Gradient norms and update ratios are the same on every process (gradients are all-reduced)."""
-    n = probe.num_layers if probe is not None else 0
-    dev = counters.device
-    drift = probe.stat_drift() if probe is not None else None
-    sums = [counters.real_tokens.float().reshape(1), torch.tensor([float(counters.all_tokens)], device=dev)]
-    means = [(counters.loss_sum / max(counters.loss_count, 1)).reshape(1)]
-    maxes = []
-    if probe is not None:
-        sums += [probe.act_sumsq.to(dev), probe.act_count.float().reshape(1).to(dev)]
-        maxes += [probe.logit_max.to(dev)]
-        if drift is not None:
-            means += [drift.to(dev)]
-    local = torch.cat(sums + means + maxes).float()  # (K,)
-    everyone = accelerator.gather(local.unsqueeze(0)).reshape(accelerator.num_processes, -1)  # (P, K)
-    n_sum = sum(t.numel() for t in sums)
-    n_mean = sum(t.numel() for t in means)
-    combined = torch.cat([
-        everyone[:, :n_sum].sum(0), everyone[:, n_sum:n_sum + n_mean].mean(0), everyone[:, n_sum + n_mean:].amax(0)
-    ]).tolist()  # the one host sync
-    real, total = combined[0], combined[1]
-    i = 2
-    row = {}
-    if probe is not None:
-        act_sumsq, act_count = combined[i:i + n], combined[i + n]
-        i += n + 1
-    row["train/loss"] = combined[i]
-    i += 1
-    elapsed = time.perf_counter() - counters.t0
-    row["train/lr"] = lr
-    row["train/grad_norm"] = grad_norm
-    row["train/pad_fraction"] = 1.0 - real / total if total else 0.0
-    row["train/tokens_per_s"] = real / elapsed if elapsed > 0 else 0.0
-    if probe is not None:
-        drift_vals = None
-        if drift is not None:
-            drift_vals, i = combined[i:i + n], i + n
-        logit_max = combined[i:i + n]
-        grad_norms = probe.grad_norm.tolist()
-        ratios = probe.update_ratio.tolist() if probe.update_ratio is not None else [float("nan")] * n
-        for layer in range(n):
-            row[f"layers/{layer}/grad_norm"] = grad_norms[layer]
-            row[f"layers/{layer}/act_rms"] = math.sqrt(act_sumsq[layer] / act_count) if act_count else 0.0
-            row[f"layers/{layer}/attn_logit_max"] = logit_max[layer]
-            row[f"layers/{layer}/update_ratio"] = ratios[layer]
-        if drift_vals is not None:
-            for layer in range(n):
-                row[f"bn/{layer}/stat_drift"] = drift_vals[layer]
-    return row
 
 
 def _json_safe(value):
@@ -239,18 +290,8 @@ class MetricsWriter:
 
     def _rewind(self, step: int) -> None:
         """Drop the rows after the checkpoint being resumed from: the resumed run writes them again."""
-        kept = []
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    continue  # the half line a kill can leave
-                if row.get("step", 0) <= step:
-                    kept.append(line)
-        from common.checkpointing import atomic_write_text
-
-        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        kept = [row for row in read_jsonl(self.path) if row.get("step", 0) <= step]
+        atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))  # as `write` wrote them
 
     def write(self, row: dict) -> None:
         self.file.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
@@ -260,18 +301,6 @@ class MetricsWriter:
         self.file.close()
 
 
-def read_metrics(path) -> list[dict]:
-    """All rows of a metrics.jsonl (skipping a torn last line)."""
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            pass
-    return rows
-
-
 __all__ = [
-    "blocks_of", "block_parameters", "StabilityProbe", "clip_coefficient", "StepCounters", "gather_row",
-    "MetricsWriter", "read_metrics",
+    "blocks_of", "block_parameters", "StabilityProbe", "StepCounters", "clip_coefficient", "MetricsWriter",
 ]

@@ -3,16 +3,15 @@ no run directory, no model, no training. Every hypothesis of docs/study-v2/predi
 returning its estimate; `verdicts` applies Holm's correction to the primary ones and names each outcome.
 """
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
-from common.jsonl import read_jsonl
-from model.norms import BATCH_STAT_NORMS
+from common.io import read_json, read_jsonl
 from common.stability import lr_sensitivity
 from common.stats import Estimate, fisher_greater, holm, paired_bootstrap, paired_t
+from model.norms import BATCH_STAT_NORMS
 
 VAL, DEV = "val/sorted/running", "dev/sorted/running"
 FAIL_ACCURACY = 0.55  # below this a run learned nothing useful (the majority class of validation is 0.509)
@@ -49,7 +48,7 @@ class StudyData:
         if not (folder / "runs.jsonl").is_file():
             raise FileNotFoundError(f"{folder}/runs.jsonl not found: run `python scripts/score_runs.py {folder}` "
                                     f"on a finished study first")
-        labels = json.loads((folder / "labels.json").read_text()) if (folder / "labels.json").is_file() else {}
+        labels = read_json(folder / "labels.json", {})
         return cls(read_jsonl(folder / "runs.jsonl"), read_jsonl(folder / "e1.jsonl"), labels)
 
     def arm(self, experiment, variant, warmup="on", lr=None) -> list[dict]:

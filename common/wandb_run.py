@@ -124,9 +124,9 @@ def depth_charts(rows, points: int = CHART_POINTS) -> dict:
 
 def log_depth_charts(run, metrics_path) -> None:
     """Draw the depth charts from the run's metrics.jsonl, at its last logged step."""
-    from common.metrics import read_metrics
+    from common.io import read_jsonl
 
-    rows = read_metrics(metrics_path)
+    rows = read_jsonl(metrics_path)
     charts = depth_charts(rows)
     if charts:
         run.log(charts, step=max(r.get("step", 0) for r in rows))

@@ -22,7 +22,7 @@ Conventions used everywhere below:
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
+from torch.nn import CrossEntropyLoss
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
@@ -477,30 +477,6 @@ def _as_tuple(loss, logits, out):
     return tuple(v for v in (loss, logits, out.hidden_states, out.attentions) if v is not None)
 
 
-def _classification_loss(config, logits, labels):
-    """HF's problem_type logic (as in BertForSequenceClassification): infer it once, then MSE / CE / BCE."""
-    num_labels = config.num_labels
-    if config.problem_type is None:
-        if num_labels == 1:
-            config.problem_type = "regression"
-        elif num_labels > 1 and labels.dtype in (torch.long, torch.int):
-            config.problem_type = "single_label_classification"
-        else:
-            config.problem_type = "multi_label_classification"
-    if config.problem_type == "regression":
-        if num_labels == 1:
-            return MSELoss()(logits.squeeze(), labels.squeeze().to(logits.dtype))
-        return MSELoss()(logits, labels.to(logits.dtype))
-    if config.problem_type == "single_label_classification":
-        return CrossEntropyLoss()(logits.view(-1, num_labels), labels.view(-1))
-    if config.problem_type == "multi_label_classification":
-        return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
-    raise ValueError(
-        f"problem_type={config.problem_type!r} is not valid; choose one of: regression, "
-        "single_label_classification, multi_label_classification"
-    )
-
-
 class NormLabForSequenceClassification(NormLabPreTrainedModel):
     """Encoder -> pool (CLS or mean over real tokens) -> dropout -> linear.
 
@@ -534,7 +510,8 @@ class NormLabForSequenceClassification(NormLabPreTrainedModel):
                            output_attentions, output_hidden_states, return_dict=True)
         pooled = _pool(out.last_hidden_state, attention_mask, self.config.pooling)  # (B, D)
         logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
-        loss = None if labels is None else _classification_loss(self.config, logits, labels)
+        # transformers' problem_type logic (inferred once from num_labels and the labels' dtype): MSE / CE / BCE
+        loss = None if labels is None else self.loss_function(labels, logits, self.config)
         if not return_dict:
             return _as_tuple(loss, logits, out)
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,

@@ -60,7 +60,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from common.io import atomic_write_json  # noqa: E402
 from common.optim import adamw  # noqa: E402  (the optimizer train.py uses)
+from common.step import MODEL_INPUTS, train_step  # noqa: E402  (the step train.py takes)
 
 GOALS = {"layernorm": 1.0, "throughput": 1.3, "padding": 0.05, "logging": 0.10}
 QUICK_TRAIN_SAMPLES = 2000  # --quick: the first N training rows (tokenizer, padding and throughput batches)
@@ -323,7 +325,7 @@ def build_models(cfg, vocab_size: int, pad_token_id: int, num_labels: int, seed:
 def param_counts(normlab, hf) -> dict:
     n_nl = sum(p.numel() for p in normlab.parameters())
     n_hf = sum(p.numel() for p in hf.parameters())
-    pooler = sum(p.numel() for p in hf.bert.pooler.parameters()) if getattr(hf.bert, "pooler", None) else 0
+    pooler = sum(p.numel() for p in hf.bert.pooler.parameters())
     hf_emb_norm = sum(p.numel() for p in hf.bert.embeddings.LayerNorm.parameters())
     nl_emb_norm = sum(p.numel() for p in normlab.normlab.embeddings.norm.parameters()) \
         if normlab.normlab.embeddings.norm is not None else 0
@@ -341,57 +343,28 @@ def param_counts(normlab, hf) -> dict:
     }
 
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
+def make_step(accelerator, model, train_cfg: dict, logged: bool = False):
+    """(step(batch), optimizer): one training step as train.py takes it -- common.step.train_step (forward,
+    backward, clipping, the non-finite check, the fused AdamW step) -- on a fresh AdamW with a constant rate.
+    `logged`: also the stability logging of a train.py logging step (train.log_steps=1: every step), from the probe's
+    measurements to the metrics row combined over processes."""
+    from transformers import get_scheduler
 
-
-def _nonfinite_check(loss, grad_norm) -> float:
-    """What train.py does on every step, logged or not: the divergence check's host sync of loss and grad norm."""
-    flags = torch.stack([~torch.isfinite(loss.detach().float()), ~torch.isfinite(grad_norm.float())])
-    flags.tolist()
-    return grad_norm.item()
-
-
-def make_step(model, optimizer, max_grad_norm: float):
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def step(batch):
-        loss = model(**batch).loss
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        _nonfinite_check(loss, grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
-
-    return step
-
-
-def make_logged_step(model, optimizer, max_grad_norm: float):
-    """make_step plus the stability logging train.py does on every logging step (train.log_steps=1): activation
-    sums of squares and attention-logit maxima recorded in the forward, per-block grad norms, the weight
-    snapshot and update ratios, and the one host transfer of the results."""
-    from common.metrics import StabilityProbe, clip_coefficient
+    from common.metrics import StabilityProbe
     from model.norms import BatchStatNorm
 
-    probe = StabilityProbe(model, BatchStatNorm)
-    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = adamw(model, train_cfg)
+    scheduler = get_scheduler("constant", optimizer)
+    probe = StabilityProbe(model, BatchStatNorm) if logged else None
 
     def step(batch):
-        probe.arm()
-        out = model(**batch)
-        probe.read_forward(batch["attention_mask"])
-        out.loss.backward()
-        grad_norm = _nonfinite_check(out.loss, torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-        probe.read_grads(clip_coefficient(grad_norm, max_grad_norm))
-        probe.snapshot()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        probe.read_update()
-        measured = [probe.act_sumsq, probe.logit_max, probe.grad_norm, probe.update_ratio, out.loss.detach()]
-        torch.cat([t.reshape(-1).float() for t in measured]).tolist()  # the host sync of train.py's gather_row
+        out = train_step(accelerator, model, optimizer, scheduler, batch, train_cfg["max_grad_norm"], probe)
+        if probe is not None:
+            probe.count(out.loss, batch["attention_mask"])
+            probe.collect(accelerator, out.grad_norm, out.lr)
         return out.loss
 
-    return step
+    return step, optimizer
 
 
 def take_batches(cfg, tokenizer, tokenized, build_dataloaders, n: int, device) -> list[dict]:
@@ -418,61 +391,50 @@ def on_reference_kernels(step, device):
     return wrapped
 
 
-def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device, repeats: int,
-                     compile_normlab: bool, compile_hf: bool, diagnose: bool = False,
-                     extras: bool = True) -> tuple[dict, dict]:
-    """`extras` False: only NormLab eager and HF BERT eager (no logging, compiled or diagnostic contestants)."""
-    import normlab_kernels
-
-    t = cfg["train"]
+def contestant_models(cfg, vocab_size, pad_token_id, num_labels, compile_normlab: bool, compile_hf: bool,
+                      diagnose: bool, extras: bool) -> dict:
+    """name -> model, all built from the same seed. `extras` False: only NormLab eager and HF BERT eager."""
     seed = cfg["seed"]
-    normlab, hf = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
-    params = param_counts(normlab, hf)
+
+    def build(c=cfg):
+        return build_models(c, vocab_size, pad_token_id, num_labels, seed)
+
+    normlab, hf = build()
     models = {"normlab_eager": normlab, "hf_bert_eager": hf}
-    compile_normlab, compile_hf, diagnose = (compile_normlab, compile_hf, diagnose) if extras else (False,) * 3
-    if extras:  # the same NormLab again, with train.py's per-step stability logging: what the logging costs
-        models["normlab_eager_logged"], _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
+    if not extras:
+        return models
+    models["normlab_eager_logged"] = build()[0]  # with train.py's per-step stability logging: what it costs
     if compile_normlab:
-        compiled, _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
-        compiled.compile()  # as train.py does for train.compile=true
-        models["normlab_compiled"] = compiled
+        models["normlab_compiled"] = build()[0]
+        models["normlab_compiled"].compile()  # as train.py does for train.compile=true
     if diagnose:
         # the same NormLab with torch.nn.LayerNorm: what CustomLayerNorm costs inside the model
-        c = {**cfg, "model": {**cfg["model"], "norm": "layernorm"}}
-        models["normlab_eager_torch_ln"], _ = build_models(c, vocab_size, pad_token_id, num_labels, seed)
-        if hasattr(normlab.normlab, "unpad"):  # and without skipping pad positions (padded layout)
-            m, _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
-            m.normlab.unpad = False
-            models["normlab_eager_padded_layout"] = m
+        models["normlab_eager_torch_ln"] = build({**cfg, "model": {**cfg["model"], "norm": "layernorm"}})[0]
+        models["normlab_eager_padded_layout"] = build()[0]  # without skipping pad positions
+        models["normlab_eager_padded_layout"].normlab.unpad = False
         # and on the reference implementation of its operators (train.kernels=reference)
-        models["normlab_eager_reference_kernels"], _ = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
+        models["normlab_eager_reference_kernels"] = build()[0]
     if compile_hf:
-        _, hf_c = build_models(cfg, vocab_size, pad_token_id, num_labels, seed)
-        hf_c.compile()
-        models["hf_bert_compiled"] = hf_c
-    steps = {}
-    for name, model in models.items():
-        model.to(device).train()
-        make = make_logged_step if name == "normlab_eager_logged" else make_step
-        steps[name] = make(model, adamw(model, t), t["max_grad_norm"])
-        if name == "normlab_eager_reference_kernels":
-            steps[name] = on_reference_kernels(steps[name], device)
+        models["hf_bert_compiled"] = build()[1]
+        models["hf_bert_compiled"].compile()
+    return models
 
-    real_tokens = sum(int(b["attention_mask"].sum()) for b in batches)
-    slots = sum(b["attention_mask"].numel() for b in batches)
+
+def time_interleaved_steps(steps: dict, batches, repeats: int, device) -> tuple[dict, dict, dict]:
+    """Warm up every step function on every batch shape (compiles happen here), then time them interleaved at the
+    finest grain, one optimizer step: for every batch each contestant takes its step in turn (order rotating), so
+    a burst of load from another process lands on all of them. -> (seconds of one pass over all batches per
+    repetition, per-step HF time / contestant time, warm-up seconds), each by name."""
     warmup_s = {}
-    for name, step in steps.items():  # one pass over every batch shape: compiles (and recompiles) happen here
+    for name, step in steps.items():
         t0 = time.perf_counter()
         for b in batches:
             step(b)
         _sync(device)
         warmup_s[name] = time.perf_counter() - t0
-
-    # Interleaved at the finest grain, one optimizer step: for every batch each contestant takes its step in
-    # turn (order rotating), so a burst of load from another process lands on all of them.
     names = list(steps)
-    per_rep = {n: [] for n in names}  # seconds of one pass over all batches, per repetition
-    paired = {n: [] for n in names if n != "hf_bert_eager"}  # per step: HF time / this contestant's time
+    per_rep = {n: [] for n in names}
+    paired = {n: [] for n in names if n != "hf_bert_eager"}
     k = 0
     for _ in range(repeats):
         rep = {n: 0.0 for n in names}
@@ -491,6 +453,29 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
                 paired[n].append(dt["hf_bert_eager"] / dt[n])
         for n in names:
             per_rep[n].append(rep[n])
+    return per_rep, paired, warmup_s
+
+
+def bench_throughput(accelerator, cfg, batches, vocab_size, pad_token_id, num_labels, device, repeats: int,
+                     compile_normlab: bool, compile_hf: bool, diagnose: bool = False,
+                     extras: bool = True) -> tuple[dict, dict]:
+    """`extras` False: only NormLab eager and HF BERT eager (no logging, compiled or diagnostic contestants)."""
+    import normlab_kernels
+
+    compile_normlab, compile_hf, diagnose = (compile_normlab, compile_hf, diagnose) if extras else (False,) * 3
+    models = contestant_models(cfg, vocab_size, pad_token_id, num_labels, compile_normlab, compile_hf, diagnose,
+                               extras)
+    normlab, hf = models["normlab_eager"], models["hf_bert_eager"]
+    steps = {}
+    for name, model in models.items():
+        model.to(device).train()
+        steps[name], _ = make_step(accelerator, model, cfg["train"], logged=name == "normlab_eager_logged")
+        if name == "normlab_eager_reference_kernels":
+            steps[name] = on_reference_kernels(steps[name], device)
+    per_rep, paired, warmup_s = time_interleaved_steps(steps, batches, repeats, device)
+
+    real_tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+    slots = sum(b["attention_mask"].numel() for b in batches)
     contestants = {}
     for name, samples in per_rep.items():
         s = _summary(samples)
@@ -502,21 +487,18 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
     hf_tps = contestants["hf_bert_eager"]["real_tokens_per_s"]
     ratios = {f"{n}_over_hf_bert_eager": c["real_tokens_per_s"] / hf_tps for n, c in contestants.items()
               if n not in ("hf_bert_eager", "normlab_eager_logged")}
-    logging_overhead = (contestants["normlab_eager_logged"]["step_ms_median"]
-                        / contestants["normlab_eager"]["step_ms_median"] - 1) if extras else None
-    paired_median = {f"{n}_over_hf_bert_eager": statistics.median(v) for n, v in paired.items()
-                     if n != "normlab_eager_logged"}
     if compile_hf and compile_normlab:
         ratios["normlab_compiled_over_hf_bert_compiled"] = (contestants["normlab_compiled"]["real_tokens_per_s"]
                                                            / contestants["hf_bert_compiled"]["real_tokens_per_s"])
-    lengths = [int(b["input_ids"].shape[1]) for b in batches]
-    out = {
+    logging_overhead = (contestants["normlab_eager_logged"]["step_ms_median"]
+                        / contestants["normlab_eager"]["step_ms_median"] - 1) if extras else None
+    return {
         "what": "real (non-pad) training tokens per second, full step: forward, backward, clip, AdamW (higher is better)",
         "goal": f">= {GOALS['throughput']} (NormLab over HF BERT)",
-        "batches": len(batches), "batch_size": cfg["train"]["batch_size"], "padded_lengths": lengths,
+        "batches": len(batches), "batch_size": cfg["train"]["batch_size"],
+        "padded_lengths": [int(b["input_ids"].shape[1]) for b in batches],
         "real_tokens_per_pass": real_tokens, "pad_fraction_of_these_batches": 1 - real_tokens / slots,
-        "same_padded_batches_for_all": True, "repeats": repeats,
-        "normlab_skips_padding": bool(getattr(normlab.normlab, "unpad", False)),
+        "same_padded_batches_for_all": True, "repeats": repeats, "normlab_skips_padding": normlab.normlab.unpad,
         "model": {k: cfg["model"][k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                "intermediate_size")},
         "kernels": normlab_kernels.backends(device),  # what NormLab's operators ran on (train.kernels=auto)
@@ -525,10 +507,11 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
                                                       else "not run at this width"),
         "contestants": contestants, "ratios": ratios,
         "logging_overhead": logging_overhead,  # step time with stability logging every step / without, minus 1
-        "paired_step_ratio_median": paired_median,  # robustness check: median over steps of the per-step ratio
-        "params": params,
-    }
-    return out, {"normlab": normlab, "hf_bert": hf}
+        # robustness check: median over steps of the per-step ratio
+        "paired_step_ratio_median": {f"{n}_over_hf_bert_eager": statistics.median(v) for n, v in paired.items()
+                                     if n != "normlab_eager_logged"},
+        "params": param_counts(normlab, hf),
+    }, {"normlab": normlab, "hf_bert": hf}
 
 
 def _step_peak_cpu(step, batch) -> int:
@@ -549,7 +532,7 @@ def _step_peak_cpu(step, batch) -> int:
     return peak
 
 
-def bench_memory(cfg, models: dict, batch: dict, device) -> dict:
+def bench_memory(accelerator, cfg, models: dict, batch: dict, device) -> dict:
     """Peak memory of one training step on the longest of the timed batches (the same batch for both). Measured
     on the second step (the first creates the AdamW state); `resident_bytes` = parameters + AdamW state,
     `step_peak_bytes` = the step's peak above that, `total_peak_bytes` = their sum."""
@@ -565,8 +548,7 @@ def bench_memory(cfg, models: dict, batch: dict, device) -> dict:
            "batch_shape": list(batch["input_ids"].shape)}
     for name, model in models.items():
         model.to(device).train()
-        opt = adamw(model, t)
-        step = make_step(model, opt, t["max_grad_norm"])
+        step, opt = make_step(accelerator, model, t)
         step(batch)  # creates the AdamW state
         resident = sum(p.numel() * p.element_size() for p in model.parameters())
         resident += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
@@ -761,7 +743,11 @@ def training_precision(device):
 
 def run_model_sections(args, res, cfg, overrides, device, repeats, n_batches, do_compile) -> None:
     """Sections 2-4 (they need the data and both models)."""
+    from accelerate import Accelerator
+
     from common.config import load_config
+
+    accelerator = Accelerator(cpu=device.type == "cpu")  # one process: what train_step steps with
 
     section_s = res["settings"]["section_s"]
 
@@ -778,7 +764,7 @@ def run_model_sections(args, res, cfg, overrides, device, repeats, n_batches, do
     batches = take_batches(cfg, tokenizer, tokenized, build_dataloaders, n_batches, device)
     with training_precision(device):
         res["throughput"], models = bench_throughput(
-            cfg, batches, len(tokenizer), tokenizer.pad_token_id, num_labels, device, repeats, do_compile,
+            accelerator, cfg, batches, len(tokenizer), tokenizer.pad_token_id, num_labels, device, repeats, do_compile,
             args.compile_hf, args.diagnose)
 
     section_s["throughput"] = time.perf_counter() - t0
@@ -788,7 +774,7 @@ def run_model_sections(args, res, cfg, overrides, device, repeats, n_batches, do
     cfg_wide = load_config(args.config, overrides + WIDE)
     with training_precision(device):
         res["throughput_wide"], _ = bench_throughput(
-            cfg_wide, take_batches(cfg_wide, tokenizer, tokenized, build_dataloaders, n_batches, device),
+            accelerator, cfg_wide, take_batches(cfg_wide, tokenizer, tokenized, build_dataloaders, n_batches, device),
             len(tokenizer), tokenizer.pad_token_id, num_labels, device, repeats, False, False, extras=False)
     section_s["throughput_wide"] = time.perf_counter() - t0
 
@@ -796,7 +782,7 @@ def run_model_sections(args, res, cfg, overrides, device, repeats, n_batches, do
     t0 = time.perf_counter()
     longest = max(batches, key=lambda b: b["input_ids"].numel())
     with training_precision(device):
-        res["memory"] = bench_memory(cfg, models, longest, device)
+        res["memory"] = bench_memory(accelerator, cfg, models, longest, device)
     section_s["memory"] = time.perf_counter() - t0
 
 
@@ -804,7 +790,7 @@ def finish(args, res, wall0) -> int:
     res["machine"]["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     res["settings"]["wall_s"] = time.perf_counter() - wall0
     if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+        atomic_write_json(args.out, res, indent=1)
     if args.json:
         print(json.dumps(res))
     else:

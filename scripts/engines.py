@@ -11,9 +11,7 @@ engines fill the same study directory.
                  checkpoint (the command carries train.resume=auto) up to max_retries times.
 """
 
-import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from common.io import read_json  # noqa: E402
+
 FINISHED = ("completed", "diverged")  # a run with this summary.json status is never trained again
 DEFAULT_RETRIES = 2
 ATTEMPT_MARK = "[study.py] attempt"  # the line a Ray task writes into the run's log before each attempt
@@ -59,10 +62,7 @@ class Outcome:
 
 
 def read_status(run_dir: Path) -> str | None:
-    try:
-        return json.loads((Path(run_dir) / "summary.json").read_text()).get("status")
-    except (OSError, json.JSONDecodeError):
-        return None
+    return (read_json(Path(run_dir) / "summary.json") or {}).get("status")
 
 
 def gpu_count() -> int:

@@ -34,9 +34,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # for common.data (the run's dataset), as train.py finds it
 
+from common.io import read_json, read_yaml  # noqa: E402
 from common.wandb_run import resolve_mode  # noqa: E402
 
-DATA_FORMATS = (".parquet", ".csv", ".tsv", ".jsonl", ".json")
 
 
 class EvalError(ValueError):
@@ -80,9 +80,9 @@ def run_config(checkpoint: Path) -> dict | None:
     """The training config: <run>/config.yaml next to final/, else the YAML block of final/README.md."""
     import yaml
 
-    saved = checkpoint.parent / "config.yaml"
-    if saved.is_file():
-        return yaml.safe_load(saved.read_text())
+    saved = read_yaml(checkpoint.parent / "config.yaml")
+    if saved is not None:
+        return saved
     card = checkpoint / "README.md"
     if card.is_file():
         match = re.search(r"## Config\s*```yaml\n(.*?)```", card.read_text(), re.S)
@@ -95,7 +95,10 @@ def load_model(checkpoint: Path):
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    import datasets
+
     hf_logging.disable_progress_bar()  # stdout/stderr stay the results and the errors
+    datasets.disable_progress_bars()
 
     config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
     architectures = getattr(config, "architectures", None) or []
@@ -118,30 +121,6 @@ def label_set(model) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Data: (texts, label ids, description)
-
-
-def read_table(path: Path):
-    """A parquet/csv/tsv/jsonl/json file as a pandas DataFrame."""
-    import pandas as pd
-
-    if not path.is_file():
-        raise EvalError(f"data file not found: {path}")
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".parquet":
-            return pd.read_parquet(path)
-        if suffix in (".csv", ".tsv"):
-            return pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False, na_values=[""])
-        if suffix in (".jsonl", ".json"):
-            try:
-                return pd.read_json(path, lines=True)
-            except ValueError:
-                return pd.read_json(path)
-    except EvalError:
-        raise
-    except Exception as e:  # parser errors: one line
-        raise EvalError(f"could not read {path}: {' '.join(str(e).split())[:200]}") from None
-    raise EvalError(f"data file {path} has an unsupported extension; use one of: {', '.join(DATA_FORMATS)}")
 
 
 def check_columns(columns, text_column, label_column, source):
@@ -189,13 +168,14 @@ def check_texts(texts, column, source):
 
 
 def file_examples(path: Path, text_column, label_column, names):
-    df = read_table(path)
-    check_columns(list(df.columns), text_column, label_column, str(path))
-    if len(df) == 0:
-        raise EvalError(f"{path} has no rows")
-    texts = df[text_column].tolist()
+    from common.data import read_data_file
+
+    ds = read_data_file(path)  # the reader training uses for data.path
+    check_columns(ds.column_names, text_column, label_column, str(path))
+    columns = ds.select_columns([text_column, label_column])[:]  # plain lists, fast
+    texts = columns[text_column]
     check_texts(texts, text_column, str(path))
-    return texts, to_label_ids(df[label_column].tolist(), names, str(path)), {"source": str(path), "split": None}
+    return texts, to_label_ids(columns[label_column], names, str(path)), {"source": str(path), "split": None}
 
 
 def run_examples(checkpoint: Path, split: str, names):
@@ -287,9 +267,10 @@ def score(accelerator, model, tokenizer, texts, labels, batch_size):
     """Per-example lists {"loss", "prediction", "label", "confidence"} in the order of `texts`, every example once
     across processes (confidence: the softmax probability of the predicted class)."""
     import torch
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader
     from transformers import DataCollatorWithPadding
+
+    from common.evaluation import score_batches
 
     features = encode(tokenizer, texts, max_length_of(model, tokenizer))
     for i, (f, y) in enumerate(zip(features, labels)):
@@ -297,21 +278,11 @@ def score(accelerator, model, tokenizer, texts, labels, batch_size):
     order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))  # little padding
     loader = DataLoader([features[i] for i in order], batch_size=batch_size, shuffle=False,
                         collate_fn=DataCollatorWithPadding(tokenizer))
-    loader = accelerator.prepare(loader)
-    rows = []
-    with torch.no_grad():
-        for batch in loader:
-            y, index = batch.pop("labels"), batch.pop("index")
-            logits = model(**batch).logits.float()  # (B, C)
-            loss = F.cross_entropy(logits, y, reduction="none")  # (B,)
-            confidence, prediction = logits.softmax(-1).max(-1)  # (B,), (B,)
-            per_example = torch.stack([index.double(), loss.double(), prediction.double(), y.double(),
-                                       confidence.double()], dim=1)  # (B, 5); float64 keeps indices exact
-            rows.append(accelerator.gather_for_metrics(per_example).cpu())
-    every = torch.cat(rows) if rows else torch.zeros(0, 5, dtype=torch.float64)
-    every = every[every[:, 0].argsort()]  # back to the order of `texts`
-    return {"loss": every[:, 1].tolist(), "prediction": every[:, 2].long().tolist(),
-            "label": every[:, 3].long().tolist(), "confidence": every[:, 4].tolist()}
+    batches = score_batches(accelerator, model, accelerator.prepare(loader))
+    every = {k: torch.cat([b[k].cpu() for b in batches]) if batches else torch.zeros(0)
+             for k in ("index", "loss", "prediction", "label", "confidence")}
+    order = every["index"].argsort()  # back to the order of `texts`
+    return {k: every[k][order].tolist() for k in ("loss", "prediction", "label", "confidence")}
 
 
 def predict_texts(accelerator, model, tokenizer, texts, names):
@@ -390,9 +361,7 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
     cfg = run_config(checkpoint) or {}
     w, m = cfg.get("wandb") or {}, cfg.get("model") or {}
     in_run = (checkpoint.parent / "config.yaml").is_file()  # a run's final/: log next to the training run
-    trained = {}
-    if in_run and (checkpoint.parent / "summary.json").is_file():
-        trained = json.loads((checkpoint.parent / "summary.json").read_text())
+    trained = read_json(checkpoint.parent / "summary.json", {}) if in_run else {}
     project = w.get("project") or "normlab"
     group = w.get("group") or (f"{m['norm']}-{m['norm_placement']}" if m.get("norm") else None)
     name = (checkpoint.parent.name if in_run else checkpoint.name) + "-eval"

@@ -27,6 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.io import atomic_write_json, read_json, read_jsonl  # noqa: E402
+
 # (batch, length, hidden): the default model's shapes, and one above CustomLayerNorm's threshold for compiled kernels
 LN_SHAPES = ((32, 64, 128), (64, 128, 256))
 FP32_TOL = 1e-5  # float32: max error relative to the largest reference value
@@ -121,7 +123,7 @@ def kernels(args) -> int:
     rows = check_layernorm(device) + check_padded_row(device)
     info = {"device": str(device), "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
-    Path(args.out).write_text(json.dumps({"info": info, "checks": rows}, indent=1) + "\n")
+    atomic_write_json(args.out, {"info": info, "checks": rows}, indent=1)
     failed = [r for r in rows if not r["ok"]]
     for r in rows:
         print(("ok    " if r["ok"] else "FAIL  ") + json.dumps({k: v for k, v in r.items() if k != "ok"}))
@@ -130,9 +132,8 @@ def kernels(args) -> int:
 
 
 def summarize_run(run: Path) -> dict:
-    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] \
-        if (run / "metrics.jsonl").exists() else []
+    summary = read_json(run / "summary.json", {})
+    rows = read_jsonl(run / "metrics.jsonl")
     tps = [r["train/tokens_per_s"] for r in rows if r.get("train/tokens_per_s") is not None]
     out = {"run": run.name, "status": summary.get("status", "missing"), "steps": summary.get("step"),
            "wall_time_s": summary.get("wall_time_s"), "step_time_s": summary.get("step_time_s"),
@@ -153,7 +154,7 @@ def summarize_run(run: Path) -> dict:
 
 def summarize(args) -> int:
     runs = [summarize_run(Path(p)) for p in args.runs]
-    Path(args.out).write_text(json.dumps(runs, indent=1) + "\n")
+    atomic_write_json(args.out, runs, indent=1)
     for r in runs:
         print(json.dumps(r))
     bad = [r for r in runs if r["status"] != "completed" or r.get("running_stats_dtypes") not in (None, ["F32"])]

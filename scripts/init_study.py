@@ -15,19 +15,17 @@ Writes STUDY/e1.jsonl, one record per (placement, depth, seed).
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
-import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from common.data import get_tokenizer, resolve_dataset  # noqa: E402
-from common.jsonl import write_jsonl  # noqa: E402
+from common.io import read_json, read_yaml, write_jsonl  # noqa: E402
 from common.metrics import block_parameters  # noqa: E402
 from model import NormLabConfig, NormLabForSequenceClassification  # noqa: E402
 
@@ -109,8 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--preset", type=Path, default=None, help="a study YAML (default: STUDY/study.json)")
     args = parser.parse_args(argv)
-    source = (yaml.safe_load(args.preset.read_text()) if args.preset
-              else json.loads((args.study_dir / "study.json").read_text()))
+    source = (read_yaml(args.preset) if args.preset
+              else read_json(args.study_dir / "study.json"))
     if not source.get("init"):
         print("init_study.py: error: the study has no `init` block (E1 settings)", file=sys.stderr)
         return 2

@@ -9,7 +9,6 @@ number comes from common/study_analysis.py; the hypotheses are those of predicti
 """
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -24,6 +23,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # `python scripts/report.py` puts scripts/, not the repo, on the path
 
 from common import study_analysis as sa  # noqa: E402
+from common.io import atomic_write_json, read_json  # noqa: E402
 import report_plots as plots  # noqa: E402  (scripts/, beside this file)
 
 RECORD_FILES = ("runs.jsonl", "e1.jsonl", "labels.json", "meta.json")
@@ -181,7 +181,7 @@ SCALE = ["## Scale", "",
 
 def study_meta(source: Path) -> dict:
     """meta.json's content from a study directory's study.json: what ran, where, how long (training only)."""
-    study = json.loads((source / "study.json").read_text())
+    study = read_json(source / "study.json")
     calls = study.get("invocations", [])
     if not calls:
         return {}
@@ -236,13 +236,13 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str | None = 
     source, out = Path(source), Path(out or source)
     out.mkdir(parents=True, exist_ok=True)
     if (source / "study.json").is_file() and study_meta(source):
-        (source / "meta.json").write_text(json.dumps(study_meta(source), indent=1))
+        atomic_write_json(source / "meta.json", study_meta(source), indent=1)
     if out.resolve() != source.resolve():
         for name in RECORD_FILES:
             if (source / name).is_file():
                 shutil.copyfile(source / name, out / name)
     data = sa.StudyData.load(out)
-    meta = json.loads((out / "meta.json").read_text()) if (out / "meta.json").is_file() else {}
+    meta = read_json(out / "meta.json", {})
     figures = plots.all_figures(data, out)
     report = out / "report.md"
     # a rerun's folder sits inside the study's: link the one set of predictions both test

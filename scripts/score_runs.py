@@ -25,22 +25,19 @@ go to labels.json beside the records), so the report can pair examples across ru
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from common.data import resolve_dataset  # noqa: E402
-from common.jsonl import write_jsonl  # noqa: E402
-from common.metrics import read_metrics  # noqa: E402
+from common.io import atomic_write_json, read_json, read_jsonl, read_yaml, write_jsonl  # noqa: E402
 from model import BATCH_STAT_NORMS, NormLabForSequenceClassification  # noqa: E402
 from model.norms import _real_token_mask, set_batch_stats_in_eval  # noqa: E402
 
@@ -153,7 +150,7 @@ def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) 
     """({split/batching/statistics: predict()}, running_stat_gap() on the validation split)"""
     from transformers import AutoTokenizer
 
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg = read_yaml(run_dir / "config.yaml")
     max_length = cfg["data"]["max_length"]
     model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
@@ -174,8 +171,8 @@ def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) 
 
 def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> dict:
     run_dir = study_dir / "runs" / name
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    cfg = read_yaml(run_dir / "config.yaml", {})
+    summary = read_json(run_dir / "summary.json", {})
     rec = {k: entry.get(k) for k in ("experiment", "variant", "lr", "warmup", "seed")}
     model_cfg = cfg.get("model", {})
     rec.update(name=name, status=summary.get("status", entry.get("status")), norm=model_cfg.get("norm"),
@@ -183,7 +180,7 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
                grouped=bool(cfg.get("data", {}).get("group_by_length")), duration_s=entry.get("duration_s"),
                loss_spikes=summary.get("loss_spikes"), wandb_run_id=summary.get("wandb_run_id"))
     if (run_dir / "metrics.jsonl").is_file():
-        rec["curves"] = curves(read_metrics(run_dir / "metrics.jsonl"))
+        rec["curves"] = curves(read_jsonl(run_dir / "metrics.jsonl"))
     if rec["status"] == "completed" and (run_dir / "final").is_dir():
         full = rec["experiment"] == "e3" or rec["norm"] in BATCH_STAT_NORMS
         rec["scores"], gap = score_run(run_dir, sets, full, batch_size)
@@ -197,21 +194,21 @@ def main(argv=None) -> int:
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="default: STUDY/runs.jsonl")
     args = parser.parse_args(argv)
-    study = json.loads((args.study_dir / "study.json").read_text())
+    study = read_json(args.study_dir / "study.json")
     score = {"dev_rows": 2000, "batch_size": 32, **(study.get("score") or {})}
     torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
     sets, out = None, args.out or args.study_dir / "runs.jsonl"
     rows = []
     for name, entry in sorted(study["runs"].items()):
         if sets is None and (args.study_dir / "runs" / name / "config.yaml").is_file():
-            cfg = yaml.safe_load((args.study_dir / "runs" / name / "config.yaml").read_text())
+            cfg = read_yaml(args.study_dir / "runs" / name / "config.yaml")
             sets = score_sets(cfg, score["dev_rows"])
         rows.append(record(args.study_dir, name, entry, sets, score["batch_size"]))
         print(f"scored {name}: {rows[-1]['status']}", flush=True)
     write_jsonl(out, rows)
     if sets is not None:  # the gold labels, once: the report scores the saved predictions against them
         labels = {split: "".join(str(int(y)) for y in ys) for split, (_, ys) in sets.items()}
-        (out.parent / "labels.json").write_text(json.dumps(labels))
+        atomic_write_json(out.parent / "labels.json", labels, indent=None)
     print(f"{len(rows)} records -> {out}")
     return 0
 

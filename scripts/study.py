@@ -31,9 +31,12 @@ from pathlib import Path
 
 import yaml
 
-from engines import FINISHED, EngineError, Job, LocalEngine, make_engine, read_status, subprocess_runner
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # `python scripts/study.py` puts scripts/, not the repo, on the path
+
+from common.io import atomic_write_json, read_json  # noqa: E402
+from engines import FINISHED, EngineError, Job, LocalEngine, make_engine, read_status, subprocess_runner  # noqa: E402
 STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
 AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
 # FINISHED (engines.py): a rerun skips these statuses; anything else (failed, interrupted) is run again
@@ -241,7 +244,6 @@ def train_command(grid, run, study_dir: Path, extra: list[str], launcher: list[s
 
 def validate_commands(grid, runs, extra):
     """Check every run's config with train.py's own loader before training anything (a typo costs seconds)."""
-    sys.path.insert(0, str(REPO_ROOT))
     from common.config import ConfigError, load_config
 
     seen = set()
@@ -279,7 +281,7 @@ class Study:
         self.dir = study_dir
         self.path = study_dir / "study.json"
         self.lock = threading.Lock()
-        old = json.loads(self.path.read_text()) if self.path.exists() else {}
+        old = read_json(self.path, {})
         if old.get("name") not in (None, grid["name"]):
             raise StudyError(f"{study_dir} holds study {old['name']!r}, not {grid['name']!r}; pick another --study-dir")
         self.data = {"name": grid["name"], "description": grid["description"], "grid_file": str(grid_file),
@@ -296,9 +298,7 @@ class Study:
             if fresh:
                 self.data["runs"][name] = {}
             self.data["runs"].setdefault(name, {}).update(fields)
-            tmp = self.path.with_name("study.json.tmp")
-            tmp.write_text(json.dumps(self.data, indent=1))
-            os.replace(tmp, self.path)
+            atomic_write_json(self.path, self.data, indent=1)
 
 
 def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
@@ -385,7 +385,7 @@ def machine() -> str:
 def record_invocation(study_dir: Path, command: str, started: float) -> None:
     """Append this command's commit, machine, wall time and CPU time (of the runs it started) to study.json."""
     path = study_dir / "study.json"
-    data = json.loads(path.read_text())
+    data = read_json(path)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                             text=True).stdout.strip() or None
     times = os.times()
@@ -393,9 +393,7 @@ def record_invocation(study_dir: Path, command: str, started: float) -> None:
         "command": command, "commit": commit, "machine": machine(), "started": time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 1),
         "cpu_s": round(times.children_user + times.children_system, 1)})
-    tmp = path.with_name("study.json.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    atomic_write_json(path, data, indent=1)
 
 
 def wants_e1(grid: dict, only: dict) -> bool:

@@ -69,3 +69,50 @@ def test_probe_matches_hidden_states_weights_and_grads(norm, unpad):
         expected_update = torch.stack([(a - b).norm() / b.norm() for a, b in zip(after, before)])
         assert (expected_update > 0).all()
         torch.testing.assert_close(probe.update_ratio, expected_update, rtol=1e-4, atol=0)
+
+
+class _TwoProcesses:
+    """accelerator.gather as on two processes: this process's values, then `other`'s (same keys and shapes)."""
+
+    num_processes = 2
+
+    def __init__(self, other: dict):
+        self.other = other
+
+    def gather(self, tensors: dict) -> dict:
+        return {k: torch.cat([v, self.other[k].unsqueeze(0)]) for k, v in tensors.items()}
+
+
+def test_collect_combines_each_quantity_over_processes_by_its_own_rule():
+    """A logged step through the probe's context managers, then `collect` with a second process whose values are
+    known: token counts and activation sums add up, the loss and BN drift average, logit maxima take the max."""
+    model = _model(norm="batchnorm")
+    model.train()
+    batch = _batch()
+    probe = StabilityProbe(model, BatchStatNorm)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with probe.forward(batch["attention_mask"]):
+        out = model(**batch)
+    probe.count(out.loss, batch["attention_mask"])
+    out.loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
+    with probe.update(grad_norm, 1.0):
+        optimizer.step()
+    mine = probe._local_values(measured=True)
+    other = {k: v * 3 for k, v in mine.items()}  # the other process saw three times everything
+    other["logit_max"] = mine["logit_max"] - torch.tensor([1.0, -1.0, 1.0])  # and larger logits in block 1
+
+    row = probe.collect(_TwoProcesses(other), grad_norm, lr=0.01)
+    real, slots = int(batch["attention_mask"].sum()), batch["attention_mask"].numel()
+    assert row["train/loss"] == pytest.approx(2 * out.loss.item())  # mean of loss and 3 x loss
+    assert row["train/pad_fraction"] == pytest.approx(1 - 4 * real / (4 * slots))
+    assert row["train/grad_norm"] == grad_norm and row["train/lr"] == 0.01
+    for i in range(3):
+        act_rms = torch.sqrt(4 * mine["act_sumsq"][i] / (4 * mine["act_count"])).item()
+        assert row[f"layers/{i}/act_rms"] == pytest.approx(act_rms, rel=1e-6)
+        assert row[f"layers/{i}/attn_logit_max"] == pytest.approx(mine["logit_max"][i].item() + (i == 1))
+        assert row[f"bn/{i}/stat_drift"] == pytest.approx(2 * mine["stat_drift"][i].item(), rel=1e-6)
+        assert row[f"layers/{i}/grad_norm"] == pytest.approx(probe.grad_norm[i].item())
+        assert row[f"layers/{i}/update_ratio"] == pytest.approx(probe.update_ratio[i].item())
+        assert row[f"layers/{i}/update_ratio"] > 0
+    assert probe.counters.loss_count == 0  # collect restarts the counters for the next logging interval

@@ -1,0 +1,72 @@
+"""Reading and writing the repo's small files: JSON, YAML, JSON Lines, and atomic writes.
+
+Readers of files that may legitimately be absent (a run without summary.json yet) return a default instead of
+raising; the caller decides whether that is an error. Writers replace a file atomically: readers (another process,
+a crash-and-resume) see the old content or the new one, never half of it.
+"""
+
+import json
+import os
+from pathlib import Path
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write to a hidden temporary file next to `path`, fsync it, and rename it over `path` (atomic on POSIX)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path, obj, indent: int = 2) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path, default=None):
+    """The parsed JSON file, or `default` when it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def read_yaml(path, default=None):
+    """The parsed YAML file, or `default` when it is missing or unreadable."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return default
+
+
+def read_jsonl(path) -> list[dict]:
+    """Every record of a JSON Lines file; [] when it does not exist. A last line that does not parse is skipped:
+    the torn line a killed writer leaves behind (files here are written one whole line at a time). A bad line
+    anywhere else is damage, and raises ValueError naming the file and the line."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    lines = path.read_text().splitlines()
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if number < len(lines):
+                raise ValueError(f"{path} line {number} is not valid JSON; the file is damaged") from None
+    return rows
+
+
+def write_jsonl(path, rows) -> None:
+    """Compact separators: the study's records are committed, and a few hundred KB is the difference."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+
+
+__all__ = ["atomic_write_text", "atomic_write_json", "read_json", "read_yaml", "read_jsonl", "write_jsonl"]

@@ -1,0 +1,17 @@
+"""common/io.py: JSON Lines reading tolerates only the torn last line a killed writer leaves."""
+
+import pytest
+
+from common.io import read_jsonl, write_jsonl
+
+
+def test_read_jsonl_skips_a_torn_last_line_only(tmp_path):
+    path = tmp_path / "m.jsonl"
+    write_jsonl(path, [{"step": 1}, {"step": 2}])
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
+    path.write_text(path.read_text() + '{"step": 3, "lo')  # killed mid-line
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
+    path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
+        read_jsonl(path)
+    assert read_jsonl(tmp_path / "absent.jsonl") == []
