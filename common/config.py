@@ -11,12 +11,9 @@ Every failure is a ConfigError (a ValueError) with a one-line message naming the
 
 import dataclasses
 import difflib
-import hashlib
 import inspect
-import json
 import math
 import operator
-import os
 import sys
 import typing
 from pathlib import Path
@@ -26,6 +23,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ValidationError
 from transformers import SchedulerType
 
+from common.io import atomic_write_text
 from model.configuration_normlab import HIDDEN_ACTS, NORM_PLACEMENTS, NORM_TYPES, POOLINGS, NormLabConfig
 from normlab_kernels import MODES as KERNEL_MODES
 
@@ -343,16 +341,7 @@ def save_config(cfg: dict, path) -> None:
     """Write the resolved config as YAML (atomically: a kill mid-write leaves the old file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        yaml.safe_dump(cfg, f, sort_keys=False, default_flow_style=False)
-    os.replace(tmp, path)
-
-
-def config_hash(cfg_subset) -> str:
-    """A short stable hash of any JSON-able part of a config (key order does not matter)."""
-    blob = json.dumps(cfg_subset, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    atomic_write_text(path, yaml.safe_dump(cfg, sort_keys=False, default_flow_style=False))
 
 
 def flatten_config(cfg: dict, prefix: str = "") -> dict:
@@ -393,5 +382,5 @@ def parse_cli(argv=None):
 
 __all__ = [
     "ConfigError", "REPO_ROOT", "CONFIG_DIR", "DEFAULT_CONFIG", "TASKS", "WANDB_MODES", "RunConfig", "load_config",
-    "model_config_from", "save_config", "config_hash", "flatten_config", "parse_cli", "resolve_config_file",
+    "model_config_from", "save_config", "flatten_config", "parse_cli", "resolve_config_file",
 ]
