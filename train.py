@@ -402,6 +402,9 @@ def _train(cfg, accelerator, resume_path, wandb_mode, variant=None, kernels: dic
                                                                   # (a config change: a torch.compile recompile)
     model_config = model_config_from(cfg, **extra)
     model = (NormLabForMaskedLM if task == "mlm" else NormLabForSequenceClassification)(model_config)
+    import normlab_kernels  # model/ has nn.Dropout; with the C++ CPU backend (kernels), its faster dropout instead
+
+    normlab_kernels.apply(model, kernels or {})
     if t["compile"]:
         # In place: parameter names, state dicts and attribute access stay those of the model. dynamic: padded
         # batches change length every step; one graph with symbolic shapes instead of a recompile per length.

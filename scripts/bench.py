@@ -453,6 +453,8 @@ def bench_throughput(cfg, batches, vocab_size, pad_token_id, num_labels, device,
     steps = {}
     for name, model in models.items():
         model.to(device).train()
+        if name.startswith("normlab"):  # train.py's dropout: train.kernels=auto's, or reference's (nn.Dropout)
+            normlab_kernels.apply(model, {} if name.endswith("reference_kernels") else normlab_kernels.backends(device))
         make = make_logged_step if name == "normlab_eager_logged" else make_step
         steps[name] = make(model, adamw(model, t), t["max_grad_norm"])
         if name == "normlab_eager_reference_kernels":
