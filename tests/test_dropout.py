@@ -70,6 +70,11 @@ def test_gradient_is_mask_times_scale(backend):
     scale = torch.tensor(1 / (1 - p))
     assert torch.equal(x.grad, g * torch.where(keep, scale, torch.zeros(())))
     assert torch.equal(y, x.detach() * torch.where(keep, scale, torch.zeros(())))
+    # the backward is the operator again, so it is differentiable too (double backward): the same mask
+    g.requires_grad_(True)
+    (dx,) = torch.autograd.grad(torch.ops.normlab.dropout(x, SEED, p), x, g, create_graph=True)
+    (dg,) = torch.autograd.grad(dx.sum(), g)
+    assert torch.equal(dg, torch.where(keep, scale, torch.zeros(())))
 
 
 def test_same_seed_same_mask_other_seed_other_mask(backend):
