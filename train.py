@@ -427,7 +427,7 @@ def setup(cfg, accelerator, resume_path, wandb_mode, variant, kernels) -> Run:
     wall_start = time.time()
     tokenizer, dsd, train_loader, eval_loader = build_data(cfg, accelerator)
     batch_sampler = train_loader.batch_sampler  # ours (deterministic per (seed, epoch)), before prepare wraps it
-    model, optimizer = build_model(cfg, tokenizer, dsd)
+    model, optimizer = build_model(cfg, tokenizer, dsd, kernels)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     t, P = cfg["train"], accelerator.num_processes
     steps_per_epoch = math.ceil(len(train_loader) / t["grad_accum_steps"])
@@ -467,8 +467,9 @@ def build_data(cfg: dict, accelerator):
     return tokenizer, dsd, train_loader, eval_loader
 
 
-def build_model(cfg: dict, tokenizer, dsd):
-    """The model for cfg's task, sized to the tokenizer and labels, and its AdamW."""
+def build_model(cfg: dict, tokenizer, dsd, kernels: dict):
+    """The model for cfg's task, sized to the tokenizer and labels, and its AdamW; `kernels` ({operator: backend},
+    normlab_kernels.enable's) decides its dropout."""
     extra = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
     if cfg["task"] == "classification":
         names = label_names(dsd, cfg)
@@ -478,6 +479,9 @@ def build_model(cfg: dict, tokenizer, dsd):
                                                                   # (a config change: a torch.compile recompile)
     model_config = model_config_from(cfg, **extra)
     model = (NormLabForMaskedLM if cfg["task"] == "mlm" else NormLabForSequenceClassification)(model_config)
+    import normlab_kernels  # model/ has nn.Dropout; with the C++ CPU backend (kernels), its faster dropout instead
+
+    normlab_kernels.apply(model, kernels)
     if cfg["train"]["compile"]:
         # In place: parameter names, state dicts and attribute access stay those of the model. dynamic: padded
         # batches change length every step; one graph with symbolic shapes instead of a recompile per length.

@@ -8,12 +8,19 @@ for one device type:
     operator                        CPU backend                        CUDA backend
     normlab::layer_norm             "cpp": layer_norm_cpu.cpp          "triton": triton_layer_norm.py
     normlab::layer_norm_backward    "cpp"                              "triton"
+    normlab::dropout                "cpp": dropout_cpu.cpp             "torch": the model's nn.Dropout
+
+The dropout is different: model/ uses plain nn.Dropout, and the operator (defined in dropout.py) only runs where
+`apply(model, backends)` has put the module that calls it in place of the model's nn.Dropout modules, as kernel
+libraries patch Hugging Face models. It does so when the CPU backend is registered ("cpp"); otherwise ("torch")
+nn.Dropout runs. On CUDA torch's dropout is one fused kernel already: there is nothing to replace.
 
 `enable(mode, device)` is the one switch (train.py passes `train.kernels`):
   - "auto": the fast backend of the device's type when it can be had (C++: a compiler and ninja to build it;
     Triton: the triton package); otherwise one warning, and the reference runs;
   - "reference": the reference, also if a fast backend was registered earlier in this process.
-It returns {operator: backend} (train.py writes it to summary.json). Everything that can fail -- building,
+It returns {operator: backend} (train.py writes it to summary.json; then `apply(model, that)` once the model is
+built). Everything that can fail -- building,
 importing -- happens inside `enable`, before training; a kernel that fails while it runs (out of memory, an
 illegal address) raises like any torch op, and nothing here catches it.
 """
@@ -22,21 +29,44 @@ import importlib
 import warnings
 
 import torch
+import torch.nn as nn
 
 MODES = ("auto", "reference")
-OPS = ("normlab::layer_norm", "normlab::layer_norm_backward")
+OPS = ("normlab::layer_norm", "normlab::layer_norm_backward", "normlab::dropout")
+DROPOUT = "normlab::dropout"
 # device type -> (backend name, module); each module's register() puts its kernels on the operators for that
 # device type (raising if it cannot: no compiler, no triton) and unregister() takes them off again
 FAST_BACKENDS = {"cpu": ("cpp", "normlab_kernels.cpu"), "cuda": ("triton", "normlab_kernels.triton_layer_norm")}
+# device type -> the fast backend that also implements normlab::dropout (elsewhere the model keeps nn.Dropout)
+FAST_DROPOUT = {"cpu": "cpp"}
 
 _registered = {}  # device type -> the fast backend registered for it now (absent: none, the reference runs)
 _unavailable = {}  # device type -> why its fast backend cannot be had (warned once per process)
 
 
 def backends(device="cpu") -> dict:
-    """{operator: backend} that runs now for tensors on `device`."""
-    backend = _registered.get(torch.device(device).type, "reference")
-    return {op: backend for op in OPS}
+    """{operator: backend} that runs now for tensors on `device` (for the dropout: in a model after `apply`)."""
+    device_type = torch.device(device).type
+    backend = _registered.get(device_type, "reference")
+    out = {op: backend for op in OPS}
+    out[DROPOUT] = backend if backend == FAST_DROPOUT.get(device_type) else "torch"
+    return out
+
+
+def apply(model: nn.Module, backends: dict) -> nn.Module:
+    """Make `model`'s dropout the one `backends` (what `enable` returned) names, in place: "cpp" swaps every
+    nn.Dropout module for normlab_kernels.dropout.Dropout (a subclass calling normlab::dropout), anything else swaps
+    them back. Dropout holds no parameters or buffers, so state dicts, `save_pretrained` and the model's config and
+    code are the same either way. Returns the model."""
+    from .dropout import Dropout
+
+    fast = backends.get(DROPOUT) == "cpp"
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if type(child) is (nn.Dropout if fast else Dropout)]
+    for parent, name, child in swaps:
+        new = (Dropout if fast else nn.Dropout)(child.p, child.inplace)
+        setattr(parent, name, new.train(child.training))
+    return model
 
 
 def unavailable(device="cpu") -> str | None:
@@ -82,4 +112,4 @@ def _register(device_type: str) -> bool:
         return False
 
 
-__all__ = ["MODES", "OPS", "FAST_BACKENDS", "enable", "backends", "unavailable"]
+__all__ = ["MODES", "OPS", "DROPOUT", "FAST_BACKENDS", "FAST_DROPOUT", "enable", "apply", "backends", "unavailable"]

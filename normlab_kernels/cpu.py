@@ -1,8 +1,10 @@
-"""Builds and loads the C++ CPU LayerNorm (layer_norm_cpu.cpp), the CPU implementation of normlab::layer_norm.
+"""Builds and loads the C++ CPU backend: the LayerNorm (layer_norm_cpu.cpp), the CPU implementation of
+normlab::layer_norm and normlab::layer_norm_backward, and the dropout (dropout_cpu.cpp), that of normlab::dropout.
 
 Why C++: at this project's training shapes (~1000 tokens x 128 features per batch) a LayerNorm is so small that
 the ~10 separate eager ops of the reference (and their temporaries) cost more than the arithmetic; one pass per
-row in C++ measures at parity with torch.nn.LayerNorm's own kernel (README, Performance).
+row in C++ measures at parity with torch.nn.LayerNorm's own kernel (README, Performance). The dropout's reason is
+in normlab_kernels/dropout.py.
 
 torch.utils.cpp_extension builds the file once per machine (cached under TORCH_EXTENSIONS_DIR, default
 ~/.cache/torch_extensions) and loads the cached build afterwards.
@@ -24,7 +26,8 @@ import platform
 
 import torch
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layer_norm_cpu.cpp")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = [os.path.join(_HERE, name) for name in ("cpu_module.cpp", "layer_norm_cpu.cpp", "dropout_cpu.cpp")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 
 
@@ -50,7 +53,7 @@ def load():
         threads = torch.get_num_threads()
         try:
             with torch.random.fork_rng(devices=[]):  # (no CUDA state is touched by a CPU build)
-                _extension = build_and_load(name=f"normlab_layer_norm_cpu_{_cpu_digest()}", sources=[SOURCE],
+                _extension = build_and_load(name=f"normlab_cpu_{_cpu_digest()}", sources=SOURCES,
                                             extra_cflags=FLAGS)
         finally:
             torch.set_num_threads(threads)
@@ -58,11 +61,17 @@ def load():
 
 
 def register():
-    """The C++ kernels become the CPU implementation of normlab::layer_norm and normlab::layer_norm_backward."""
-    load().register_kernels()
+    """The C++ kernels become the CPU implementation of normlab::layer_norm, normlab::layer_norm_backward and
+    normlab::dropout."""
+    import normlab_kernels.dropout  # noqa: F401 - defines normlab::dropout (model/norms.py defines the LayerNorm's)
+
+    extension = load()
+    extension.register_layer_norm()
+    extension.register_dropout()
 
 
 def unregister():
     """Back to the operators' reference implementation on CPU."""
     if _extension is not None:
-        _extension.unregister_kernels()
+        _extension.unregister_dropout()
+        _extension.unregister_layer_norm()

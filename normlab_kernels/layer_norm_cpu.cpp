@@ -17,6 +17,8 @@
 #include <memory>
 #include <vector>
 
+#include "cpu_kernels.h"
+
 namespace {
 
 using at::Tensor;
@@ -239,7 +241,9 @@ std::tuple<Tensor, Tensor, Tensor> forward_with_autograd(const Tensor& x, const 
 // destroying them unregisters the kernels, and the operators' reference implementation runs again.
 std::unique_ptr<torch::Library> kernels, autograd;
 
-void register_kernels() {
+}  // namespace
+
+void normlab::register_layer_norm() {
   if (kernels) return;
   kernels = std::make_unique<torch::Library>(torch::Library::IMPL, "normlab", c10::DispatchKey::CPU, __FILE__,
                                              __LINE__);
@@ -250,16 +254,14 @@ void register_kernels() {
   autograd->impl("layer_norm", TORCH_FN(forward_with_autograd));
 }
 
-void unregister_kernels() {
+void normlab::unregister_layer_norm() {
   autograd.reset();
   kernels.reset();
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+void normlab::bind_layer_norm(pybind11::module& m) {
   m.def("forward", &forward, "forward(x, weight, bias, eps) -> y, mean, rstd: LayerNorm over x's last dim");
   m.def("backward", &backward, "backward(dy, x, weight, mean, rstd) -> dx, dweight, dbias");
-  m.def("register_kernels", &register_kernels, "register forward/backward as the operators' CPU kernels");
-  m.def("unregister_kernels", &unregister_kernels, "unregister them: the reference implementation runs again");
+  m.def("register_layer_norm", &normlab::register_layer_norm, "register forward/backward as the operators' CPU kernels");
+  m.def("unregister_layer_norm", &normlab::unregister_layer_norm, "unregister them: the reference implementation runs again");
 }

@@ -16,6 +16,9 @@ import normlab_kernels
 from model.norms import layer_norm_reference
 from tests.train_utils import REPO
 
+# train.kernels=reference, or auto without a backend: the reference LayerNorm, and the model's own nn.Dropout
+REFERENCE = {"normlab::layer_norm": "reference", "normlab::layer_norm_backward": "reference", "normlab::dropout": "torch"}
+
 
 @pytest.fixture
 def restore_cpu_backend():
@@ -40,12 +43,12 @@ def test_the_switch_decides_which_implementation_runs(restore_cpu_backend):
     got = normlab_kernels.enable("auto", "cpu")
     if got["normlab::layer_norm"] != "cpp":
         pytest.skip(f"the C++ kernels are unavailable here: {normlab_kernels.unavailable('cpu')}")
-    assert got == {"normlab::layer_norm": "cpp", "normlab::layer_norm_backward": "cpp"}
+    assert got == {"normlab::layer_norm": "cpp", "normlab::layer_norm_backward": "cpp", "normlab::dropout": "cpp"}
     from normlab_kernels import cpu
 
     for a, b in zip(torch.ops.normlab.layer_norm(*args), cpu.load().forward(*args)):
         assert torch.equal(a, b)  # bit for bit: the C++ kernel ran
-    assert normlab_kernels.enable("reference", "cpu") == {op: "reference" for op in normlab_kernels.OPS}
+    assert normlab_kernels.enable("reference", "cpu") == REFERENCE
     for a, b in zip(torch.ops.normlab.layer_norm(*args), layer_norm_reference(*args)):
         assert torch.equal(a, b)  # and now the reference, although the C++ kernel was registered before
 
@@ -63,7 +66,7 @@ def test_auto_without_a_backend_warns_once_and_runs_the_reference(restore_cpu_ba
         warnings.simplefilter("always")
         first = normlab_kernels.enable("auto", "cpu")
         second = normlab_kernels.enable("auto", "cpu")
-    assert first == second == {op: "reference" for op in normlab_kernels.OPS}
+    assert first == second == REFERENCE
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "cpp backend for cpu is unavailable" in messages[0] and "Ninja" in messages[0]
     assert "Ninja" in normlab_kernels.unavailable("cpu")

@@ -50,9 +50,11 @@ def test_accelerate_launch_end_to_end(tmp_path):
     assert s["status"] == "completed" and s["step"] == 12 and s["loss_spikes"] == 0
     # train.kernels=auto: the C++ kernels ran, or the reference did and one warning said why
     assert cfg["train"]["kernels"] == "auto"
-    assert set(s["kernels"]) == {"normlab::layer_norm", "normlab::layer_norm_backward"}
+    assert set(s["kernels"]) == {"normlab::layer_norm", "normlab::layer_norm_backward", "normlab::dropout"}
+    dropout = s["kernels"].pop("normlab::dropout")  # the C++ dropout comes with the C++ backend, else nn.Dropout
     backends = set(s["kernels"].values())
-    assert backends == {"cpp"} or (backends == {"reference"} and "cpp backend for cpu is unavailable" in result.stderr)
+    assert (backends == {"cpp"} and dropout == "cpp") or (
+        backends == {"reference"} and dropout == "torch" and "cpp backend for cpu is unavailable" in result.stderr)
     assert set(s["final"]) == {"eval/loss", "eval/accuracy"} and 0 <= s["final"]["eval/accuracy"] <= 1
 
     # metrics.jsonl: every step has the stability metrics; evaluations at 6 and 12
@@ -173,7 +175,8 @@ def test_train_kernels_reference_is_recorded(tmp_path):
                         "data.max_eval_samples=16") == 0
     finally:
         normlab_kernels.enable("auto" if before == "cpp" else "reference", "cpu")
-    assert summary(out)["kernels"] == {"normlab::layer_norm": "reference", "normlab::layer_norm_backward": "reference"}
+    assert summary(out)["kernels"] == {"normlab::layer_norm": "reference", "normlab::layer_norm_backward": "reference",
+                                       "normlab::dropout": "torch"}
     assert yaml.safe_load((out / "config.yaml").read_text())["train"]["kernels"] == "reference"
 
 

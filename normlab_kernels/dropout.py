@@ -1,0 +1,102 @@
+"""The operator `normlab::dropout` and the module that calls it, `Dropout` (what `normlab_kernels.apply` puts in
+place of a model's nn.Dropout when the C++ CPU backend is in use).
+
+Why: torch's CPU dropout draws one Mersenne-Twister number per element, one after the other (the generator is
+shared), which at NormLab's training shapes makes dropout a large part of a CPU training step (README,
+Performance). This dropout's mask is a keyed hash of each element's flat index instead: computed in parallel,
+vectorized, and a pure function of (seed, index), so the backward regenerates it rather than saving it.
+
+    normlab::dropout(x, seed, p) = x * mask(seed) / (1 - p),   mask_i = [h(seed, i) >= round(p * 2**32)]
+
+with h the 32-bit hash below (two rounds of Wellons' lowbias32 mixer keyed by the two halves of the splitmix64
+hash of the seed). An element is dropped with probability p (exact to 2**-32). The same distribution as
+nn.Dropout, not the same masks. The seed is a 0-dim int64 tensor that `Dropout` draws with torch.randint from
+torch's default generator, so torch.manual_seed and a restored RNG state (accelerate's checkpoints) reproduce
+every mask; inside torch.compile the draw is part of the compiled graph (seeded from the same generator).
+
+The reference implementation below is that formula in PyTorch ops (any device, slow); the CPU kernel
+(dropout_cpu.cpp, registered by normlab_kernels.cpu) computes the same mask bit for bit.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+MASK32 = 0xFFFFFFFF
+MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _mix32(h: Tensor) -> Tensor:
+    """Wellons' lowbias32 on int64 tensors holding 32-bit values (products wrap mod 2**64; the mask keeps 32)."""
+    h = h ^ (h >> 16)
+    h = (h * 0x7FEB352D) & MASK32
+    h = h ^ (h >> 15)
+    h = (h * 0x846CA68B) & MASK32
+    return h ^ (h >> 16)
+
+
+def _keys(seed: int) -> tuple[int, int]:
+    """splitmix64's finalizer: every bit of the seed reaches both 32-bit keys."""
+    z = (seed + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    z ^= z >> 31
+    return z & MASK32, z >> 32
+
+
+def keep_mask(seed: int, numel: int, p: float, device=None) -> Tensor:
+    """bool (numel,): which elements of a flattened tensor survive dropout with this seed and p."""
+    k0, k1 = _keys(seed & MASK64)
+    i = torch.arange(numel, dtype=torch.int64, device=device)
+    h = (_mix32(i ^ k0) + k1) & MASK32
+    threshold = min(math.floor(p * 2**32 + 0.5), MASK32)
+    return _mix32(h) >= threshold
+
+
+def dropout_reference(x: Tensor, seed: Tensor, p: float) -> Tensor:
+    """x * mask(seed) / (1 - p) in PyTorch ops: the operator's implementation where no kernel is registered."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"normlab::dropout: p must be in [0, 1), got {p}")
+    if x.numel() > 2**32:
+        raise ValueError("normlab::dropout: more than 2**32 elements")
+    keep = keep_mask(int(seed), x.numel(), p, x.device).view(x.shape)
+    scale = torch.tensor(1.0 / (1.0 - p), dtype=x.dtype, device=x.device)
+    return x.contiguous() * torch.where(keep, scale, torch.zeros_like(scale))  # x * (mask * scale), as torch's
+
+
+def _dropout_fake(x, seed, p):
+    return x.new_empty(x.shape)  # contiguous, like every implementation's output
+
+
+def _dropout_setup_context(ctx, inputs, output):
+    _, seed, p = inputs
+    ctx.save_for_backward(seed)
+    ctx.p = p
+
+
+def _dropout_backward(ctx, grad):
+    (seed,) = ctx.saved_tensors
+    return torch.ops.normlab.dropout(grad, seed, ctx.p), None, None  # the same mask and scale on the gradient
+
+
+if not hasattr(torch.ops.normlab, "dropout"):
+    _op = torch.library.custom_op("normlab::dropout", dropout_reference, mutates_args=())
+    _op.register_fake(_dropout_fake)
+    _op.register_autograd(_dropout_backward, setup_context=_dropout_setup_context)
+
+
+def draw_seed(device=None) -> Tensor:
+    """A 0-dim int64 seed for normlab::dropout from torch's default generator (inside torch.compile, the graph's)."""
+    return torch.randint(0, 2**62, (), dtype=torch.int64, device=device)
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout whose training-mode forward on CPU tensors is normlab::dropout; everywhere else (eval, p of 0 or
+    1, inplace, CUDA) it is nn.Dropout's. No parameters or buffers: a model's state dict is the same with either."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training and 0.0 < self.p < 1.0 and not self.inplace and x.device.type == "cpu":
+            return torch.ops.normlab.dropout(x, draw_seed(), self.p)
+        return super().forward(x)
