@@ -23,7 +23,7 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ValidationError
 from transformers import SchedulerType
 
-from common.io import atomic_write_text
+from common.io import atomic_write_text, load_yaml_mapping
 from model.configuration_normlab import HIDDEN_ACTS, NORM_PLACEMENTS, NORM_TYPES, POOLINGS, NormLabConfig
 from normlab_kernels import MODES as KERNEL_MODES
 
@@ -210,16 +210,9 @@ def _settings(tree: dict, prefix: str = "") -> list:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}{where} is not valid YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
-    if not isinstance(data, dict | None):
-        raise ConfigError(f"{path} must hold a mapping of config keys (e.g. `model: {{norm: rmsnorm}}`), "
-                          f"got {type(data).__name__}")
-    return data or {}
+        return load_yaml_mapping(path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _parse_override(item: str) -> tuple[str, object, str]:

@@ -44,6 +44,23 @@ def read_yaml(path, default=None):
         return default
 
 
+def load_yaml_mapping(path) -> dict:
+    """A YAML file that must hold a mapping (a config, a study grid); {} when it is empty. Unlike read_yaml this
+    is for files the user wrote: a syntax error or another type raises ValueError naming the file and line."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{path}{where} is not valid YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
+    if not isinstance(data, dict | None):
+        raise ValueError(f"{path} must hold a mapping of keys (e.g. `model: {{norm: rmsnorm}}`), "
+                         f"got {type(data).__name__}")
+    return data or {}
+
+
 def read_jsonl(path) -> list[dict]:
     """Every record of a JSON Lines file; [] when it does not exist. A last line that does not parse is skipped:
     the torn line a killed writer leaves behind (files here are written one whole line at a time). A bad line
@@ -69,4 +86,4 @@ def write_jsonl(path, rows) -> None:
     atomic_write_text(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
 
 
-__all__ = ["atomic_write_text", "atomic_write_json", "read_json", "read_yaml", "read_jsonl", "write_jsonl"]
+__all__ = ["atomic_write_text", "atomic_write_json", "read_json", "read_yaml", "load_yaml_mapping", "read_jsonl", "write_jsonl"]

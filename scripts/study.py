@@ -29,13 +29,12 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # `python scripts/study.py` puts scripts/, not the repo, on the path
 
-from common.io import atomic_write_json, read_json  # noqa: E402
+from common.io import atomic_write_json, load_yaml_mapping, read_json  # noqa: E402
 from engines import FINISHED, EngineError, Job, LocalEngine, make_engine, read_status, subprocess_runner  # noqa: E402
 STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
 AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
@@ -140,7 +139,10 @@ def load_grid(path: Path) -> dict:
     """The study file, checked and normalised: experiments -> {variants, lr, warmup, seeds, overrides}.
 
     A file without `experiments` is one unnamed experiment (its run names carry no experiment prefix)."""
-    grid = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        grid = load_yaml_mapping(path)
+    except ValueError as e:
+        raise StudyError(str(e)) from None
     unknown = set(grid) - GRID_KEYS
     if unknown:
         raise StudyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(GRID_KEYS))}")
