@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -160,8 +161,16 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (N + grain - 1) / grain));
   const int64_t rows_per_task = (N + tasks - 1) / tasks;
   AT_DISPATCH_FLOATING_TYPES(ct, "normlab_layer_norm_backward", [&] {
-    // Partial sums live in plain buffers, summed by hand: no extra ATen ops (zeros, sum, views) per call.
-    std::vector<scalar_t> dw_parts(tasks * M, scalar_t(0)), db_parts(tasks * M, scalar_t(0));
+    // Partial sums live in one plain buffer, summed by hand: no extra ATen ops (zeros, sum, views) per call.
+    // Each task's dweight and dbias rows start on a cache line of their own: were a line shared by two tasks,
+    // every row's accumulation would bounce it between the cores (false sharing), which at training sizes
+    // costs more than the second thread saves.
+    constexpr int64_t line = 64 / sizeof(scalar_t);
+    const int64_t stride = (M + line - 1) / line * line;  // one partial row, padded to whole cache lines
+    std::vector<scalar_t> buffer(2 * tasks * stride + line, scalar_t(0));
+    const auto misalign = reinterpret_cast<std::uintptr_t>(buffer.data()) % 64;
+    scalar_t* dw_parts = buffer.data() + (misalign ? (64 - misalign) / sizeof(scalar_t) : 0);
+    scalar_t* db_parts = dw_parts + tasks * stride;
     const scalar_t *dyp = dy.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>();
     const scalar_t *mp = mean.data_ptr<scalar_t>(), *rp = rstd.data_ptr<scalar_t>();
     const scalar_t* wp = data_or_null<scalar_t>(w);
@@ -169,7 +178,7 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
     auto run_task = [&](int64_t t) {
       const int64_t r0 = t * rows_per_task, r1 = std::min(N, r0 + rows_per_task);
       if (r0 >= r1) return;
-      scalar_t *dw_t = dw_parts.data() + t * M, *db_t = db_parts.data() + t * M;
+      scalar_t *dw_t = dw_parts + t * stride, *db_t = db_parts + t * stride;
       if (wp != nullptr)
         backward_rows<scalar_t, true>(dyp, xp, mp, rp, wp, dxp, dw_t, db_t, r0, r1, M);
       else
@@ -183,11 +192,11 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
       });
     }
     // dweight/dbias: the tasks' partial rows summed in task order (deterministic for a given thread count)
-    for (auto [parts, out] : {std::make_pair(&dw_parts, &dw), std::make_pair(&db_parts, &db)}) {
+    for (auto [parts, out] : {std::make_pair(dw_parts, &dw), std::make_pair(db_parts, &db)}) {
       scalar_t* o = out->data_ptr<scalar_t>();
-      std::copy(parts->begin(), parts->begin() + M, o);
+      std::copy(parts, parts + M, o);
       for (int64_t t = 1; t < tasks; ++t)
-        for (int64_t k = 0; k < M; ++k) o[k] += (*parts)[t * M + k];
+        for (int64_t k = 0; k < M; ++k) o[k] += parts[t * stride + k];
     }
   });
   return {dx.to(x_in.scalar_type()), dw, db};
