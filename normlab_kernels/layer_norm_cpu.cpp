@@ -104,11 +104,12 @@ void backward_rows(const T* __restrict__ dy, const T* __restrict__ x, const T* _
 
 at::ScalarType compute_type(const Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
-// weight or bias as a contiguous (M,) tensor of the compute dtype; undefined when absent
+// weight or bias as a contiguous tensor of M elements in the compute dtype (only its data is read); undefined
+// when absent
 Tensor param(const optional<Tensor>& t, at::ScalarType ct, int64_t M) {
   if (!t.has_value() || !t->defined()) return Tensor();
   TORCH_CHECK(t->numel() == M, "normlab::layer_norm: weight and bias must have M = x.shape[-1] elements");
-  return t->to(ct).contiguous().view({M});
+  return t->to(ct).contiguous();
 }
 
 template <typename T>
@@ -125,7 +126,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x_in, const optional<Te
   TORCH_CHECK(M > 0, "normlab::layer_norm: the normalized dim is empty");
   const int64_t N = x.numel() / M;
   const Tensor w = param(w_in, ct, M), b = param(b_in, ct, M);
-  auto y = at::empty_like(x);
+  auto y = at::empty(x.sizes(), x.options());  // (x is contiguous: empty_like would add a dispatch)
   auto stats_shape = x.sizes().vec();
   stats_shape.pop_back();
   auto mean = at::empty(stats_shape, x.options());
@@ -153,7 +154,7 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
   const int64_t N = M > 0 ? x.numel() / M : 0;
   TORCH_CHECK(mean.numel() == N && rstd.numel() == N, "normlab::layer_norm_backward: one mean and rstd per row");
   const Tensor w = param(w_in, ct, M);
-  auto dx = at::empty_like(x);
+  auto dx = at::empty(x.sizes(), x.options());
   auto dw = at::empty({M}, x.options()), db = at::empty({M}, x.options());
   // Each task sums dweight/dbias over its own rows into its own buffer; the buffers are summed at the end
   // (no shared writes, and the same task split - hence the same result - for a given size and thread count).
@@ -223,6 +224,7 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     ctx->saved_data["has_b"] = b.has_value() && b->defined();
     ctx->save_for_backward({x, has_w ? *w : Tensor(), mean, rstd});
     ctx->mark_non_differentiable({mean, rstd});  // statistics for the backward, not outputs to train through
+    ctx->set_materialize_grads(false);  // their gradients are never used: no zero tensors made for them
     return {y, mean, rstd};
   }
 
@@ -230,6 +232,13 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
                                                  torch::autograd::variable_list grads) {
     static auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("normlab::layer_norm_backward", "").typed<BackwardSig>();
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};  // (y had no gradient)
+    // Outside create_graph the engine runs this with grad mode off, and the backward operator's autograd kernel
+    // (custom_op's Python wrapper) would only pass the call on, for the GIL and several Python calls - more than
+    // the kernel takes at training sizes on 2 threads: go straight to the CPU kernel. Under create_graph it stays
+    // on the way, so a double backward raises its "no autograd formula" error.
+    c10::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+    if (!at::GradMode::is_enabled()) below_autograd.emplace();
     const auto saved = ctx->get_saved_variables();
     const bool has_w = ctx->saved_data["has_w"].toBool(), has_b = ctx->saved_data["has_b"].toBool();
     auto [dx, dw, db] = op.call(grads[0], saved[0], has_w ? optional<Tensor>(saved[1]) : c10::nullopt, saved[2],
