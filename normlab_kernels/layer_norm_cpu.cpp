@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -103,11 +104,12 @@ void backward_rows(const T* __restrict__ dy, const T* __restrict__ x, const T* _
 
 at::ScalarType compute_type(const Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
-// weight or bias as a contiguous (M,) tensor of the compute dtype; undefined when absent
+// weight or bias as a contiguous tensor of M elements in the compute dtype (only its data is read); undefined
+// when absent
 Tensor param(const optional<Tensor>& t, at::ScalarType ct, int64_t M) {
   if (!t.has_value() || !t->defined()) return Tensor();
   TORCH_CHECK(t->numel() == M, "normlab::layer_norm: weight and bias must have M = x.shape[-1] elements");
-  return t->to(ct).contiguous().view({M});
+  return t->to(ct).contiguous();
 }
 
 template <typename T>
@@ -124,7 +126,7 @@ std::tuple<Tensor, Tensor, Tensor> forward(const Tensor& x_in, const optional<Te
   TORCH_CHECK(M > 0, "normlab::layer_norm: the normalized dim is empty");
   const int64_t N = x.numel() / M;
   const Tensor w = param(w_in, ct, M), b = param(b_in, ct, M);
-  auto y = at::empty_like(x);
+  auto y = at::empty(x.sizes(), x.options());  // (x is contiguous: empty_like would add a dispatch)
   auto stats_shape = x.sizes().vec();
   stats_shape.pop_back();
   auto mean = at::empty(stats_shape, x.options());
@@ -152,7 +154,7 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
   const int64_t N = M > 0 ? x.numel() / M : 0;
   TORCH_CHECK(mean.numel() == N && rstd.numel() == N, "normlab::layer_norm_backward: one mean and rstd per row");
   const Tensor w = param(w_in, ct, M);
-  auto dx = at::empty_like(x);
+  auto dx = at::empty(x.sizes(), x.options());
   auto dw = at::empty({M}, x.options()), db = at::empty({M}, x.options());
   // Each task sums dweight/dbias over its own rows into its own buffer; the buffers are summed at the end
   // (no shared writes, and the same task split - hence the same result - for a given size and thread count).
@@ -160,8 +162,16 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
   const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (N + grain - 1) / grain));
   const int64_t rows_per_task = (N + tasks - 1) / tasks;
   AT_DISPATCH_FLOATING_TYPES(ct, "normlab_layer_norm_backward", [&] {
-    // Partial sums live in plain buffers, summed by hand: no extra ATen ops (zeros, sum, views) per call.
-    std::vector<scalar_t> dw_parts(tasks * M, scalar_t(0)), db_parts(tasks * M, scalar_t(0));
+    // Partial sums live in one plain buffer, summed by hand: no extra ATen ops (zeros, sum, views) per call.
+    // Each task's dweight and dbias rows start on a cache line of their own: were a line shared by two tasks,
+    // every row's accumulation would bounce it between the cores (false sharing), which at training sizes
+    // costs more than the second thread saves.
+    constexpr int64_t line = 64 / sizeof(scalar_t);
+    const int64_t stride = (M + line - 1) / line * line;  // one partial row, padded to whole cache lines
+    std::vector<scalar_t> buffer(2 * tasks * stride + line, scalar_t(0));
+    const auto misalign = reinterpret_cast<std::uintptr_t>(buffer.data()) % 64;
+    scalar_t* dw_parts = buffer.data() + (misalign ? (64 - misalign) / sizeof(scalar_t) : 0);
+    scalar_t* db_parts = dw_parts + tasks * stride;
     const scalar_t *dyp = dy.data_ptr<scalar_t>(), *xp = x.data_ptr<scalar_t>();
     const scalar_t *mp = mean.data_ptr<scalar_t>(), *rp = rstd.data_ptr<scalar_t>();
     const scalar_t* wp = data_or_null<scalar_t>(w);
@@ -169,7 +179,7 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
     auto run_task = [&](int64_t t) {
       const int64_t r0 = t * rows_per_task, r1 = std::min(N, r0 + rows_per_task);
       if (r0 >= r1) return;
-      scalar_t *dw_t = dw_parts.data() + t * M, *db_t = db_parts.data() + t * M;
+      scalar_t *dw_t = dw_parts + t * stride, *db_t = db_parts + t * stride;
       if (wp != nullptr)
         backward_rows<scalar_t, true>(dyp, xp, mp, rp, wp, dxp, dw_t, db_t, r0, r1, M);
       else
@@ -183,11 +193,11 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
       });
     }
     // dweight/dbias: the tasks' partial rows summed in task order (deterministic for a given thread count)
-    for (auto [parts, out] : {std::make_pair(&dw_parts, &dw), std::make_pair(&db_parts, &db)}) {
+    for (auto [parts, out] : {std::make_pair(dw_parts, &dw), std::make_pair(db_parts, &db)}) {
       scalar_t* o = out->data_ptr<scalar_t>();
-      std::copy(parts->begin(), parts->begin() + M, o);
+      std::copy(parts, parts + M, o);
       for (int64_t t = 1; t < tasks; ++t)
-        for (int64_t k = 0; k < M; ++k) o[k] += (*parts)[t * M + k];
+        for (int64_t k = 0; k < M; ++k) o[k] += parts[t * stride + k];
     }
   });
   return {dx.to(x_in.scalar_type()), dw, db};
@@ -214,6 +224,7 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     ctx->saved_data["has_b"] = b.has_value() && b->defined();
     ctx->save_for_backward({x, has_w ? *w : Tensor(), mean, rstd});
     ctx->mark_non_differentiable({mean, rstd});  // statistics for the backward, not outputs to train through
+    ctx->set_materialize_grads(false);  // their gradients are never used: no zero tensors made for them
     return {y, mean, rstd};
   }
 
@@ -221,6 +232,13 @@ struct LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
                                                  torch::autograd::variable_list grads) {
     static auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("normlab::layer_norm_backward", "").typed<BackwardSig>();
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};  // (y had no gradient)
+    // Outside create_graph the engine runs this with grad mode off, and the backward operator's autograd kernel
+    // (custom_op's Python wrapper) would only pass the call on, for the GIL and several Python calls - more than
+    // the kernel takes at training sizes on 2 threads: go straight to the CPU kernel. Under create_graph it stays
+    // on the way, so a double backward raises its "no autograd formula" error.
+    c10::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+    if (!at::GradMode::is_enabled()) below_autograd.emplace();
     const auto saved = ctx->get_saved_variables();
     const bool has_w = ctx->saved_data["has_w"].toBool(), has_b = ctx->saved_data["has_b"].toBool();
     auto [dx, dw, db] = op.call(grads[0], saved[0], has_w ? optional<Tensor>(saved[1]) : c10::nullopt, saved[2],
