@@ -728,7 +728,8 @@ def main(argv=None) -> int:
     # 1. LayerNorm at training shapes
     section_s = res["settings"]["section_s"] = {}
     t0 = time.perf_counter()
-    # LayerNorm samples are short (~2 ms): many more of them than of training passes, for stable medians
+    # LayerNorm samples are short (calibrated to a couple of ms of work each): many more of them than of training
+    # passes, for stable medians
     res["layernorm"] = bench_layernorm(device, ln_shapes(device, quick, cfg["train"]["batch_size"]), 5 * repeats)
     res["cuda_note"] = ("CUDA paths measured on " + res["machine"].get("gpu", "GPU") if device.type == "cuda" else
                         "CUDA paths (fp32/bf16 LayerNorm, GPU throughput and memory): untested, no GPU in this run")
