@@ -2,9 +2,8 @@
 // math, in normlab_kernels/dropout.py; built and registered by normlab_kernels/cpu.py). Same contract:
 //   dropout(x, seed, p) -> x * mask(seed) / (1 - p), contiguous, x's dtype and shape; seed a 0-dim int64 tensor.
 //
-// keep element i  <=>  h(i) >= p * 2^32, with h a keyed 32-bit integer hash of the element's flat index (two
-// rounds of Wellons' lowbias32 mixer, keyed with the two halves of the splitmix64 hash of the 64-bit seed, so that
-// nearby seeds give unrelated masks). The mask is a pure function of (seed, i): the backward is the same operator on
+// keep element i  <=>  h(i) >= p * 2^32, with h a keyed 32-bit integer hash of the element's flat index
+// (dropout_hash.h). The mask is a pure function of (seed, i): the backward is the same operator on
 // the gradient (no mask saved: one byte per element less memory), every thread count gives the same mask, and the
 // loop vectorizes (8 hashes per AVX2 instruction sequence), where torch's CPU dropout draws one Mersenne-Twister
 // number per element, one after the other.
@@ -18,28 +17,17 @@
 #include <memory>
 
 #include "cpu_kernels.h"
+#include "dropout_hash.h"
 
 namespace {
 
 using at::Tensor;
 
-inline uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
-
 template <typename T>
-void dropout_range(const T* __restrict__ x, T* __restrict__ y, int64_t i0, int64_t i1, uint32_t k0, uint32_t k1,
-                   uint32_t threshold, T scale) {
+void dropout_range(const T* __restrict__ x, T* __restrict__ y, int64_t i0, int64_t i1, const normlab::DropoutKey key,
+                   T scale) {
 #pragma omp simd
-  for (int64_t i = i0; i < i1; ++i) {
-    const uint32_t h = mix32(mix32(static_cast<uint32_t>(i) ^ k0) + k1);
-    y[i] = x[i] * (h >= threshold ? scale : T(0));  // x * (mask * scale), as torch's; branch-free: vectorizes
-  }
+  for (int64_t i = i0; i < i1; ++i) y[i] = x[i] * (key.keep(i) ? scale : T(0));  // x * (mask * scale), as torch's
 }
 
 Tensor dropout(const Tensor& x_in, const Tensor& seed, double p) {
@@ -49,18 +37,13 @@ Tensor dropout(const Tensor& x_in, const Tensor& seed, double p) {
   TORCH_CHECK(x_in.numel() <= (int64_t(1) << 32), "normlab::dropout: more than 2^32 elements");
   const Tensor x = x_in.contiguous();
   auto y = at::empty_like(x, at::MemoryFormat::Contiguous);
-  const uint32_t threshold = static_cast<uint32_t>(std::min(std::llround(p * 4294967296.0), 4294967295LL));
-  uint64_t z = static_cast<uint64_t>(seed.item<int64_t>()) + 0x9E3779B97F4A7C15ULL;  // splitmix64 finalizer:
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;                                       // every seed bit reaches
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;                                       // both keys
-  z ^= z >> 31;
-  const uint32_t k0 = static_cast<uint32_t>(z), k1 = static_cast<uint32_t>(z >> 32);
+  const normlab::DropoutKey key(seed.item<int64_t>(), p);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "normlab_dropout", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
     const scalar_t scale = static_cast<scalar_t>(1.0 / (1.0 - p));
     at::parallel_for(0, x.numel(), 32768, [&](int64_t i0, int64_t i1) {
-      dropout_range<scalar_t>(xp, yp, i0, i1, k0, k1, threshold, scale);
+      dropout_range<scalar_t>(xp, yp, i0, i1, key, scale);
     });
   });
   return y;
