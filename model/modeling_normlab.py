@@ -9,7 +9,7 @@ Conventions used everywhere below:
   * packed (the default when a batch has padding): activations are (1, T, D), only the T real tokens. Pad
     positions are never computed (that is where NormLab's speed over HF BERT on padded batches comes from), and
     every norm, including the batch-statistics ones, sees real tokens only. Attention alone needs the (B, L)
-    grid: it scatters q, k, v into it, runs SDPA with an additive padding bias, and gathers the real rows back.
+    grid: it scatters q, k, v into it, attends with an additive padding bias, and gathers the real rows back.
   * padded: activations are (B, L, D), norms get the (B, L) bool mask (True = real). Used when there is no
     padding, for the naive `batchnorm` (whose whole point is that padding enters its statistics), under
     torch.compile (packing has data-dependent shapes), and when `NormLabModel.unpad` is set to False.
@@ -20,10 +20,10 @@ Conventions used everywhere below:
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn import CrossEntropyLoss
 from transformers import PreTrainedModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -138,15 +138,29 @@ class NormLabEmbeddings(nn.Module):
         return self.dropout(x)
 
 
+def eager_attention_forward(module, query, key, value, attention_mask, scaling: float, dropout: float = 0.0,
+                            **kwargs):
+    """softmax(q k^T * scaling + mask) v written out: what SDPA computes, with the weights kept. The signature of
+    transformers' attention functions: (B, H, L, Dh) inputs -> ((B, L, H, Dh) output, weights (B, H, L, L))."""
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scaling  # (B, H, L, L)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)  # float32 sums, as SDPA's kernels
+    dropped = module.attn_dropout(weights) if dropout > 0 else weights  # the module: a kernel package may swap it
+    return torch.matmul(dropped, value).transpose(1, 2), weights
+
+
 class NormLabAttention(nn.Module):
     """Multi-head self-attention: one fused qkv projection, optional QK-norm, then attention as Hugging Face models
-    run it: torch's fused SDPA kernel by default (`config._attn_implementation` "sdpa"), the attention written out
-    when the model was loaded with attn_implementation="eager" or when the caller asks for the attention weights
-    (SDPA does not return them). forward -> (output, attention weights (B, H, L, L) or None)."""
+    run it: the function transformers' AttentionInterface registers under `config._attn_implementation` -- "sdpa"
+    (torch's fused kernel) by default, or one a kernel package registered -- and the attention written out when the
+    model was loaded with attn_implementation="eager" or when the caller asks for the attention weights (the others
+    do not return them). forward -> (output, attention weights (B, H, L, L) or None)."""
 
     def __init__(self, config: NormLabConfig):
         super().__init__()
         self.config = config  # read at call time: HF can switch the attention implementation after construction
+        self.is_causal = False  # an encoder: every token sees every real token (read by HF's attention functions)
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim**-0.5
@@ -179,24 +193,15 @@ class NormLabAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.record_logit_max:
             self.last_logit_max = self._logit_max(q, k, layout)
-        if output_attentions or self.config._attn_implementation == "eager":
-            y, weights = self._eager_attention(q, k, v, layout.attn_bias)
-        else:
-            dropout_p = self.attn_dropout.p if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.attn_bias, dropout_p=dropout_p,
-                                               scale=self.scale)
-            weights = None  # SDPA does not return them (in both paths pad keys get weight exactly 0)
-        y = y.transpose(1, 2).reshape(B, L, -1)  # (B, L, D): heads side by side again
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        if output_attentions:
+            attention = eager_attention_forward  # the only one that returns the weights
+        dropout_p = self.attn_dropout.p if self.training else 0.0
+        y, weights = attention(self, q, k, v, layout.attn_bias, dropout=dropout_p, scaling=self.scale)  # (B, L, H, Dh)
+        y = y.reshape(B, L, -1)  # (B, L, D): heads side by side again (pad keys got weight exactly 0 in every path)
         out = self.out_proj(layout.pack(y))  # back to x's layout before the projection: pads cost nothing
         return out, (weights if output_attentions else None)
 
-    def _eager_attention(self, q, k, v, attn_bias):
-        """softmax(q k^T / sqrt(Dh) + bias) v, written out: what SDPA computes, with the weights (B, H, L, L) kept."""
-        scores = torch.matmul(q, k.transpose(-2, -1)) * self.scale  # (B, H, L, L)
-        if attn_bias is not None:
-            scores = scores + attn_bias
-        weights = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)  # float32 sums, as SDPA's kernels
-        return torch.matmul(self.attn_dropout(weights), v), weights  # (B, H, L, Dh)
 
     @torch.no_grad()
     def _logit_max(self, q, k, layout: TokenLayout):
@@ -329,7 +334,8 @@ class NormLabPreTrainedModel(PreTrainedModel):
     config: NormLabConfig
     base_model_prefix = "normlab"
     supports_gradient_checkpointing = True  # NormLabBlock is a GradientCheckpointingLayer; see below for BN
-    _supports_sdpa = True  # HF then defaults config._attn_implementation to "sdpa"; "eager" is accepted too
+    _supports_sdpa = True  # HF then defaults config._attn_implementation to "sdpa"; "eager" is accepted too, and
+    # any function registered with AttentionInterface (NormLabAttention calls them through it)
     _no_split_modules = ["NormLabEmbeddings", "NormLabBlock"]
     # The heads return a per-batch mean loss and take no **kwargs, so transformers' Trainer divides it by the
     # gradient-accumulation steps itself (with this True it would pass num_items_in_batch and stop dividing).
