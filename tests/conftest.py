@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import normlab_kernels
+
 
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
@@ -23,6 +25,34 @@ def wandb_home(tmp_path_factory):
         mp.setenv("WANDB_DATA_DIR", str(root / "data"))
         mp.setenv("WANDB_CACHE_DIR", str(root / "cache"))
         yield root
+
+
+def _register_cpu(backend: str) -> bool:
+    """Register `backend` ("reference" or "cpp") for NormLab's operators on CPU; False if it cannot be had."""
+    got = normlab_kernels.enable("auto" if backend == "cpp" else "reference", "cpu")
+    return got["normlab::layer_norm"] == backend
+
+
+@pytest.fixture(params=["reference", "cpp"])
+def backend(request):
+    """The test runs on each CPU implementation of NormLab's operators: their reference math and normlab_kernels'
+    C++ kernels (skipped, with the reason, only where those cannot be built); what was registered before is put
+    back."""
+    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
+    if not _register_cpu(request.param):
+        pytest.skip(f"the C++ kernels are unavailable here: {normlab_kernels.unavailable('cpu')}")
+    yield request.param
+    _register_cpu(before)
+
+
+@pytest.fixture
+def cpp():
+    """The test needs the C++ kernels registered (skipped, with the reason, where they cannot be built)."""
+    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
+    if not _register_cpu("cpp"):
+        pytest.skip(f"the C++ kernels are unavailable here: {normlab_kernels.unavailable('cpu')}")
+    yield
+    _register_cpu(before)
 
 
 def pytest_configure(config):

@@ -13,7 +13,6 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
-import normlab_kernels
 from model.configuration_normlab import BATCH_STAT_NORMS, NORM_TYPES, NormLabConfig
 from model.modeling_normlab import _init_norm
 from model.norms import (
@@ -30,18 +29,6 @@ from model.norms import (
 D = 16
 LN_SHAPES = [(24,), (4, 6), (2, 3, 4)]
 LN_AFFINE = [dict(elementwise_affine=True, bias=True), dict(elementwise_affine=False), dict(bias=False)]
-
-
-@pytest.fixture(params=["reference", "cpp"])
-def backend(request):
-    """Every CustomLayerNorm test runs on each CPU implementation of normlab::layer_norm: the reference math of
-    model/norms.py and normlab_kernels' C++ kernels (skipped, with the reason, only where they cannot be built)."""
-    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
-    got = normlab_kernels.enable("auto" if request.param == "cpp" else "reference", "cpu")["normlab::layer_norm"]
-    if got != request.param:
-        pytest.skip(f"the C++ kernels are unavailable here: {normlab_kernels.unavailable('cpu')}")
-    yield request.param
-    normlab_kernels.enable("auto" if before == "cpp" else "reference", "cpu")
 
 
 def _config(norm, **kw):
