@@ -469,7 +469,7 @@ def build_data(cfg: dict, accelerator):
 
 def build_model(cfg: dict, tokenizer, dsd, kernels: dict):
     """The model for cfg's task, sized to the tokenizer and labels, and its AdamW; `kernels` ({operator: backend},
-    normlab_kernels.enable's) decides its dropout."""
+    normlab_kernels.enable's) decides its dropout and attention."""
     extra = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
     if cfg["task"] == "classification":
         names = label_names(dsd, cfg)
@@ -479,7 +479,7 @@ def build_model(cfg: dict, tokenizer, dsd, kernels: dict):
                                                                   # (a config change: a torch.compile recompile)
     model_config = model_config_from(cfg, **extra)
     model = (NormLabForMaskedLM if cfg["task"] == "mlm" else NormLabForSequenceClassification)(model_config)
-    import normlab_kernels  # model/ has nn.Dropout; with the C++ CPU backend (kernels), its faster dropout instead
+    import normlab_kernels  # model/ has nn.Dropout and SDPA; with the C++ CPU backend (kernels), its faster ones
 
     normlab_kernels.apply(model, kernels)
     if cfg["train"]["compile"]:

@@ -9,11 +9,16 @@ for one device type:
     normlab::layer_norm             "cpp": layer_norm_cpu.cpp          "triton": triton_layer_norm.py
     normlab::layer_norm_backward    "cpp"                              "triton"
     normlab::dropout                "cpp": dropout_cpu.cpp             "torch": the model's nn.Dropout
+    normlab::attention              "cpp": attention_cpu.cpp           "torch": the model's SDPA
+    normlab::attention_backward     "cpp"                              "torch"
 
-The dropout is different: model/ uses plain nn.Dropout, and the operator (defined in dropout.py) only runs where
-`apply(model, backends)` has put the module that calls it in place of the model's nn.Dropout modules, as kernel
-libraries patch Hugging Face models. It does so when the CPU backend is registered ("cpp"); otherwise ("torch")
-nn.Dropout runs. On CUDA torch's dropout is one fused kernel already: there is nothing to replace.
+The dropout and the attention are different: model/ uses plain nn.Dropout and transformers' SDPA attention
+function, and these operators (defined in dropout.py and attention.py) only run where `apply(model, backends)`
+has put them in: the module that calls normlab::dropout in place of the model's nn.Dropout modules, and the
+attention function that calls normlab::attention as the model's attn_implementation (transformers'
+AttentionInterface, the way kernel libraries plug into Hugging Face models). It does so when the CPU backend is
+registered ("cpp"); otherwise ("torch") nn.Dropout and SDPA run. On CUDA torch's dropout is one fused kernel and
+SDPA has fused kernels with dropout: there is nothing to replace.
 
 `enable(mode, device)` is the one switch (train.py passes `train.kernels`):
   - "auto": the fast backend of the device's type when it can be had (C++: a compiler and ninja to build it;
@@ -32,40 +37,53 @@ import torch
 import torch.nn as nn
 
 MODES = ("auto", "reference")
-OPS = ("normlab::layer_norm", "normlab::layer_norm_backward", "normlab::dropout")
+OPS = ("normlab::layer_norm", "normlab::layer_norm_backward", "normlab::dropout", "normlab::attention",
+       "normlab::attention_backward")
 DROPOUT = "normlab::dropout"
+ATTENTION = "normlab::attention"
+SWAPPED_IN = (DROPOUT, ATTENTION, "normlab::attention_backward")  # run only in a model after `apply`
 # device type -> (backend name, module); each module's register() puts its kernels on the operators for that
 # device type (raising if it cannot: no compiler, no triton) and unregister() takes them off again
 FAST_BACKENDS = {"cpu": ("cpp", "normlab_kernels.cpu"), "cuda": ("triton", "normlab_kernels.triton_layer_norm")}
-# device type -> the fast backend that also implements normlab::dropout (elsewhere the model keeps nn.Dropout)
-FAST_DROPOUT = {"cpu": "cpp"}
+# device type -> the fast backend that also implements the SWAPPED_IN operators (elsewhere the model keeps
+# nn.Dropout and SDPA)
+FAST_SWAPPED_IN = {"cpu": "cpp"}
 
 _registered = {}  # device type -> the fast backend registered for it now (absent: none, the reference runs)
 _unavailable = {}  # device type -> why its fast backend cannot be had (warned once per process)
 
 
 def backends(device="cpu") -> dict:
-    """{operator: backend} that runs now for tensors on `device` (for the dropout: in a model after `apply`)."""
+    """{operator: backend} that runs now for tensors on `device` (for the dropout and the attention: in a model
+    after `apply`)."""
     device_type = torch.device(device).type
     backend = _registered.get(device_type, "reference")
-    out = {op: backend for op in OPS}
-    out[DROPOUT] = backend if backend == FAST_DROPOUT.get(device_type) else "torch"
-    return out
+    swapped_in = backend if backend == FAST_SWAPPED_IN.get(device_type) else "torch"
+    return {op: swapped_in if op in SWAPPED_IN else backend for op in OPS}
 
 
 def apply(model: nn.Module, backends: dict) -> nn.Module:
-    """Make `model`'s dropout the one `backends` (what `enable` returned) names, in place: "cpp" swaps every
-    nn.Dropout module for normlab_kernels.dropout.Dropout (a subclass calling normlab::dropout), anything else swaps
-    them back. Dropout holds no parameters or buffers, so state dicts, `save_pretrained` and the model's config and
-    code are the same either way. Returns the model."""
+    """Make `model`'s dropout and attention the ones `backends` (what `enable` returned) names, in place. "cpp"
+    swaps every nn.Dropout module for normlab_kernels.dropout.Dropout (a subclass calling normlab::dropout) and a
+    model on transformers' "sdpa" attention over to normlab::attention's (attention.ATTN_IMPLEMENTATION); anything
+    else swaps both back. Neither holds parameters or buffers, and transformers does not save the attention
+    implementation, so state dicts, `save_pretrained` and the model's config and code are the same either way.
+    A model loaded with attn_implementation="eager" keeps it. Returns the model."""
+    from .attention import ATTN_IMPLEMENTATION, register_attention_function
     from .dropout import Dropout
 
-    fast = backends.get(DROPOUT) == "cpp"
+    fast_dropout, fast_attention = backends.get(DROPOUT) == "cpp", backends.get(ATTENTION) == "cpp"
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if type(child) is (nn.Dropout if fast else Dropout)]
+             if type(child) is (nn.Dropout if fast_dropout else Dropout)]
     for parent, name, child in swaps:
-        new = (Dropout if fast else nn.Dropout)(child.p, child.inplace)
+        new = (Dropout if fast_dropout else nn.Dropout)(child.p, child.inplace)
         setattr(parent, name, new.train(child.training))
+    current = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if fast_attention and current == "sdpa":
+        register_attention_function()
+        model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    elif not fast_attention and current == ATTN_IMPLEMENTATION:
+        model.set_attn_implementation("sdpa")
     return model
 
 
@@ -112,4 +130,4 @@ def _register(device_type: str) -> bool:
         return False
 
 
-__all__ = ["MODES", "OPS", "DROPOUT", "FAST_BACKENDS", "FAST_DROPOUT", "enable", "apply", "backends", "unavailable"]
+__all__ = ["MODES", "OPS", "DROPOUT", "ATTENTION", "SWAPPED_IN", "FAST_BACKENDS", "FAST_SWAPPED_IN", "enable", "apply", "backends", "unavailable"]

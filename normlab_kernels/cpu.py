@@ -1,10 +1,11 @@
 """Builds and loads the C++ CPU backend: the LayerNorm (layer_norm_cpu.cpp), the CPU implementation of
-normlab::layer_norm and normlab::layer_norm_backward, and the dropout (dropout_cpu.cpp), that of normlab::dropout.
+normlab::layer_norm and normlab::layer_norm_backward; the dropout (dropout_cpu.cpp), that of normlab::dropout; and
+the attention (attention_cpu.cpp), that of normlab::attention and normlab::attention_backward.
 
 Why C++: at this project's training shapes (~1000 tokens x 128 features per batch) a LayerNorm is so small that
 the ~10 separate eager ops of the reference (and their temporaries) cost more than the arithmetic; one pass per
-row in C++ measures at parity with torch.nn.LayerNorm's own kernel (README, Performance). The dropout's reason is
-in normlab_kernels/dropout.py.
+row in C++ measures at parity with torch.nn.LayerNorm's own kernel (README, Performance). The dropout's and the
+attention's reasons are in normlab_kernels/dropout.py and attention.py.
 
 torch.utils.cpp_extension builds the file once per machine (cached under TORCH_EXTENSIONS_DIR, default
 ~/.cache/torch_extensions) and loads the cached build afterwards.
@@ -27,7 +28,8 @@ import platform
 import torch
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(_HERE, name) for name in ("cpu_module.cpp", "layer_norm_cpu.cpp", "dropout_cpu.cpp")]
+SOURCES = [os.path.join(_HERE, name) for name in ("cpu_module.cpp", "layer_norm_cpu.cpp", "dropout_cpu.cpp",
+                                                     "attention_cpu.cpp")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 
 
@@ -61,17 +63,20 @@ def load():
 
 
 def register():
-    """The C++ kernels become the CPU implementation of normlab::layer_norm, normlab::layer_norm_backward and
-    normlab::dropout."""
-    import normlab_kernels.dropout  # noqa: F401 - defines normlab::dropout (model/norms.py defines the LayerNorm's)
+    """The C++ kernels become the CPU implementation of normlab::layer_norm, normlab::layer_norm_backward,
+    normlab::dropout, normlab::attention and normlab::attention_backward."""
+    import normlab_kernels.attention  # noqa: F401 - defines normlab::attention and normlab::dropout (model/norms.py
+    # defines the LayerNorm's)
 
     extension = load()
     extension.register_layer_norm()
     extension.register_dropout()
+    extension.register_attention()
 
 
 def unregister():
     """Back to the operators' reference implementation on CPU."""
     if _extension is not None:
+        _extension.unregister_attention()
         _extension.unregister_dropout()
         _extension.unregister_layer_norm()

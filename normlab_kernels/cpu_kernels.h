@@ -11,4 +11,7 @@ void bind_layer_norm(pybind11::module& m);
 void register_dropout();
 void unregister_dropout();
 void bind_dropout(pybind11::module& m);
+void register_attention();
+void unregister_attention();
+void bind_attention(pybind11::module& m);
 }  // namespace normlab

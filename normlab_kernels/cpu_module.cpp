@@ -4,4 +4,5 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   normlab::bind_layer_norm(m);
   normlab::bind_dropout(m);
+  normlab::bind_attention(m);
 }

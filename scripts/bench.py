@@ -469,7 +469,7 @@ def bench_throughput(accelerator, cfg, batches, vocab_size, pad_token_id, num_la
     steps = {}
     for name, model in models.items():
         model.to(device).train()
-        if name.startswith("normlab"):  # train.py's dropout: train.kernels=auto's, or reference's (nn.Dropout)
+        if name.startswith("normlab"):  # train.py's dropout and attention: train.kernels=auto's, or reference's
             reference = name.endswith("reference_kernels")
             normlab_kernels.apply(model, {} if reference else normlab_kernels.backends(device))
         steps[name], _ = make_step(accelerator, model, cfg["train"], logged=name == "normlab_eager_logged")

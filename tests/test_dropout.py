@@ -14,27 +14,6 @@ from normlab_kernels.dropout import Dropout, dropout_reference, keep_mask
 SEED = torch.tensor(1234)
 
 
-@pytest.fixture(params=["reference", "cpp"])
-def backend(request):
-    """Each test runs on the operator's reference and on its C++ kernel (skipped, with the reason, only where the
-    C++ backend cannot be built); what was registered before is put back."""
-    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
-    got = normlab_kernels.enable("auto" if request.param == "cpp" else "reference", "cpu")["normlab::dropout"]
-    if request.param == "cpp" and got != "cpp":
-        pytest.skip(f"the C++ kernels are unavailable here: {normlab_kernels.unavailable('cpu')}")
-    yield request.param
-    normlab_kernels.enable("auto" if before == "cpp" else "reference", "cpu")
-
-
-@pytest.fixture
-def cpp():
-    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
-    if normlab_kernels.enable("auto", "cpu")["normlab::dropout"] != "cpp":
-        pytest.skip(f"the C++ kernels are unavailable here: {normlab_kernels.unavailable('cpu')}")
-    yield
-    normlab_kernels.enable("auto" if before == "cpp" else "reference", "cpu")
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_cpp_kernel_is_the_reference_bit_for_bit(cpp, dtype):
     torch.manual_seed(0)
@@ -165,7 +144,8 @@ def test_reference_leaves_nn_dropout():
 
 def test_saved_model_is_the_same_with_the_fast_dropout(cpp, tmp_path):
     """save_pretrained after the swap writes what it writes without it: the same config, weights and remote code
-    (dropout has no state), and the loaded model has plain nn.Dropout."""
+    (dropout and the attention function have no state, and transformers does not save the attention
+    implementation), and the loaded model has plain nn.Dropout and SDPA."""
     from model import NormLabForSequenceClassification
 
     plain, swapped = _tiny_model(), normlab_kernels.apply(_tiny_model(), normlab_kernels.backends("cpu"))
@@ -178,3 +158,4 @@ def test_saved_model_is_the_same_with_the_fast_dropout(cpp, tmp_path):
         assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "swapped" / name).read_bytes(), name
     loaded = NormLabForSequenceClassification.from_pretrained(tmp_path / "swapped")
     assert set(_dropouts(loaded)) == {nn.Dropout}
+    assert swapped.config._attn_implementation == "normlab_cpu" and loaded.config._attn_implementation == "sdpa"

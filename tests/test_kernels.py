@@ -16,8 +16,9 @@ import normlab_kernels
 from model.norms import layer_norm_reference
 from tests.train_utils import REPO
 
-# train.kernels=reference, or auto without a backend: the reference LayerNorm, and the model's own nn.Dropout
-REFERENCE = {"normlab::layer_norm": "reference", "normlab::layer_norm_backward": "reference", "normlab::dropout": "torch"}
+# train.kernels=reference, or auto without a backend: the reference LayerNorm, and the model's own nn.Dropout and SDPA
+REFERENCE = {"normlab::layer_norm": "reference", "normlab::layer_norm_backward": "reference", "normlab::dropout": "torch",
+             "normlab::attention": "torch", "normlab::attention_backward": "torch"}
 
 
 @pytest.fixture
@@ -43,7 +44,7 @@ def test_the_switch_decides_which_implementation_runs(restore_cpu_backend):
     got = normlab_kernels.enable("auto", "cpu")
     if got["normlab::layer_norm"] != "cpp":
         pytest.skip(f"the C++ kernels are unavailable here: {normlab_kernels.unavailable('cpu')}")
-    assert got == {"normlab::layer_norm": "cpp", "normlab::layer_norm_backward": "cpp", "normlab::dropout": "cpp"}
+    assert got == dict.fromkeys(REFERENCE, "cpp")
     from normlab_kernels import cpu
 
     for a, b in zip(torch.ops.normlab.layer_norm(*args), cpu.load().forward(*args)):

@@ -12,6 +12,8 @@ import pytest
 import torch
 import yaml
 
+import normlab_kernels
+
 from train_utils import (
     REPO, accelerate_cmd, env, free_port, losses, rows, run_cmd, run_here, summary, train_rows,
 )
@@ -50,11 +52,12 @@ def test_accelerate_launch_end_to_end(tmp_path):
     assert s["status"] == "completed" and s["step"] == 12 and s["loss_spikes"] == 0
     # train.kernels=auto: the C++ kernels ran, or the reference did and one warning said why
     assert cfg["train"]["kernels"] == "auto"
-    assert set(s["kernels"]) == {"normlab::layer_norm", "normlab::layer_norm_backward", "normlab::dropout"}
-    dropout = s["kernels"].pop("normlab::dropout")  # the C++ dropout comes with the C++ backend, else nn.Dropout
+    assert set(s["kernels"]) == set(normlab_kernels.OPS)
+    # the C++ dropout and attention come with the C++ backend, else nn.Dropout and SDPA
+    swapped_in = {s["kernels"].pop(op) for op in normlab_kernels.SWAPPED_IN}
     backends = set(s["kernels"].values())
-    assert (backends == {"cpp"} and dropout == "cpp") or (
-        backends == {"reference"} and dropout == "torch" and "cpp backend for cpu is unavailable" in result.stderr)
+    assert (backends == {"cpp"} and swapped_in == {"cpp"}) or (
+        backends == {"reference"} and swapped_in == {"torch"} and "cpp backend for cpu is unavailable" in result.stderr)
     assert set(s["final"]) == {"eval/loss", "eval/accuracy"} and 0 <= s["final"]["eval/accuracy"] <= 1
 
     # metrics.jsonl: every step has the stability metrics; evaluations at 6 and 12
@@ -166,8 +169,6 @@ def test_torch_compile(tmp_path):
 
 
 def test_train_kernels_reference_is_recorded(tmp_path):
-    import normlab_kernels
-
     before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
     out = tmp_path / "reference"
     try:
@@ -176,7 +177,8 @@ def test_train_kernels_reference_is_recorded(tmp_path):
     finally:
         normlab_kernels.enable("auto" if before == "cpp" else "reference", "cpu")
     assert summary(out)["kernels"] == {"normlab::layer_norm": "reference", "normlab::layer_norm_backward": "reference",
-                                       "normlab::dropout": "torch"}
+                                       "normlab::dropout": "torch", "normlab::attention": "torch",
+                                       "normlab::attention_backward": "torch"}
     assert yaml.safe_load((out / "config.yaml").read_text())["train"]["kernels"] == "reference"
 
 
