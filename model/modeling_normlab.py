@@ -207,14 +207,16 @@ class NormLabAttention(nn.Module):
     def _logit_max(self, q, k, layout: TokenLayout):
         """Largest pre-softmax logit q.k/sqrt(Dh) over heads, real queries and real keys (padding excluded, so the
         probe, like the outputs, does not depend on how much padding the batch has). Computed in float32, autocast
-        off, and scaled before the max: half-precision logits of growing q and k overflow (fp16 ends at 65504)
-        before the scale would bring them back, and the growth is what the probe exists to show."""
+        off: half-precision logits of growing q and k overflow (fp16 ends at 65504), and the growth is what the
+        probe exists to show. In float32 the scale can come after the max (the same number: rounding is monotonic),
+        which saves a pass over the (B, H, L, L) logits."""
         with torch.autocast(q.device.type, enabled=False):
-            logits = torch.matmul(q.float(), k.float().transpose(-2, -1)) * self.scale  # (B, H, L, L)
-        if layout.mask is not None:  # keep pairs of a real query and a real key
-            real = layout.mask[:, None, :, None] & layout.mask[:, None, None, :]  # (B, 1, L, L)
-            logits = logits.masked_fill(~real, float("-inf"))
-        return logits.amax()
+            logits = torch.matmul(q.float(), k.float().transpose(-2, -1))  # (B, H, L, L)
+        if layout.mask is None:
+            return logits.amax() * self.scale
+        # pad keys: the float32 padding bias (finfo.min) keeps them below any real key; pad queries: masked per row
+        row_max = (logits + padding_to_attention_bias(layout.mask, torch.float32)).amax(-1)  # (B, H, L)
+        return row_max.masked_fill(~layout.mask[:, None, :], float("-inf")).amax() * self.scale
 
 
 class NormLabFeedForward(nn.Module):

@@ -100,14 +100,16 @@ def normlab_attention_forward(module, query: Tensor, key: Tensor, value: Tensor,
                               dropout: float = 0.0, scaling: float | None = None, **kwargs):
     """A transformers attention function (AttentionInterface): (B, H, L, D) query/key/value and an additive mask
     -> ((B, L, H, Dv) output, None). normlab::attention where it applies: CPU float32/float64 tensors, a float
-    mask, a module that is not causal. Anything else is transformers' own SDPA function, as if this one were not
-    selected: those cases are decided by the inputs' types, never by catching an error."""
-    causal = kwargs.get("is_causal")
+    mask, as many key as query heads, a module that is not causal, no extra arguments (a position bias, a softcap).
+    Anything else is transformers' own SDPA function, as if this one were not selected: those cases are decided by
+    the inputs, never by catching an error."""
+    causal = kwargs.pop("is_causal", None)
     causal = getattr(module, "is_causal", True) if causal is None else causal
     if (query.device.type != "cpu" or query.dtype not in (torch.float32, torch.float64) or causal
+            or key.shape[1] != query.shape[1] or any(v is not None for v in kwargs.values())
             or (attention_mask is not None and not attention_mask.is_floating_point())):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+                                      is_causal=causal, **kwargs)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     seed = draw_seed() if dropout > 0 else torch.zeros((), dtype=torch.int64)  # draws only where a mask is used
     out, _ = torch.ops.normlab.attention(query, key, value, attention_mask, seed, float(dropout), float(scale))

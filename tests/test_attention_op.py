@@ -138,12 +138,15 @@ def test_torch_compile_fullgraph(backend):
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
-@pytest.mark.parametrize("case", ["causal", "bool_mask", "bfloat16"])
+@pytest.mark.parametrize("case", ["causal", "bool_mask", "bfloat16", "grouped_kv_heads"])
 def test_what_the_kernel_does_not_cover_is_sdpa(cpp, case):
-    """A causal module, a boolean mask or a reduced-precision input goes to transformers' SDPA function unchanged."""
+    """A causal module, a boolean mask, a reduced-precision input or fewer key than query heads goes to
+    transformers' SDPA function unchanged."""
     q, k, v, bias = _inputs(dtype=torch.bfloat16 if case == "bfloat16" else torch.float32)
-    mask = {"causal": None, "bool_mask": bias == 0, "bfloat16": bias.bfloat16()}[case]
+    mask = {"causal": None, "bool_mask": bias == 0, "bfloat16": bias.bfloat16()}.get(case, bias)
     module = _Module(causal=case == "causal")
+    if case == "grouped_kv_heads":
+        k, v, module.num_key_value_groups = k[:, :1], v[:, :1], 2
     got, _ = normlab_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=0.35)
     expected, _ = sdpa_attention_forward(module, q, k, v, mask, dropout=0.0, scaling=0.35)
     assert torch.equal(got, expected)
