@@ -210,13 +210,13 @@ class NormLabAttention(nn.Module):
         off: half-precision logits of growing q and k overflow (fp16 ends at 65504), and the growth is what the
         probe exists to show. In float32 the scale can come after the max (the same number: rounding is monotonic),
         which saves a pass over the (B, H, L, L) logits."""
-        with torch.autocast(q.device.type, enabled=False):
+        with torch.no_grad(), torch.autocast(q.device.type, enabled=False):  # a measurement: no autograd graph
             logits = torch.matmul(q.float(), k.float().transpose(-2, -1))  # (B, H, L, L)
         if layout.mask is None:
             return logits.amax() * self.scale
-        # pad keys: the float32 padding bias (finfo.min) keeps them below any real key; pad queries: masked per row
-        row_max = (logits + padding_to_attention_bias(layout.mask, torch.float32)).amax(-1)  # (B, H, L)
-        return row_max.masked_fill(~layout.mask[:, None, :], float("-inf")).amax() * self.scale
+        B, L = layout.mask.shape
+        row_max = logits.masked_fill_(layout.pad.view(B, 1, 1, L), float("-inf")).amax(-1)  # (B, H, L): real keys
+        return row_max.masked_fill_(layout.pad.view(B, 1, L), float("-inf")).amax() * self.scale  # real queries
 
 
 class NormLabFeedForward(nn.Module):
