@@ -130,4 +130,5 @@ def _register(device_type: str) -> bool:
         return False
 
 
-__all__ = ["MODES", "OPS", "DROPOUT", "ATTENTION", "SWAPPED_IN", "FAST_BACKENDS", "FAST_SWAPPED_IN", "enable", "apply", "backends", "unavailable"]
+__all__ = ["MODES", "OPS", "DROPOUT", "ATTENTION", "SWAPPED_IN", "FAST_BACKENDS", "FAST_SWAPPED_IN", "enable", "apply",
+           "backends", "unavailable"]
