@@ -17,7 +17,8 @@ same attention with normlab::dropout's hashed mask on the weights, as one forwar
 q (B, H, L, D), k (B, H, S, D), v (B, H, S, Dv); bias broadcastable to (B, H, L, S) (the additive padding mask: it
 gets no gradient) or None; float64 inputs compute in float64, all others in float32. The mask is a pure function of
 (seed, flat index of the weight), so the backward regenerates it and only probs is saved. The same distribution as
-SDPA's dropout, not the same masks.
+SDPA's dropout, not the same masks. A query whose bias is -inf at every key gets NaN, as from torch.softmax (SDPA
+gives zeros there); NormLab's padding bias is finite (finfo.min), so its rows never are.
 
 The reference implementation below is those formulas in PyTorch ops (any device); the CPU kernel
 (attention_cpu.cpp, registered by normlab_kernels.cpu) runs the matmuls as torch's batched GEMM and fuses the rest.
