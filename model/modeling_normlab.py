@@ -23,11 +23,11 @@ import torch
 from torch import nn
 from torch.nn import CrossEntropyLoss
 from transformers import PreTrainedModel
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_normlab import NormLabConfig
 from .norms import BATCH_STAT_NORMS, NORM_REGISTRY, NORM_TYPES, Norm, build_norm
@@ -202,7 +202,6 @@ class NormLabAttention(nn.Module):
         out = self.out_proj(layout.pack(y))  # back to x's layout before the projection: pads cost nothing
         return out, (weights if output_attentions else None)
 
-
     @torch.no_grad()
     def _logit_max(self, q, k, layout: TokenLayout):
         """Largest pre-softmax logit q.k/sqrt(Dh) over heads, real queries and real keys (padding excluded, so the
@@ -210,7 +209,7 @@ class NormLabAttention(nn.Module):
         off: half-precision logits of growing q and k overflow (fp16 ends at 65504), and the growth is what the
         probe exists to show. In float32 the scale can come after the max (the same number: rounding is monotonic),
         which saves a pass over the (B, H, L, L) logits."""
-        with torch.no_grad(), torch.autocast(q.device.type, enabled=False):  # a measurement: no autograd graph
+        with torch.autocast(q.device.type, enabled=False):
             logits = torch.matmul(q.float(), k.float().transpose(-2, -1))  # (B, H, L, L)
         if layout.mask is None:
             return logits.amax() * self.scale

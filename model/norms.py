@@ -85,7 +85,7 @@ class LayerNorm(Norm, nn.LayerNorm):
 def layer_norm_reference(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
                          eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """The forward as readable math: x (..., M) -> y (..., M), mean (...), rstd (...)."""
-    xf = x.to(_compute_dtype(x)).contiguous()  # rows of M contiguous elements, as every kernel produces
+    xf = x.to(compute_dtype(x)).contiguous()  # rows of M contiguous elements, as every kernel produces
     mean = xf.mean(dim=-1)  # (...)
     xc = xf - mean.unsqueeze(-1)
     var = (xc * xc).mean(dim=-1)  # biased: divide by M, as torch.nn.LayerNorm does; two passes, no cancellation
@@ -112,7 +112,7 @@ def layer_norm_backward_reference(dy: Tensor, x: Tensor, weight: Optional[Tensor
 
 def _layer_norm_fake(x, weight, bias, eps):
     """Shapes and dtypes only, for torch.compile and other tracers."""
-    stats = x.new_empty(x.shape[:-1], dtype=_compute_dtype(x))
+    stats = x.new_empty(x.shape[:-1], dtype=compute_dtype(x))
     return x.new_empty(x.shape), stats, torch.empty_like(stats)
 
 
@@ -286,8 +286,9 @@ def _all_reduce_sum(t, sync=True):
     return t
 
 
-def _compute_dtype(x):
-    """Statistics in float32 at least: half-precision sums of squares over thousands of tokens are too coarse."""
+def compute_dtype(x):
+    """The dtype NormLab's operators and statistics compute in: float32 at least (half-precision sums of squares over
+    thousands of tokens are too coarse), float64 for float64 inputs. normlab_kernels' kernels use it too."""
     return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
@@ -392,7 +393,7 @@ class _MeanVarBatchNorm(BatchStatNorm):
     def forward(self, x, mask=None):
         self._float32_buffers()
         shape = x.shape
-        x2d = x.reshape(-1, self.num_features).to(_compute_dtype(x))  # (N, D)
+        x2d = x.reshape(-1, self.num_features).to(compute_dtype(x))  # (N, D)
         if self._uses_batch_stats():
             real = self._real(x, mask)  # (N,) bool
             mean, var, count = self._batch_stats(x2d, real)
@@ -539,7 +540,7 @@ class PowerNorm(BatchStatNorm):
     def forward(self, x, mask=None):
         self._float32_buffers()
         shape = x.shape
-        x2d = x.reshape(-1, self.num_features).to(_compute_dtype(x))  # (N, D)
+        x2d = x.reshape(-1, self.num_features).to(compute_dtype(x))  # (N, D)
         if self.group_scaling:
             x2d = x2d * torch.rsqrt(x2d.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         if not self._uses_batch_stats():

@@ -29,14 +29,12 @@ from torch import Tensor
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from model.norms import compute_dtype
+
 from .dropout import draw_seed, dropout_reference
 
 # The name this attention is registered under in transformers' AttentionInterface (config._attn_implementation).
 ATTN_IMPLEMENTATION = "normlab_cpu"
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def attention_reference(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, seed: Tensor, p: float,
@@ -44,7 +42,7 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, se
     """-> (out (B, H, L, Dv) in q's dtype, probs (B, H, L, S) in the compute dtype)."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"normlab::attention: p must be in [0, 1), got {p}")
-    ct = _compute_dtype(q)
+    ct = compute_dtype(q)
     scores = torch.matmul(q.to(ct), k.to(ct).transpose(-2, -1)) * scale  # (B, H, L, S)
     if bias is not None:
         scores = scores + bias.to(ct)
@@ -55,7 +53,7 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, se
 
 def attention_backward_reference(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, probs: Tensor, seed: Tensor,
                                  p: float, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    ct = _compute_dtype(q)
+    ct = compute_dtype(q)
     grad_out, q, k, v = grad_out.to(ct), q.to(ct), k.to(ct), v.to(ct)
     d_probs = dropout_reference(torch.matmul(grad_out, v.transpose(-2, -1)), seed, p)
     d_scores = probs * (d_probs - (d_probs * probs).sum(dim=-1, keepdim=True))
@@ -67,7 +65,7 @@ def attention_backward_reference(grad_out: Tensor, q: Tensor, k: Tensor, v: Tens
 
 def _attention_fake(q, k, v, bias, seed, p, scale):
     B, H, L, _ = q.shape
-    return q.new_empty(B, H, L, v.shape[-1]), q.new_empty(B, H, L, k.shape[-2], dtype=_compute_dtype(q))
+    return q.new_empty(B, H, L, v.shape[-1]), q.new_empty(B, H, L, k.shape[-2], dtype=compute_dtype(q))
 
 
 def _attention_backward_fake(grad_out, q, k, v, probs, seed, p, scale):

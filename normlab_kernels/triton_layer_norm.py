@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from model.norms import compute_dtype
+
 MAX_ROW_BYTES = 65536  # a row must fit one block of registers (the usual limit of single-pass layer norms)
 # No multiply-add contraction: every product and sum rounded on its own, as in the reference ops and the C++
 # kernel (-ffp-contract=off). Passed explicitly: Triton's default for it is changing between versions.
@@ -95,10 +97,6 @@ def _block(x):
     return block, min(max(block // 256, 1), 8)
 
 
-def _compute_dtype(x):
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _backward_programs(device, n_rows):
     """How many row bands the backward splits into: a few programs per streaming multiprocessor (each has
     ~4 warps); more only add partial rows to sum. (4 on CPU, where the interpreter runs them one by one.)"""
@@ -111,7 +109,7 @@ def forward(x, weight, bias, eps):
     rows = _rows(x)
     n_rows, n = rows.shape
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    mean = torch.empty(x.shape[:-1], dtype=_compute_dtype(x), device=x.device)
+    mean = torch.empty(x.shape[:-1], dtype=compute_dtype(x), device=x.device)
     rstd = torch.empty_like(mean)
     if n_rows == 0:
         return y, mean, rstd
