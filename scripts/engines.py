@@ -5,7 +5,8 @@ needs -- and runs every one to its end, calling `started(job)` when a job begins
 ends. What the end of a run means for the study (summary.json's status, study.json) stays in study.py, so both
 engines fill the same study directory.
 
-    LocalEngine: one run per GPU at a time (pinned with CUDA_VISIBLE_DEVICES), or `parallel` CPU runs at once.
+    LocalEngine: one run per GPU at a time (pinned with CUDA_VISIBLE_DEVICES), or `parallel` CPU runs at once,
+                 each slot's runs in one warm worker process (normlab_study/worker.py).
     RayEngine:   every run a Ray task asking for one GPU (or its share of a node's cores), on a local Ray instance
                  or a cluster; a run whose worker died, or whose train.py was killed, is retried from its last
                  checkpoint (the command carries train.resume=auto) up to max_retries times.
@@ -26,6 +27,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from common.io import read_json  # noqa: E402
+from normlab_study.worker import WarmRunner  # noqa: E402
 
 FINISHED = ("completed", "diverged")  # a run with this summary.json status is never trained again
 DEFAULT_RETRIES = 2
@@ -74,8 +76,9 @@ def gpu_count() -> int:
         return 0
 
 
-def make_engine(name: str, parallel=None, address=None, max_retries=None):
-    """The engine study.py's command line asks for (EngineError: one line on what is wrong)."""
+def make_engine(name: str, parallel=None, address=None, max_retries=None, warm=True):
+    """The engine study.py's command line asks for (EngineError: one line on what is wrong). `warm`: the local
+    engine runs train.py in warm workers (normlab_study/worker.py) instead of a fresh process per run."""
     if name == "ray":
         retries = DEFAULT_RETRIES if max_retries is None else max_retries
         if retries < 0:
@@ -84,9 +87,10 @@ def make_engine(name: str, parallel=None, address=None, max_retries=None):
     if address is not None or max_retries is not None:
         raise EngineError("--address and --max-retries apply to --engine ray only")
     gpus = gpu_count()
-    if gpus > 1:  # one run per GPU, pinned
+    if gpus > 1:  # one run per GPU, pinned: each by its own `accelerate launch`, so no warm workers
         return LocalEngine(parallel=min(parallel or gpus, gpus), gpus=gpus)
-    return LocalEngine(parallel=parallel or 1)  # CPU or one GPU: no pinning; one run at a time unless asked
+    runner = WarmRunner(subprocess_runner) if warm else subprocess_runner
+    return LocalEngine(parallel=parallel or 1, runner=runner)  # CPU or one GPU: one run at a time unless asked
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -131,6 +135,8 @@ class LocalEngine:
         return self
 
     def __exit__(self, *exc):
+        if hasattr(self.runner, "close"):
+            self.runner.close()
         return False
 
     def run_all(self, jobs: list[Job], started, finished) -> None:
