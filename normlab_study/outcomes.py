@@ -1,0 +1,73 @@
+"""What a training run ended as, read from its per-step train loss.
+
+A binary classifier starts at ln 2 (it predicts 50/50) and sits on that *plateau* until it starts to learn. Two
+different failures look alike in a final accuracy: a run that never left the plateau (too small an LR, too short a
+horizon, or a norm that slows the start) and a run that learned and then blew up (too large an LR). The study
+counts them apart, and reports the step at which each run left the plateau so that a horizon that is too short
+shows as such instead of as a worse norm.
+"""
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+PLATEAU = math.log(2)
+MARGIN = 0.05  # "clearly below ln 2": the 20-step mean train loss under 0.643
+WINDOW = 20  # steps in the moving mean; single batches of 32 are too noisy to read a level from
+
+LEARNED, NEVER_LEARNED, DIVERGED = "learned", "never learned", "diverged"
+OUTCOMES = (LEARNED, NEVER_LEARNED, DIVERGED)
+
+
+def smooth(losses: Sequence[float], window: int = WINDOW) -> np.ndarray:
+    """Trailing moving mean (the first window-1 values average what exists so far)."""
+    x = np.asarray(losses, dtype=float)
+    csum = np.cumsum(np.insert(x, 0, 0.0))
+    idx = np.arange(1, len(x) + 1)
+    lo = np.maximum(0, idx - window)
+    return (csum[idx] - csum[lo]) / (idx - lo)
+
+
+def plateau_exit_step(steps: Sequence[int], losses: Sequence[float], plateau: float = PLATEAU,
+                      margin: float = MARGIN, window: int = WINDOW) -> int | None:
+    """The first step at which the moving-mean train loss is below plateau - margin; None if it never is."""
+    n = next((i for i, x in enumerate(losses) if not math.isfinite(x)), len(losses))  # up to a blow-up
+    if n < window:
+        return None
+    below = np.nonzero(smooth(losses[:n], window)[window - 1:] < plateau - margin)[0]
+    return int(steps[below[0] + window - 1]) if below.size else None
+
+
+def outcome(losses: Sequence[float], status: str = "completed", plateau: float = PLATEAU, margin: float = MARGIN,
+            window: int = WINDOW) -> str:
+    """diverged: a non-finite loss (or the run stopped as diverged), or it learned and then its moving-mean loss
+    climbed back more than halfway to the plateau; never learned: the moving mean never went clearly below the
+    plateau; learned: otherwise."""
+    if status == "diverged" or not losses or not all(map(math.isfinite, losses)):
+        return DIVERGED
+    curve = smooth(losses, window)[min(window, len(losses)) - 1:]
+    best = float(curve.min())
+    if best > plateau - margin:
+        return NEVER_LEARNED
+    if curve[-1] > best + 0.5 * (plateau - best):
+        return DIVERGED
+    return LEARNED
+
+
+def lr_sensitivity(loss_by_lr: Mapping[float, float], best_reference: float, plateau: float = PLATEAU) -> float:
+    """Wortsman et al. (2023)'s LR sensitivity with a reference shared by the arms compared: the mean over the LR
+    grid of min(L(lr), plateau) - best_reference, where best_reference is the lowest loss any compared arm reached
+    at any LR. A diverged or non-finite run counts as the plateau. Taking the minimum per arm instead would give a
+    model that never learns (L = plateau at every LR) a perfect score of 0."""
+    if not loss_by_lr:
+        raise ValueError("lr_sensitivity needs at least one learning rate")
+    capped = [min(x, plateau) if math.isfinite(x) else plateau for x in loss_by_lr.values()]
+    return float(np.mean(capped) - best_reference)
+
+
+def largest_learning_lr(outcome_by_lr: Mapping[float, str]) -> float | None:
+    """The largest LR of the grid at which the run learned (None: at none). One number per seed, so that two
+    placements can be compared paired over seeds."""
+    learned = [lr for lr, o in outcome_by_lr.items() if o == LEARNED]
+    return max(learned) if learned else None
