@@ -32,9 +32,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
 from common.data import resolve_dataset  # noqa: E402
 from common.io import atomic_write_json, read_json, read_jsonl, read_yaml, write_jsonl  # noqa: E402

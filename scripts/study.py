@@ -36,192 +36,10 @@ if str(REPO_ROOT) not in sys.path:
 
 from common.io import atomic_write_json, load_yaml_mapping, read_json  # noqa: E402
 from engines import FINISHED, EngineError, Job, LocalEngine, make_engine, read_status, subprocess_runner  # noqa: E402
-STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
-AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
-# FINISHED (engines.py): a rerun skips these statuses; anything else (failed, interrupted) is run again
-GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project",
-             "experiments", "init", "score"}
-EXPERIMENT_KEYS = {"description", "overrides", "variants", "lr", "warmup", "seeds"}
-
-
-class StudyError(ValueError):
-    pass
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The grid
-
-
-def resolve_preset(preset: str) -> Path:
-    path = Path(preset)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        return path
-    candidate = STUDY_CONFIG_DIR / f"{preset}.yaml"
-    if candidate.is_file():
-        return candidate
-    choices = sorted(p.stem for p in STUDY_CONFIG_DIR.glob("*.yaml"))
-    raise StudyError(f"--preset {preset!r} not found; choose one of {', '.join(choices)} or give a YAML file path")
-
-
-def lr_grid(spec) -> list[float]:
-    """A list of LRs, or {min, max, num}: num log-spaced values from min to max (3 significant digits)."""
-    if isinstance(spec, list) and spec and all(isinstance(x, (int, float)) and x > 0 for x in spec):
-        return [float(x) for x in spec]
-    if isinstance(spec, dict) and set(spec) == {"min", "max", "num"}:
-        lo, hi, num = spec["min"], spec["max"], spec["num"]
-        if not (isinstance(num, int) and num >= 1 and 0 < lo <= hi):
-            raise StudyError(f"lr: {spec} needs 0 < min <= max and an integer num >= 1")
-        if num == 1:
-            return [float(lo)]
-        return [float(f"{lo * (hi / lo) ** (i / (num - 1)):.3g}") for i in range(num)]
-    raise StudyError(f"lr: {spec!r} must be a list of positive numbers or {{min: .., max: .., num: ..}}")
-
-
-def _overrides(mapping, where) -> list[str]:
-    if mapping is None:
-        return []
-    if not isinstance(mapping, dict):
-        raise StudyError(f"{where} must be a mapping of train.py keys to values, e.g. {{train.max_steps: 200}}")
-    return [_format_override(k, v) for k, v in mapping.items()]
-
-
-def _format_override(key, value):
-    # yaml.safe_load on the train.py side reads these back: lists/bools/null as JSON (valid YAML)
-    return f"{key}={json.dumps(value) if isinstance(value, (list, dict, bool)) or value is None else value}"
-
-
-def _on_off(value):
-    # YAML 1.1 reads a bare on/off as a boolean; the study means the names
-    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else str(value)
-
-
-def _load_variants(where, variants_spec, warmup) -> dict:
-    variants = {}
-    for name, spec in variants_spec.items():
-        spec = {"config": spec} if isinstance(spec, str) or spec is None else dict(spec)
-        bad = set(spec) - {"config", "overrides", "warmup"}
-        if bad:
-            raise StudyError(f"{where}: variant {name}: unknown key(s) {', '.join(sorted(bad))}; valid: config, overrides, warmup")
-        settings = [_on_off(w) for w in spec.get("warmup", list(warmup))]
-        if not set(settings) <= set(warmup):
-            raise StudyError(f"{where}: variant {name}: warmup {settings} not among the study's settings {list(warmup)}")
-        config = spec.get("config")
-        if config is not None:
-            config_path = Path(config) if str(config).endswith((".yaml", ".yml")) else Path("configs") / f"{config}.yaml"
-            if not (REPO_ROOT / config_path).is_file() and not config_path.is_file():
-                raise StudyError(f"{where}: variant {name}: config file {config_path} not found")
-            config = str(config_path)
-        variants[name] = {"config": config, "overrides": _overrides(spec.get("overrides"), f"variant {name} overrides"),
-                          "warmup": list(settings)}
-    return variants
-
-
-def _load_experiment(where, spec: dict, defaults: dict) -> dict:
-    """One grid: variants x lr x warmup x seeds, with its own overrides (after the study's)."""
-    spec = {**defaults, **spec}
-    for key in ("variants", "lr", "seeds"):
-        if key not in spec:
-            raise StudyError(f"{where}: missing '{key}'")
-    warmup = spec.get("warmup") or {"on": None}
-    if isinstance(warmup, dict):
-        warmup = {_on_off(k): v for k, v in warmup.items()}
-    if not isinstance(warmup, dict) or not set(warmup) <= {"on", "off"}:
-        raise StudyError(f"{where}: warmup must map on/off to train.warmup_steps, e.g. {{on: 30, off: 0}}")
-    seeds = spec["seeds"]
-    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
-        raise StudyError(f"{where}: seeds must be a non-empty list of integers")
-    return {"description": spec.get("description", ""), "variants": _load_variants(where, spec["variants"], warmup),
-            "overrides": _overrides(spec.get("overrides"), f"{where} overrides"),
-            "lr": lr_grid(spec["lr"]), "warmup": warmup, "seeds": seeds}
-
-
-def load_grid(path: Path) -> dict:
-    """The study file, checked and normalised: experiments -> {variants, lr, warmup, seeds, overrides}.
-
-    A file without `experiments` is one unnamed experiment (its run names carry no experiment prefix)."""
-    try:
-        grid = load_yaml_mapping(path)
-    except ValueError as e:
-        raise StudyError(str(e)) from None
-    unknown = set(grid) - GRID_KEYS
-    if unknown:
-        raise StudyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(GRID_KEYS))}")
-    if "name" not in grid:
-        raise StudyError(f"{path}: missing 'name'")
-    shared = {k: grid[k] for k in ("variants", "lr", "warmup", "seeds") if k in grid}
-    if "experiments" in grid:
-        if not isinstance(grid["experiments"], dict) or not grid["experiments"]:
-            raise StudyError(f"{path}: experiments must map names to grids (variants, lr, warmup, seeds)")
-        experiments = {}
-        for name, spec in grid["experiments"].items():
-            bad = set(spec or {}) - EXPERIMENT_KEYS
-            if bad:
-                raise StudyError(f"{path}: experiment {name}: unknown key(s) {', '.join(sorted(bad))}; "
-                                 f"valid: {', '.join(sorted(EXPERIMENT_KEYS))}")
-            experiments[str(name)] = _load_experiment(f"{path}: experiment {name}", spec or {}, shared)
-    else:
-        experiments = {"": _load_experiment(str(path), shared, {})}
-    return {"name": str(grid["name"]), "description": grid.get("description", ""),
-            "overrides": _overrides(grid.get("overrides"), "overrides"), "experiments": experiments,
-            "init": grid.get("init"), "score": grid.get("score") or {},
-            "comparisons": grid.get("comparisons", []), "wandb_project": grid.get("wandb_project")}
-
-
-def run_name(variant, lr, warmup, seed, experiment="") -> str:
-    return f"{experiment + '-' if experiment else ''}{variant}-lr{lr:g}-wu{warmup}-s{seed}"
-
-
-def expand(grid: dict) -> list[dict]:
-    """Every run: experiment x variant x lr x (the variant's warmup settings) x seed, in that nesting order."""
-    runs = []
-    for experiment, exp in grid["experiments"].items():
-        for variant, spec in exp["variants"].items():
-            for lr in exp["lr"]:
-                for warmup in spec["warmup"]:
-                    for seed in exp["seeds"]:
-                        runs.append({"name": run_name(variant, lr, warmup, seed, experiment), "experiment": experiment,
-                                     "variant": variant, "lr": lr, "warmup": warmup, "seed": seed})
-    return runs
-
-
-def parse_only(items: list[str]) -> dict:
-    """["variant=post_ln,pre_ln,seed=0"] -> {"variant": {"post_ln", "pre_ln"}, "seed": {"0"}}.
-
-    Comma-separated key=value items; an item without "=" is one more value of the previous key; repeated keys
-    (within one --only or across several) are alternatives, different keys must all match."""
-    only = {}
-    for text in items:
-        key = None
-        for item in filter(None, (s.strip() for s in text.split(","))):
-            if "=" in item:
-                key, value = (s.strip() for s in item.split("=", 1))
-            elif key is None:
-                raise StudyError(f"--only {text!r}: expected key=value items, e.g. variant=post_ln,pre_ln,seed=0")
-            else:
-                value = item
-            if key not in AXES:
-                raise StudyError(f"--only: unknown key {key!r}; narrow by one of: {', '.join(AXES)}")
-            only.setdefault(key, set()).add(value)
-    return only
-
-
-def _matches(axis, value, wanted: str) -> bool:
-    if axis == "lr":
-        try:
-            return math.isclose(float(value), float(wanted), rel_tol=1e-6)
-        except ValueError:
-            return False
-    return str(value) == wanted
-
-
-def narrow(runs: list[dict], only: dict) -> list[dict]:
-    """The runs matching every --only key; a value that matches no run of the grid is an error (a typo)."""
-    for axis, wanted in only.items():
-        present = sorted({r[axis] for r in runs}, key=lambda v: (isinstance(v, str), v))
-        for w in wanted:
-            if not any(_matches(axis, v, w) for v in present):
-                raise StudyError(f"--only {axis}={w}: not in the grid; choose from {', '.join(f'{v:g}' if axis == 'lr' else str(v) for v in present)}")
-    return [r for r in runs if all(any(_matches(a, r[a], w) for w in ws) for a, ws in only.items())]
+from normlab_study.grid import (  # noqa: E402  (re-exported: the grid is what a study runs)
+    AXES, STUDY_CONFIG_DIR, StudyError, expand, format_override, load_grid, lr_grid, narrow, parse_only,
+    pending_selections, resolve_preset, run_name,
+)
 
 
 def train_command(grid, run, study_dir: Path, extra: list[str], launcher: list[str]) -> list[str]:
@@ -236,7 +54,7 @@ def train_command(grid, run, study_dir: Path, extra: list[str], launcher: list[s
     if warmup_steps is not None:
         cmd.append(f"train.warmup_steps={warmup_steps}")
     cmd += [f"output_dir={study_dir / 'runs' / run['name']}", f"wandb.group={grid['name']}",
-            _format_override("wandb.tags", [t for t in (grid["name"], run["experiment"], run["variant"],
+            format_override("wandb.tags", [t for t in (grid["name"], run["experiment"], run["variant"],
                                                          f"warmup-{run['warmup']}") if t]),
             "train.resume=auto"]  # an interrupted run continues from its last checkpoint
     if grid.get("wandb_project"):
@@ -334,7 +152,7 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
     statuses, todo = {}, []
     for run in runs:
         status = read_status(study_dir / "runs" / run["name"])
-        base = {k: run[k] for k in ("experiment", "variant", "lr", "warmup", "seed")}
+        base = {k: run[k] for k in ("experiment", "experiments", "variant", "lr", "warmup", "seed") if k in run}
         if status in FINISHED:
             statuses[run["name"]] = status
             study.record(run["name"], **base, status=status)
@@ -345,8 +163,11 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
              f"{len(todo)} to train -> {study_dir}")
     counter = iter(range(1, len(todo) + 1))
 
+    where = {"commit": git_commit(), "machine": machine()}
+
     def started(job):
-        study.record(job.name, status="running", log=str(job.log.relative_to(study_dir)))
+        study.record(job.name, status="running", log=str(job.log.relative_to(study_dir)), **where,
+                     started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
     def finished(job, outcome):
         status = read_status(job.run_dir)
@@ -384,12 +205,19 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} CPU cores, no GPU"
 
 
+def git_commit() -> str | None:
+    """The checkout's commit, with "+dirty" when tracked files differ from it (the runs then are not that commit's)."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or None
+    return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def record_invocation(study_dir: Path, command: str, started: float) -> None:
     """Append this command's commit, machine, wall time and CPU time (of the runs it started) to study.json."""
     path = study_dir / "study.json"
     data = read_json(path)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                            text=True).stdout.strip() or None
+    commit = git_commit()
     times = os.times()
     data.setdefault("invocations", []).append({
         "command": command, "commit": commit, "machine": machine(), "started": time.strftime(
@@ -425,6 +253,37 @@ def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool) -> 
         subprocess.run([sys.executable, str(scripts / "report.py"), str(study_dir)], cwd=REPO_ROOT)
 
 
+def selected_runs(grid, only: dict, selection: dict) -> list[dict]:
+    """The runs --only asks for among those whose LR is known; a value that names nothing is an error only once
+    every chosen-LR experiment can expand (before that, it may name a run the selection will create)."""
+    if only.get("experiment", {None}) == set():  # only e1 was asked for
+        return []
+    return narrow(expand(grid, selection), only, strict=not pending_selections(grid, selection))
+
+
+def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str, engine) -> None:
+    """Train what can be trained; when an LR sweep has finished, choose its LRs on dev and train what they
+    unlock; repeat until nothing more can run (a narrowed study may leave choices for a later invocation)."""
+    from normlab_study.selection import select
+
+    selection = read_json(study_dir / "selection.json", {}) or {}
+    while True:
+        run_study(grid, grid_file, study_dir, selected_runs(grid, only, selection), extra,
+                  command=command, engine=engine)
+        ready = {}
+        for key, (experiment, variant, warmup) in pending_selections(grid, selection).items():
+            sweep = [r for r in expand(grid, selection) if experiment in r["experiments"]
+                     and r["variant"] == variant and r["warmup"] == warmup]
+            if all(read_status(study_dir / "runs" / r["name"]) in FINISHED for r in sweep):
+                ready[key] = {}
+                for r in sweep:
+                    ready[key].setdefault(r["lr"], []).append(r["name"])
+        if not ready:
+            return
+        print(f"choosing the LR of {len(ready)} arm(s) on the dev split")
+        selection = select(study_dir, ready, grid["score"])
+
+
 def dry_run(grid, runs, study_dir: Path, overrides) -> int:
     """Print each run's command and whether a rerun would train or skip it; write nothing."""
     for run in runs:
@@ -458,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-retries", type=int, default=None,
                         help="--engine ray: attempts after the first for a run whose worker died or whose train.py "
                              "was killed, each resuming from its last checkpoint (default 2)")
+    parser.add_argument("--process-per-run", action="store_true",
+                        help="local engine: start a fresh Python process for every run instead of reusing one warm "
+                             "worker per parallel slot (slower; the same numbers)")
     parser.add_argument("--no-report", action="store_true", help="do not run scripts/report.py at the end")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py overrides for every run")
     return parser
@@ -473,8 +335,8 @@ def main(argv=None) -> int:
         grid = load_grid(grid_file)
         only = parse_only(args.only)
         run_e1 = wants_e1(grid, only)
-        runs = narrow(expand(grid), only) if only.get("experiment", {None}) != set() else []
         study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
+        runs = selected_runs(grid, only, read_json(study_dir / "selection.json", {}) or {})
         validate_commands(grid, runs, args.overrides)
     except StudyError as err:
         print(f"study.py: error: {err}", file=sys.stderr)
@@ -484,14 +346,15 @@ def main(argv=None) -> int:
     command = shlex.join(["python", "scripts/study.py", *(argv if argv is not None else sys.argv[1:])])
     started = time.time()
     try:
-        engine = make_engine(args.engine, parallel=args.parallel, address=args.address, max_retries=args.max_retries)
+        engine = make_engine(args.engine, parallel=args.parallel, address=args.address, max_retries=args.max_retries,
+                             warm=not args.process_per_run)
     except EngineError as err:
         print(f"study.py: error: {err}", file=sys.stderr)
         return 2
     print(engine.describe())
     try:
         with engine:
-            run_study(grid, grid_file, study_dir, runs, args.overrides, command=command, engine=engine)
+            run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine)
     except StudyError as err:
         print(f"study.py: error: {err}", file=sys.stderr)
         return 2

@@ -7,11 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
-
-import score_runs  # noqa: E402
-from model import NormLabConfig, NormLabForSequenceClassification  # noqa: E402
+from model import NormLabConfig, NormLabForSequenceClassification
+from normlab_study import scoring as score_runs
 
 SENTENCES = [[2, 5, 6, 3], [2, 7, 3], [2, 8, 9, 10, 11, 3], [2, 12, 3]]  # 16 real tokens, lengths 3-6
 

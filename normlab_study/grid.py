@@ -1,0 +1,283 @@
+"""A study file (configs/study/*.yaml), read and checked, and expanded into its runs.
+
+A study is data: experiments, each a grid of variants x learning rates x warmup settings x seeds. An experiment's
+`lr` is a list, `{min, max, num}` (log-spaced), or `{best_of: EXPERIMENT}`: each variant then runs at the LR that
+EXPERIMENT's sweep of it chose on the dev split (normlab_study/selection.py), times the variant's `lr_scale`.
+With `share_runs: true` a run is named by its variant, LR, warmup and seed only, so two experiments that need the
+same configuration train it once (a variant name must then mean the same configuration in every experiment).
+"""
+
+import json
+import math
+from pathlib import Path
+
+from common.io import load_yaml_mapping
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
+AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
+# FINISHED (engines.py): a rerun skips these statuses; anything else (failed, interrupted) is run again
+GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project",
+             "experiments", "init", "score", "share_runs"}
+VARIANT_KEYS = {"config", "overrides", "warmup", "tune", "lr_scale"}
+EXPERIMENT_KEYS = {"description", "overrides", "variants", "lr", "warmup", "seeds"}
+
+
+class StudyError(ValueError):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The grid
+
+
+def resolve_preset(preset: str) -> Path:
+    path = Path(preset)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    candidate = STUDY_CONFIG_DIR / f"{preset}.yaml"
+    if candidate.is_file():
+        return candidate
+    choices = sorted(p.stem for p in STUDY_CONFIG_DIR.glob("*.yaml"))
+    raise StudyError(f"--preset {preset!r} not found; choose one of {', '.join(choices)} or give a YAML file path")
+
+
+def lr_grid(spec) -> list[float]:
+    """A list of LRs, or {min, max, num}: num log-spaced values from min to max (3 significant digits)."""
+    if isinstance(spec, list) and spec and all(isinstance(x, (int, float)) and x > 0 for x in spec):
+        return [float(x) for x in spec]
+    if isinstance(spec, dict) and set(spec) == {"min", "max", "num"}:
+        lo, hi, num = spec["min"], spec["max"], spec["num"]
+        if not (isinstance(num, int) and num >= 1 and 0 < lo <= hi):
+            raise StudyError(f"lr: {spec} needs 0 < min <= max and an integer num >= 1")
+        if num == 1:
+            return [float(lo)]
+        return [float(f"{lo * (hi / lo) ** (i / (num - 1)):.3g}") for i in range(num)]
+    raise StudyError(f"lr: {spec!r} must be a list of positive numbers, {{min: .., max: .., num: ..}} or "
+                     f"{{best_of: EXPERIMENT}}")
+
+
+def _overrides(mapping, where) -> list[str]:
+    if mapping is None:
+        return []
+    if not isinstance(mapping, dict):
+        raise StudyError(f"{where} must be a mapping of train.py keys to values, e.g. {{train.max_steps: 200}}")
+    return [format_override(k, v) for k, v in mapping.items()]
+
+
+def format_override(key, value):
+    # yaml.safe_load on the train.py side reads these back: lists/bools/null as JSON (valid YAML)
+    return f"{key}={json.dumps(value) if isinstance(value, (list, dict, bool)) or value is None else value}"
+
+
+def _on_off(value):
+    # YAML 1.1 reads a bare on/off as a boolean; the study means the names
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else str(value)
+
+
+def _load_variants(where, variants_spec, warmup) -> dict:
+    variants = {}
+    for name, spec in variants_spec.items():
+        spec = {"config": spec} if isinstance(spec, str) or spec is None else dict(spec)
+        bad = set(spec) - VARIANT_KEYS
+        if bad:
+            raise StudyError(f"{where}: variant {name}: unknown key(s) {', '.join(sorted(bad))}; "
+                             f"valid: {', '.join(sorted(VARIANT_KEYS))}")
+        settings = [_on_off(w) for w in spec.get("warmup", list(warmup))]
+        if not set(settings) <= set(warmup):
+            raise StudyError(f"{where}: variant {name}: warmup {settings} not among the study's settings {list(warmup)}")
+        config = spec.get("config")
+        if config is not None:
+            config_path = Path(config) if str(config).endswith((".yaml", ".yml")) else Path("configs") / f"{config}.yaml"
+            if not (REPO_ROOT / config_path).is_file() and not config_path.is_file():
+                raise StudyError(f"{where}: variant {name}: config file {config_path} not found")
+            config = str(config_path)
+        scale = spec.get("lr_scale", 1.0)
+        if not (isinstance(scale, (int, float)) and scale > 0):
+            raise StudyError(f"{where}: variant {name}: lr_scale {scale!r} must be a positive number")
+        variants[name] = {"config": config, "overrides": _overrides(spec.get("overrides"), f"variant {name} overrides"),
+                          "warmup": list(settings), "tune": str(spec.get("tune", name)), "lr_scale": float(scale)}
+    return variants
+
+
+def _load_experiment(where, spec: dict, defaults: dict) -> dict:
+    """One grid: variants x lr x warmup x seeds, with its own overrides (after the study's)."""
+    spec = {**defaults, **spec}
+    for key in ("variants", "lr", "seeds"):
+        if key not in spec:
+            raise StudyError(f"{where}: missing '{key}'")
+    warmup = spec.get("warmup") or {"on": None}
+    if isinstance(warmup, dict):
+        warmup = {_on_off(k): v for k, v in warmup.items()}
+    if not isinstance(warmup, dict) or not set(warmup) <= {"on", "off"}:
+        raise StudyError(f"{where}: warmup must map on/off to train.warmup_steps, e.g. {{on: 30, off: 0}}")
+    seeds = spec["seeds"]
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+        raise StudyError(f"{where}: seeds must be a non-empty list of integers")
+    best_of = spec["lr"].get("best_of") if isinstance(spec["lr"], dict) and set(spec["lr"]) == {"best_of"} else None
+    return {"description": spec.get("description", ""), "variants": _load_variants(where, spec["variants"], warmup),
+            "overrides": _overrides(spec.get("overrides"), f"{where} overrides"),
+            "lr": [] if best_of else lr_grid(spec["lr"]), "best_of": best_of, "warmup": warmup, "seeds": seeds}
+
+
+def load_grid(path: Path) -> dict:
+    """The study file, checked and normalised: experiments -> {variants, lr, warmup, seeds, overrides}.
+
+    A file without `experiments` is one unnamed experiment (its run names carry no experiment prefix)."""
+    try:
+        grid = load_yaml_mapping(path)
+    except ValueError as e:
+        raise StudyError(str(e)) from None
+    unknown = set(grid) - GRID_KEYS
+    if unknown:
+        raise StudyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(GRID_KEYS))}")
+    if "name" not in grid:
+        raise StudyError(f"{path}: missing 'name'")
+    shared = {k: grid[k] for k in ("variants", "lr", "warmup", "seeds") if k in grid}
+    if "experiments" in grid:
+        if not isinstance(grid["experiments"], dict) or not grid["experiments"]:
+            raise StudyError(f"{path}: experiments must map names to grids (variants, lr, warmup, seeds)")
+        experiments = {}
+        for name, spec in grid["experiments"].items():
+            bad = set(spec or {}) - EXPERIMENT_KEYS
+            if bad:
+                raise StudyError(f"{path}: experiment {name}: unknown key(s) {', '.join(sorted(bad))}; "
+                                 f"valid: {', '.join(sorted(EXPERIMENT_KEYS))}")
+            experiments[str(name)] = _load_experiment(f"{path}: experiment {name}", spec or {}, shared)
+    else:
+        experiments = {"": _load_experiment(str(path), shared, {})}
+    out = {"name": str(grid["name"]), "description": grid.get("description", ""),
+           "overrides": _overrides(grid.get("overrides"), "overrides"), "experiments": experiments,
+           "init": grid.get("init"), "score": grid.get("score") or {}, "share_runs": bool(grid.get("share_runs")),
+           "comparisons": grid.get("comparisons", []), "wandb_project": grid.get("wandb_project")}
+    _check_selection(path, out)
+    if out["share_runs"]:
+        _check_shared(path, out)
+    return out
+
+
+def _check_selection(path, grid: dict) -> None:
+    """Every {best_of: E} names a swept experiment E that has each variant's `tune` variant."""
+    for name, exp in grid["experiments"].items():
+        source = exp["best_of"]
+        if source is None:
+            continue
+        src = grid["experiments"].get(source)
+        if src is None or src["best_of"] is not None:
+            swept = [n for n, e in grid["experiments"].items() if e["best_of"] is None]
+            raise StudyError(f"{path}: experiment {name}: best_of {source!r} is not a swept experiment; "
+                             f"choose one of {', '.join(swept)}")
+        for variant, spec in exp["variants"].items():
+            if spec["tune"] not in src["variants"]:
+                raise StudyError(f"{path}: experiment {name}: variant {variant} is tuned as {spec['tune']!r}, "
+                                 f"which {source} does not train; its variants: {', '.join(src['variants'])}")
+
+
+def variant_overrides(grid: dict, experiment: str, variant: str, warmup: str) -> tuple:
+    """Everything that makes a run of this variant what it is, except its LR and seed."""
+    exp = grid["experiments"][experiment]
+    spec = exp["variants"][variant]
+    return spec["config"], tuple(exp["overrides"] + spec["overrides"]), exp["warmup"][warmup]
+
+
+def _check_shared(path, grid: dict) -> None:
+    """Shared runs are named by variant: a name must mean one configuration in every experiment that uses it."""
+    seen = {}
+    for name, exp in grid["experiments"].items():
+        for variant, spec in exp["variants"].items():
+            for warmup in spec["warmup"]:
+                config = variant_overrides(grid, name, variant, warmup)
+                first = seen.setdefault((variant, warmup), (name, config))
+                if first[1] != config:
+                    raise StudyError(f"{path}: share_runs: variant {variant} (warmup {warmup}) is configured "
+                                     f"differently in experiments {first[0]} and {name}; give one of them another name")
+
+
+def run_name(variant, lr, warmup, seed, experiment="") -> str:
+    return f"{experiment + '-' if experiment else ''}{variant}-lr{lr:g}-wu{warmup}-s{seed}"
+
+
+def run_lrs(grid: dict, experiment: str, variant: str, selection: dict) -> list[float]:
+    """The variant's LRs in this experiment: its grid, or the LR its sweep chose (none until it is chosen)."""
+    exp = grid["experiments"][experiment]
+    if exp["best_of"] is None:
+        return exp["lr"]
+    spec = exp["variants"][variant]
+    chosen = selection.get(selection_key(exp["best_of"], spec["tune"], spec["warmup"][0]))
+    return [float(f"{chosen['lr'] * spec['lr_scale']:.3g}")] if chosen else []
+
+
+def selection_key(experiment: str, variant: str, warmup: str) -> str:
+    return f"{experiment}/{variant}/wu{warmup}"
+
+
+def expand(grid: dict, selection: dict | None = None) -> list[dict]:
+    """Every run: experiment x variant x lr x (the variant's warmup settings) x seed, in that nesting order. Runs
+    of a {best_of} experiment appear once `selection` holds their LR. Shared runs appear once, under the first
+    experiment that needs them, with every experiment that uses them in `experiments`."""
+    runs, by_name = [], {}
+    for experiment, exp in grid["experiments"].items():
+        for variant, spec in exp["variants"].items():
+            for lr in run_lrs(grid, experiment, variant, selection or {}):
+                for warmup in spec["warmup"]:
+                    for seed in exp["seeds"]:
+                        name = run_name(variant, lr, warmup, seed, "" if grid.get("share_runs") else experiment)
+                        if name in by_name:
+                            by_name[name]["experiments"].append(experiment)
+                            continue
+                        by_name[name] = {"name": name, "experiment": experiment, "experiments": [experiment],
+                                         "variant": variant, "lr": lr, "warmup": warmup, "seed": seed}
+                        runs.append(by_name[name])
+    return runs
+
+
+def pending_selections(grid: dict, selection: dict) -> dict:
+    """{selection key: (swept experiment, tune variant, warmup)} for every chosen-LR not chosen yet."""
+    todo = {}
+    for exp in grid["experiments"].values():
+        if exp["best_of"] is not None:
+            for spec in exp["variants"].values():
+                key = selection_key(exp["best_of"], spec["tune"], spec["warmup"][0])
+                if key not in selection:
+                    todo[key] = (exp["best_of"], spec["tune"], spec["warmup"][0])
+    return todo
+
+
+def parse_only(items: list[str]) -> dict:
+    """["variant=post_ln,pre_ln,seed=0"] -> {"variant": {"post_ln", "pre_ln"}, "seed": {"0"}}.
+
+    Comma-separated key=value items; an item without "=" is one more value of the previous key; repeated keys
+    (within one --only or across several) are alternatives, different keys must all match."""
+    only = {}
+    for text in items:
+        key = None
+        for item in filter(None, (s.strip() for s in text.split(","))):
+            if "=" in item:
+                key, value = (s.strip() for s in item.split("=", 1))
+            elif key is None:
+                raise StudyError(f"--only {text!r}: expected key=value items, e.g. variant=post_ln,pre_ln,seed=0")
+            else:
+                value = item
+            if key not in AXES:
+                raise StudyError(f"--only: unknown key {key!r}; narrow by one of: {', '.join(AXES)}")
+            only.setdefault(key, set()).add(value)
+    return only
+
+
+def _matches(axis, value, wanted: str) -> bool:
+    if axis == "lr":
+        try:
+            return math.isclose(float(value), float(wanted), rel_tol=1e-6)
+        except ValueError:
+            return False
+    return str(value) == wanted
+
+
+def narrow(runs: list[dict], only: dict, strict: bool = True) -> list[dict]:
+    """The runs matching every --only key; a value that matches no run of the grid is an error (a typo)."""
+    for axis, wanted in only.items() if strict else ():
+        present = sorted({r[axis] for r in runs}, key=lambda v: (isinstance(v, str), v))
+        for w in wanted:
+            if not any(_matches(axis, v, w) for v in present):
+                raise StudyError(f"--only {axis}={w}: not in the grid; choose from {', '.join(f'{v:g}' if axis == 'lr' else str(v) for v in present)}")
+    return [r for r in runs if all(any(_matches(a, r[a], w) for w in ws) for a, ws in only.items())]
