@@ -10,13 +10,27 @@ import sys
 import pytest
 import torch
 
-from model import NormLabForSequenceClassification
+from model import NormLabConfig, NormLabForSequenceClassification
 from model.configuration_normlab import BATCH_STAT_NORMS
 
-from test_modeling import padded_batch, tiny_config
 from train_utils import REPO, free_port, run_cmd
 
 STEPS = 4
+LABELS = torch.tensor([0, 1, 2])
+
+
+def tiny_config(norm):
+    # PowerNorm: steps 1-2 normalize with the batch's psi^2, steps 3-4 with the running one
+    return NormLabConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=32, num_labels=3, norm=norm,
+                         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, powernorm_warmup_steps=2)
+
+
+def padded_batch(lengths=(7, 4, 2), seed=0):
+    """Right-padded input_ids (3, 7) and attention_mask of 1 (real) / 0 (pad)."""
+    g = torch.Generator().manual_seed(seed)
+    attention_mask = (torch.arange(7)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return torch.randint(1, 60, (3, 7), generator=g) * attention_mask, attention_mask
 
 
 def train_steps(model, checkpointing):
@@ -28,7 +42,7 @@ def train_steps(model, checkpointing):
     for step in range(STEPS):
         input_ids, attention_mask = padded_batch(lengths=(7, 4, 2 + step), seed=step)
         torch.manual_seed(100 + step)  # the same dropout masks (the recomputation replays the RNG state too)
-        loss = model.train()(input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1, 2])).loss
+        loss = model.train()(input_ids, attention_mask=attention_mask, labels=LABELS).loss
         loss.backward()
         losses.append(loss.item())
         grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
@@ -49,10 +63,7 @@ def eval_outputs(model):
 @pytest.mark.parametrize("norm", BATCH_STAT_NORMS)
 def test_checkpointed_steps_equal_plain_steps(norm, checkpointing):
     torch.manual_seed(0)
-    # PowerNorm: steps 1-2 normalize with the batch's psi^2, steps 3-4 with the running one
-    config = tiny_config(norm=norm, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-                         powernorm_warmup_steps=2)
-    base = NormLabForSequenceClassification(config)
+    base = NormLabForSequenceClassification(tiny_config(norm))
     plain, checkpointed = copy.deepcopy(base), copy.deepcopy(base)
     plain_losses, plain_grads = train_steps(plain, None)
     ckpt_losses, ckpt_grads = train_steps(checkpointed, checkpointing)
@@ -76,11 +87,11 @@ def test_powernorm_recomputes_only_its_latest_forward():
     psi^2 the first one normalized with is gone, so its recomputation is refused rather than run with another
     step's statistics. Without checkpointing the same sequence trains."""
     torch.manual_seed(0)
-    model = NormLabForSequenceClassification(tiny_config(norm="powernorm", powernorm_warmup_steps=0)).train()
+    model = NormLabForSequenceClassification(tiny_config("powernorm")).train()
     plain = copy.deepcopy(model)
     model.activation_checkpointing_enable()
     for m in (plain, model):
-        loss = m(*padded_batch(seed=0), labels=torch.tensor([0, 1, 2])).loss
+        loss = m(*padded_batch(seed=0), labels=LABELS).loss
         m(*padded_batch(seed=1))  # e.g. a probe on another batch, in training mode
         if m is plain:
             loss.backward()
