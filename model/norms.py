@@ -528,6 +528,8 @@ class PowerNorm(BatchStatNorm):
     Differences from the authors' code: the gradient statistic is averaged over real tokens only (theirs
     averages over pad positions too), and across processes when distributed.
     Eval: running psi^2 (or the batch's when `use_batch_stats_in_eval`).
+    Gradient checkpointing: the rerun normalizes with the psi^2 its first run used (`_replayed_psi2`), and
+    `ema_gz` still moves once per backward.
     """
 
     name = "powernorm"
