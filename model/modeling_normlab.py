@@ -30,7 +30,7 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_normlab import NormLabConfig
-from .norms import BATCH_STAT_NORMS, NORM_REGISTRY, NORM_TYPES, Norm, build_norm
+from .norms import NORM_REGISTRY, Norm, build_norm
 
 # Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
 PLACEMENTS_WITH_FINAL_NORM = ("pre", "sandwich")
@@ -243,7 +243,8 @@ class NormLabBlock(GradientCheckpointingLayer):
 
     f is attention then feed-forward, each with its own norm(s). Residual dropout is the last op of each branch.
     Returns (x, attention weights or None). Under `gradient_checkpointing_enable()` (GradientCheckpointingLayer)
-    the block's activations are recomputed in the backward pass instead of stored.
+    the block's activations are recomputed in the backward pass instead of stored; the BN family's norms tell
+    the recomputation apart and update no running statistics in it (norms.py, `BatchStatNorm`).
     """
 
     def __init__(self, config: NormLabConfig):
@@ -334,7 +335,8 @@ class NormLabPreTrainedModel(PreTrainedModel):
     config_class = NormLabConfig
     config: NormLabConfig
     base_model_prefix = "normlab"
-    supports_gradient_checkpointing = True  # NormLabBlock is a GradientCheckpointingLayer; see below for BN
+    # NormLabBlock is a GradientCheckpointingLayer; the BN family's recomputation updates no running statistics
+    supports_gradient_checkpointing = True
     _supports_sdpa = True  # HF then defaults config._attn_implementation to "sdpa"; "eager" is accepted too, and
     # any function registered with AttentionInterface (NormLabAttention calls them through it)
     _no_split_modules = ["NormLabEmbeddings", "NormLabBlock"]
@@ -383,16 +385,6 @@ class NormLabPreTrainedModel(PreTrainedModel):
             encoder.last_act_sumsq = None
             for layer in encoder.layers:
                 layer.attention.last_logit_max = None
-
-    def _set_gradient_checkpointing(self, enable=True, *args, **kwargs):
-        # every way of enabling checkpointing (activation_/gradient_checkpointing_enable, Trainer) ends here
-        if enable and self.config.uses_batch_statistics:
-            raise ValueError(
-                f"gradient checkpointing recomputes every block in the backward pass, which would update "
-                f"norm={self.config.norm}'s running statistics twice per step; use it with a norm without running "
-                f"statistics ({', '.join(n for n in NORM_TYPES if n not in BATCH_STAT_NORMS)})"
-            )
-        super()._set_gradient_checkpointing(enable, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self._auto_class is not None:

@@ -286,6 +286,15 @@ def _all_reduce_sum(t, sync=True):
     return t
 
 
+def _recomputing() -> bool:
+    """True while the autograd engine runs a backward pass: a norm's forward then is gradient checkpointing's
+    recomputation of its block (reentrant or not), which must give the same output and update no state a second
+    time. torch has no public query for this; torch.utils.checkpoint itself reads the same graph-task id."""
+    if torch.compiler.is_compiling():  # compiled backward graphs never rerun the Python forward
+        return False
+    return torch._C._current_graph_task_id() != -1
+
+
 def compute_dtype(x):
     """The dtype NormLab's operators and statistics compute in: float32 at least (half-precision sums of squares over
     thousands of tokens are too coarse), float64 for float64 inputs. normlab_kernels' kernels use it too."""
@@ -310,6 +319,10 @@ class BatchStatNorm(Norm, nn.Module):
         drift = sqrt(mean_d (mu_b - mu_r)^2 / (var_r + eps)) + sqrt(mean_d (log(var_b + eps) - log(var_r + eps))^2)
     i.e. the RMS over features of the mean shift in running standard deviations, plus the RMS log-ratio of the
     variances. PowerNorm has no mean: only the second term, with psi^2 (quadratic mean) in place of var.
+
+    Gradient checkpointing reruns a training forward inside the backward pass (`_recomputing`): that rerun
+    normalizes exactly as the first run did and updates nothing (running statistics, `num_batches_tracked`,
+    `last_stat_drift`), so a checkpointed step leaves the same state as a plain one.
 
     A training forward needs at least 2 real tokens (a variance of one value is 0 and its normalization is
     undefined) and raises ValueError otherwise.
@@ -398,7 +411,7 @@ class _MeanVarBatchNorm(BatchStatNorm):
             real = self._real(x, mask)  # (N,) bool
             mean, var, count = self._batch_stats(x2d, real)
             self._check_count(count)
-            if self.training:
+            if self.training and not _recomputing():
                 self._update_running(mean.detach(), var.detach(), count)
         else:
             mean, var = self.running_mean, self.running_var
@@ -515,6 +528,8 @@ class PowerNorm(BatchStatNorm):
     Differences from the authors' code: the gradient statistic is averaged over real tokens only (theirs
     averages over pad positions too), and across processes when distributed.
     Eval: running psi^2 (or the batch's when `use_batch_stats_in_eval`).
+    Gradient checkpointing: the rerun normalizes with the psi^2 its first run used (`_replayed_psi2`), and
+    `ema_gz` still moves once per backward.
     """
 
     name = "powernorm"
@@ -532,6 +547,7 @@ class PowerNorm(BatchStatNorm):
         self.group_scaling = group_scaling
         self._stat_buffer("running_psi2", 1.0)
         self._stat_buffer("ema_gz", 0.0)
+        self._last_forward = None  # (batch psi^2, psi^2 used) of the latest training forward
 
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, alpha_fwd={self.alpha_fwd}, alpha_bkw={self.alpha_bkw}, "
@@ -557,17 +573,34 @@ class PowerNorm(BatchStatNorm):
         if not self.training:
             y = x2d * torch.rsqrt(psi2_b + self.eps) * self.weight + self.bias
             return y.reshape(shape).to(x.dtype)
-        self.num_batches_tracked += 1
-        t = int(self.num_batches_tracked)
-        psi2_used = psi2_b if t <= self.warmup_steps else self.running_psi2.to(x2d.dtype, copy=True)
+        psi2_used = self._replayed_psi2(psi2_b) if _recomputing() else self._training_step(psi2_b)
         y = _PowerFunction.apply(x2d, real, self.weight, self.bias, psi2_used, psi2_b, self.ema_gz,
                                  self.alpha_bkw, self.eps)
-        with torch.no_grad():
-            self.last_stat_drift = _log_ratio_rms(psi2_b, self.running_psi2, self.eps)
-            if t < self.warmup_steps:
-                self.running_psi2.mul_((t - 1) / t).add_(psi2_b / t)
-            self.running_psi2.lerp_(psi2_b.to(self.running_psi2.dtype), 1 - self.alpha_fwd)
         return y.reshape(shape).to(x.dtype)
+
+    @torch.no_grad()
+    def _training_step(self, psi2_b):
+        """Count the step, update the running psi^2; returns the psi^2 this forward normalizes with."""
+        self.num_batches_tracked += 1
+        t = int(self.num_batches_tracked)
+        psi2_used = psi2_b if t <= self.warmup_steps else self.running_psi2.to(psi2_b.dtype, copy=True)
+        self._last_forward = (psi2_b, psi2_used)  # for a checkpointed recomputation: see _replayed_psi2
+        self.last_stat_drift = _log_ratio_rms(psi2_b, self.running_psi2, self.eps)
+        if t < self.warmup_steps:
+            self.running_psi2.mul_((t - 1) / t).add_(psi2_b / t)
+        self.running_psi2.lerp_(psi2_b.to(self.running_psi2.dtype), 1 - self.alpha_fwd)
+        return psi2_used
+
+    def _replayed_psi2(self, psi2_b):
+        """The psi^2 of the forward being recomputed: after warmup the running psi^2 from *before* that forward
+        updated it, which only the latest training forward kept. The batch's psi^2 tells that it is the same one."""
+        kept_b, psi2_used = self._last_forward or (None, None)
+        if kept_b is None or not torch.allclose(kept_b, psi2_b, rtol=1e-4, atol=1e-6):
+            raise RuntimeError(
+                "powernorm under gradient checkpointing can only recompute its latest training forward: run each "
+                "training forward's backward before the next training forward (gradient accumulation does)"
+            )
+        return psi2_used
 
 
 def set_batch_stats_in_eval(module: nn.Module, flag: bool) -> int:

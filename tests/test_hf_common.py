@@ -1,5 +1,7 @@
 """Hugging Face's own common tests, as an in-tree model runs them: transformers' ModelTesterMixin and ConfigTester
-(from the transformers sdist of the installed version, fetched by tests/hf_common.py) with our own small tester."""
+(from the transformers sdist of the installed version, fetched by tests/hf_common.py) with our own small tester, in
+the default configuration (LayerNorm) and with masked BatchNorm (batch statistics, running statistics, gradient
+checkpointing)."""
 
 import importlib
 import os
@@ -73,3 +75,12 @@ class NormLabModelTest(ModelTesterMixin, unittest.TestCase):
 
     def test_config(self):
         self.config_tester.run_common_tests()
+
+
+class NormLabMaskedBatchNormModelTest(NormLabModelTest):
+    """The same common tests with masked BatchNorm: statistics from the batch in training, running statistics in
+    eval, gradient checkpointing included."""
+
+    def setUp(self):
+        super().setUp()
+        self.model_tester = NormLabModelTester(self, norm="masked_batchnorm")

@@ -218,7 +218,8 @@ def test_inputs_embeds_replace_the_word_embeddings():
         model(input_ids, inputs_embeds=embeds)
 
 
-def test_gradient_checkpointing_gives_the_same_gradients_and_refuses_running_statistics():
+def test_gradient_checkpointing_gives_the_same_gradients():
+    """The BN family under checkpointing: tests/test_checkpointing.py."""
     torch.manual_seed(0)
     model = NormLabForSequenceClassification(tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
     checkpointed = copy.deepcopy(model)
@@ -229,8 +230,6 @@ def test_gradient_checkpointing_gives_the_same_gradients_and_refuses_running_sta
         m.train()(input_ids, attention_mask=attention_mask, labels=torch.tensor([0, 1, 2])).loss.backward()
     for (name, p), q in zip(model.named_parameters(), checkpointed.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
-    with pytest.raises(ValueError, match="running statistics"):
-        NormLabForSequenceClassification(tiny_config(norm="masked_batchnorm")).activation_checkpointing_enable()
 
 
 def test_naive_batchnorm_always_sees_the_padding():
