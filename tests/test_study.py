@@ -202,20 +202,94 @@ def test_cli_dry_run_lists_runs_and_rejects_bad_input(grid, tmp_path, capsys):
 
 @pytest.mark.parametrize("preset", ["quick", "full"])
 def test_presets_hold_the_designed_experiments(preset):
-    """What predictions.md promises: E2 at >= 4 LRs over >= 1.5 decades, warmup off and >= 1/(1 - beta2) steps,
-    >= 3 seeds shared by every arm; E3's three norms on random and grouped batches; E4 and the A/A arm on E2's LRs;
-    one epoch without repeated rows; E1 at depths 3-48 over five seeds."""
+    """What docs/study-v3/predictions.md promises: every arm swept over >= 4 LRs and >= 1.5 decades, then run at
+    its own chosen LR on >= 10 fresh seeds (the primary hypotheses); the A/A arm at LN's LR; placement on a
+    quarter-decade grid with warmup on and off and >= 10 seeds; one epoch without repeated rows; E1 at depths 3-48."""
     g = study.load_grid(study.resolve_preset(preset))
     common = dict(o.split("=", 1) for o in g["overrides"])
-    e2, e3, e4, aa = (g["experiments"][k] for k in ("e2", "e3", "e4", "aa"))
-    assert set(e2["variants"]) == {"post_ln", "pre_ln"} and set(e2["warmup"]) == {"on", "off"}
-    assert len(e2["lr"]) >= 4 and math.log10(max(e2["lr"]) / min(e2["lr"])) >= 1.5 - 1e-3  # 3.16e-2 / 1e-3: 1.5 decades to 3 digits
-    assert e2["warmup"]["off"] == 0 and e2["warmup"]["on"] >= 1 / (1 - float(common["train.adam_beta2"]))
-    assert e4["lr"] == e2["lr"] == aa["lr"] and len(e2["seeds"]) >= 3
-    assert e2["seeds"] == e3["seeds"] == e4["seeds"] == aa["seeds"]
-    assert {f"{n}-{b}" for n in ("layernorm", "batchnorm", "masked_batchnorm") for b in ("random", "grouped")} == set(e3["variants"])
-    assert common["train.epochs"] == "1" and "train.max_steps" not in common
+    tune, board, aa, placement = (g["experiments"][k] for k in ("tune", "leaderboard", "aa", "placement"))
+    assert len(tune["lr"]) >= 4 and math.log10(max(tune["lr"]) / min(tune["lr"])) >= 1.5 - 1e-3
+    norms = {"ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm", "no_norm"}
+    assert set(tune["variants"]) == set(board["variants"]) == norms
+    assert board["best_of"] == aa["best_of"] == "tune" and len(board["seeds"]) >= 10
+    assert not set(board["seeds"]) & set(tune["seeds"])  # chosen on some seeds, reported on others
+    assert aa["variants"]["custom_ln_aa"]["tune"] == "ln_pre" and aa["seeds"] == board["seeds"]
+    assert set(placement["warmup"]) == {"on", "off"} and placement["warmup"]["off"] == 0
+    assert placement["warmup"]["on"] >= 1 / (1 - float(common["train.adam_beta2"])) and len(placement["seeds"]) >= 10
+    steps = placement["lr"]
+    assert all(0.2 < math.log10(b / a) < 0.3 for a, b in zip(steps, steps[1:]))  # quarter decades
+    assert common["train.epochs"] == "1" and "train.max_steps" not in common and g["share_runs"]
     assert set(g["init"]["depths"]) >= {3, 6, 12, 24, 48} and len(g["init"]["seeds"]) >= 5
+
+
+STAGED = """
+name: staged
+share_runs: true
+overrides: {train.max_steps: 5}
+experiments:
+  sweep:
+    variants: {a: {config: pre_ln}, b: {config: post_ln}}
+    lr: [1.0e-3, 1.0e-2]
+    warmup: {on: 2}
+    seeds: [100]
+  final:
+    variants: {a: {config: pre_ln}, b: {config: post_ln}, a_half: {config: pre_ln, tune: a, lr_scale: 0.5}}
+    lr: {best_of: sweep}
+    warmup: {on: 2}
+    seeds: [0, 1]
+  fixed:
+    variants: {a: {config: pre_ln}}
+    lr: [1.0e-2]
+    warmup: {on: 2}
+    seeds: [0]
+score: {dev_rows: 10}
+"""
+
+
+def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, monkeypatch):
+    path = tmp_path / "staged.yaml"
+    path.write_text(STAGED)
+    g = study.load_grid(path)
+    first = study.expand(g)
+    assert {r["name"] for r in first} == {"a-lr0.001-wuon-s100", "a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100",
+                                          "b-lr0.01-wuon-s100", "a-lr0.01-wuon-s0"}
+    chosen = {"sweep/a/wuon": {"lr": 0.01}, "sweep/b/wuon": {"lr": 0.001}}
+    runs = {r["name"]: r for r in study.expand(g, chosen)}
+    assert runs["a-lr0.01-wuon-s0"]["experiments"] == ["final", "fixed"]  # trained once, used by both
+    assert "a_half-lr0.005-wuon-s1" in runs and "b-lr0.001-wuon-s1" in runs and len(runs) == 4 + 6
+
+    def fake_runner(cmd, log, env):
+        out = Path(next(c.split("=", 1)[1] for c in cmd if c.startswith("output_dir=")))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps({"status": "completed"}))
+        return 0
+
+    # dev loss: lower for the LR each arm should get
+    monkeypatch.setattr("normlab_study.selection.dev_loss",
+                        lambda run_dir, dev, bs: 0.3 if run_dir.name in ("a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100") else 0.6)
+    monkeypatch.setattr("normlab_study.selection.score_sets", lambda cfg, rows: {"dev": ([], [])})
+    monkeypatch.setattr("normlab_study.selection.read_yaml", lambda p: {})
+    engine = study.LocalEngine(runner=fake_runner)
+    study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", engine)
+    sel = json.loads((tmp_path / "st" / "selection.json").read_text())
+    assert sel["sweep/a/wuon"]["lr"] == 0.01 and sel["sweep/b/wuon"]["lr"] == 0.001
+    assert sel["sweep/a/wuon"]["dev_loss"] == {"0.001": 0.6, "0.01": 0.3}
+    trained = json.loads((tmp_path / "st" / "study.json").read_text())["runs"]
+    assert set(trained) == set(runs) and all(r["status"] == "completed" for r in trained.values())
+    assert all(r["commit"] and r["machine"] and r["started_at"] for r in trained.values())
+
+
+def test_bad_staged_grids_are_refused_in_one_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(STAGED.replace("lr: {best_of: sweep}", "lr: {best_of: swep}"))
+    with pytest.raises(study.StudyError, match="best_of 'swep' is not a swept experiment; choose one of sweep, fixed"):
+        study.load_grid(path)
+    path.write_text(STAGED.replace("tune: a,", "tune: c,"))
+    with pytest.raises(study.StudyError, match="tuned as 'c', which sweep does not train"):
+        study.load_grid(path)
+    path.write_text(STAGED.replace("fixed:\n    variants: {a: {config: pre_ln}}", "fixed:\n    variants: {a: {config: dyt}}"))
+    with pytest.raises(study.StudyError, match="share_runs: variant a .* configured differently"):
+        study.load_grid(path)
 
 
 def test_experiments_prefix_run_names_and_narrow_by_experiment(tmp_path):

@@ -1,0 +1,85 @@
+"""normlab_study's outcome rules and seed-level statistics, against hand-made curves and scipy's own tests."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from normlab_study import outcomes as oc
+from normlab_study import seedstats as ss
+
+LN2 = math.log(2)
+
+
+def curve(*pieces):
+    return [v for value, n in pieces for v in [value] * n]
+
+
+@pytest.mark.parametrize("losses, expected", [
+    (curve((LN2, 300)), oc.NEVER_LEARNED),
+    (curve((LN2, 100), (0.45, 200)), oc.LEARNED),
+    (curve((LN2, 100), (0.45, 100), (LN2, 100)), oc.DIVERGED),  # learned, then back on the plateau
+    (curve((LN2, 100), (0.45, 100), (0.50, 100)), oc.LEARNED),  # a little worse at the end is not a blow-up
+    (curve((LN2, 10), (float("nan"), 5)), oc.DIVERGED),
+    (curve((0.66, 300)), oc.NEVER_LEARNED),  # below ln 2 but not clearly: still the plateau
+])
+def test_outcome_tells_never_learned_from_diverged(losses, expected):
+    assert oc.outcome(losses) == expected
+
+
+def test_a_run_stopped_as_diverged_is_diverged_whatever_its_curve():
+    assert oc.outcome(curve((LN2, 50), (0.4, 50)), status="diverged") == oc.DIVERGED
+
+
+def test_plateau_exit_is_the_first_step_the_moving_mean_is_clearly_below_ln2():
+    losses = curve((LN2, 100), (0.4, 100))
+    steps = list(range(1, 201))
+    # the 20-step mean crosses ln 2 - 0.05 once enough of its window is at 0.4
+    k = next(i for i in range(20, 200) if np.mean(losses[i - 19:i + 1]) < LN2 - oc.MARGIN)
+    assert oc.plateau_exit_step(steps, losses) == k + 1
+    assert oc.plateau_exit_step(steps, curve((LN2, 200))) is None
+    assert oc.plateau_exit_step(steps[:60], curve((LN2, 30), (0.3, 10), (float("inf"), 20))) is not None
+
+
+def test_lr_sensitivity_scores_a_model_that_never_learns_badly():
+    learns = {1e-3: 0.45, 1e-2: 0.50, 1e-1: LN2}
+    never = {1e-3: LN2, 1e-2: LN2, 1e-1: LN2}
+    reference = min(min(learns.values()), min(never.values()))
+    assert oc.lr_sensitivity(never, reference) > oc.lr_sensitivity(learns, reference)
+    assert oc.lr_sensitivity(never, reference) == pytest.approx(LN2 - 0.45)
+    assert oc.lr_sensitivity({1e-3: float("nan")}, 0.4) == pytest.approx(LN2 - 0.4)  # diverged counts as plateau
+
+
+def test_largest_learning_lr():
+    assert oc.largest_learning_lr({1e-3: oc.LEARNED, 1e-2: oc.LEARNED, 3e-2: oc.DIVERGED}) == 1e-2
+    assert oc.largest_learning_lr({1e-3: oc.NEVER_LEARNED}) is None
+
+
+def test_paired_tests_agree_with_scipy():
+    d = np.array([0.03, 0.01, 0.05, -0.01, 0.02, 0.04, 0.00, 0.03, 0.02, 0.01])
+    t = ss.paired_test(d, "t")
+    ci = stats.ttest_1samp(d, 0.0).confidence_interval(0.95)
+    assert t.p == pytest.approx(stats.ttest_1samp(d, 0.0).pvalue) and (t.lo, t.hi) == pytest.approx((ci.low, ci.high))
+    assert ss.paired_test(d, "wilcoxon").p == pytest.approx(stats.wilcoxon(d).pvalue)
+    exact = stats.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf).pvalue
+    assert ss.paired_test(d, "permutation").p == pytest.approx(exact)
+    with pytest.raises(ValueError, match="unknown test 'z'; choose one of t, wilcoxon, permutation"):
+        ss.paired_test(d, "z")
+
+
+def test_seed_level_tests_hold_their_false_positive_rate_on_an_aa_control():
+    """Pure noise (the A/A situation): at 10 seeds each test calls it significant about 5% of the time."""
+    noise = np.random.default_rng(1).normal(0.0, 0.04, 200)
+    for test in ("t", "permutation"):
+        rate = ss.false_positive_rate(noise, n_seeds=10, test=test, reps=400, seed=2)
+        assert 0.01 <= rate <= 0.10, (test, rate)
+    # a real difference is not noise: shifted differences are "significant" nearly always
+    assert ss.paired_test(noise[:10] + 0.08, "t").p < 0.01
+
+
+def test_seeds_needed_matches_the_normal_approximation_and_grows_for_small_effects():
+    assert ss.seeds_needed(0.04, 0.04) == 10
+    assert ss.seeds_needed(0.04, 0.02) > ss.seeds_needed(0.04, 0.04) > ss.seeds_needed(0.04, 0.08)
+    lo, hi = ss.binomial_interval(7, 10)
+    assert lo < 0.7 < hi and ss.binomial_interval(0, 10)[0] == 0.0
