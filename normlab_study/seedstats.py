@@ -78,20 +78,24 @@ def false_positive_rate(aa_diffs, n_seeds: int, test: str = "t", alpha: float = 
                         seed: int = 0) -> float:
     """How often `test` calls the A/A control significant at `alpha` with n_seeds seeds.
 
-    The A/A arms are the same model, so their per-seed differences are pure noise around 0. Each replicate draws
-    n_seeds of the observed A/A differences with replacement, centred on 0 (the null is true by construction) and
-    with a random sign each; the share of replicates with p < alpha is the test's false-positive rate at the noise
-    this study actually has, heavy tails included."""
+    The A/A arms are the same model, so their per-seed differences are noise around 0: centred, each is as likely
+    with either sign. With exactly n_seeds differences, every sign pattern of them is one replicate (exact up to
+    12 seeds, `reps` random patterns beyond). With a larger pool (e.g. several LRs), each replicate draws n_seeds of
+    them with replacement and random signs. Drawing n_seeds from only n_seeds values with replacement would repeat
+    values and shrink their spread: that resampling is itself anti-conservative at 10 seeds."""
     d = _clean(aa_diffs)
     if len(d) < 2:
         return float("nan")
     d = d - d.mean()
     rng = np.random.default_rng(seed)
-    hits = 0
-    for _ in range(reps):
-        sample = rng.choice(d, size=n_seeds, replace=True) * rng.choice((1.0, -1.0), size=n_seeds)
-        hits += paired_test(sample, test).p < alpha
-    return hits / reps
+    if len(d) == n_seeds:
+        if n_seeds <= 12:
+            samples = np.array(list(itertools.product((1.0, -1.0), repeat=n_seeds))) * d
+        else:
+            samples = rng.choice((1.0, -1.0), size=(reps, n_seeds)) * d
+    else:
+        samples = rng.choice(d, size=(reps, n_seeds), replace=True) * rng.choice((1.0, -1.0), size=(reps, n_seeds))
+    return float(np.mean([paired_test(sample, test).p < alpha for sample in samples]))
 
 
 def seeds_needed(sd_diff: float, effect: float, alpha: float = 0.05, power: float = 0.8) -> int:

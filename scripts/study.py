@@ -268,8 +268,10 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
 
     selection = read_json(study_dir / "selection.json", {}) or {}
     while True:
-        run_study(grid, grid_file, study_dir, selected_runs(grid, only, selection), extra,
-                  command=command, engine=engine)
+        runs = selected_runs(grid, only, selection)
+        sweeps = {experiment for experiment, _, _ in pending_selections(grid, selection).values()}
+        first = [r for r in runs if sweeps & set(r["experiments"])]  # the sweeps that choose LRs go first
+        run_study(grid, grid_file, study_dir, first or runs, extra, command=command, engine=engine)
         ready = {}
         for key, (experiment, variant, warmup) in pending_selections(grid, selection).items():
             sweep = [r for r in expand(grid, selection) if experiment in r["experiments"]
@@ -278,10 +280,14 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
                 ready[key] = {}
                 for r in sweep:
                     ready[key].setdefault(r["lr"], []).append(r["name"])
-        if not ready:
-            return
-        print(f"choosing the LR of {len(ready)} arm(s) on the dev split")
-        selection = select(study_dir, ready, grid["score"])
+        if ready:
+            print(f"choosing the LR of {len(ready)} arm(s) on the dev split")
+            selection = select(study_dir, ready, grid["score"])
+            continue
+        if first:  # a narrowed sweep left choices open: train the rest that can run
+            run_study(grid, grid_file, study_dir, [r for r in runs if r not in first], extra, command=command,
+                      engine=engine)
+        return
 
 
 def dry_run(grid, runs, study_dir: Path, overrides) -> int:

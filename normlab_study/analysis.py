@@ -1,0 +1,160 @@
+"""The numbers of study v3's report, from its committed records alone (runs.jsonl, selection.json, e1.jsonl):
+no model, no training. Each hypothesis of docs/study-v3/predictions.md is one function returning per-seed paired
+differences and their test; `verdicts` calibrates the test on the A/A control, applies Holm to the primary family
+and checks the horizon rule before naming an outcome.
+"""
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from common.io import read_json, read_jsonl
+from common.stats import holm
+from normlab_study import outcomes as oc
+from normlab_study.seedstats import Paired, false_positive_rate, paired_test
+
+VAL, DEV = "val/sorted/running", "dev/sorted/running"
+ALPHA = 0.05
+HORIZON_FRACTION = 0.75  # an arm must leave the plateau by this share of its steps (median over seeds)
+MAX_NEVER_LEARNED = 0.2  # ... and at most this share of its seeds may never learn
+BOARD = ("ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm", "no_norm")
+BATCH_STAT = ("batchnorm", "masked_batchnorm", "powernorm")
+
+
+class Records:
+    """One study's per-run records, with the LR each arm was given (selection.json)."""
+
+    def __init__(self, runs: list[dict], selection: dict, e1: list[dict] = ()):
+        self.runs, self.selection, self.e1 = runs, selection, list(e1)
+
+    @classmethod
+    def load(cls, folder: Path) -> "Records":
+        folder = Path(folder)
+        if not (folder / "runs.jsonl").is_file():
+            raise FileNotFoundError(f"{folder}/runs.jsonl not found: score the study first "
+                                    f"(python scripts/score_runs.py {folder})")
+        return cls(read_jsonl(folder / "runs.jsonl"), read_json(folder / "selection.json", {}) or {},
+                   read_jsonl(folder / "e1.jsonl") if (folder / "e1.jsonl").is_file() else [])
+
+    def arm(self, experiment: str, variant: str, warmup: str = "on", lr: float | None = None) -> list[dict]:
+        rows = [r for r in self.runs if experiment in r.get("experiments", [r["experiment"]])
+                and r["variant"] == variant and r["warmup"] == warmup and (lr is None or math.isclose(r["lr"], lr))]
+        return sorted(rows, key=lambda r: (r["lr"], r["seed"]))
+
+    def lrs(self, experiment: str) -> list[float]:
+        return sorted({r["lr"] for r in self.runs if experiment in r.get("experiments", [r["experiment"]])})
+
+    def chosen_lr(self, variant: str, warmup: str = "on") -> float | None:
+        return (self.selection.get(f"tune/{variant}/wu{warmup}") or {}).get("lr")
+
+
+def value(run: dict, field: str = "accuracy", key: str = VAL) -> float:
+    return run.get("scores", {}).get(key, {}).get(field, float("nan"))
+
+
+def outcome_of(run: dict) -> str:
+    return oc.outcome(run.get("curves", {}).get("loss", []), run["status"])
+
+
+def exit_step(run: dict) -> int | None:
+    c = run.get("curves", {})
+    return oc.plateau_exit_step(c.get("step", []), c.get("loss", []))
+
+
+def by_seed(runs: list[dict], fn) -> dict:
+    return {r["seed"]: fn(r) for r in runs}
+
+
+def paired(a: dict, b: dict) -> list[float]:
+    return [a[s] - b[s] for s in sorted(set(a) & set(b))]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Arms and their horizon
+
+
+def arm_summary(runs: list[dict]) -> dict:
+    """Accuracy, loss, outcomes and plateau exits of one arm's runs (one per seed)."""
+    outcomes = [outcome_of(r) for r in runs]
+    exits = [exit_step(r) for r in runs]
+    steps = max((r["curves"]["step"][-1] for r in runs if r.get("curves", {}).get("step")), default=0)
+    acc = np.array([value(r) for r in runs])
+    learned_exits = [e for e in exits if e is not None]
+    return {"n": len(runs), "accuracy": acc, "loss": np.array([value(r, "loss") for r in runs]),
+            "outcomes": {o: outcomes.count(o) for o in oc.OUTCOMES}, "exits": exits, "steps": steps,
+            "median_exit": float(np.median(learned_exits)) if learned_exits else None,
+            "horizon_ok": horizon_ok(exits, outcomes, steps)}
+
+
+def horizon_ok(exits: list, outcomes: list[str], steps: int) -> bool:
+    """The horizon rule: the arm left the plateau early enough, and few of its seeds never learned."""
+    if not exits or not steps:
+        return False
+    never = outcomes.count(oc.NEVER_LEARNED) / len(outcomes)
+    ex = [e if e is not None else math.inf for e in exits]
+    return never <= MAX_NEVER_LEARNED and float(np.median(ex)) <= HORIZON_FRACTION * steps
+
+
+def leaderboard(rec: Records) -> list[dict]:
+    rows = []
+    for variant in BOARD:
+        runs = rec.arm("leaderboard", variant)
+        if runs:
+            rows.append({"variant": variant, "lr": rec.chosen_lr(variant), **arm_summary(runs)})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The A/A control: the test is trusted only if it holds its false-positive rate here
+
+
+def aa_calibration(rec: Records, test: str = "t") -> dict:
+    aa = by_seed(rec.arm("aa", "custom_ln_aa"), value)
+    ln = by_seed(rec.arm("leaderboard", "ln_pre"), value)
+    diffs = paired(aa, ln)
+    est = paired_test(diffs, test)
+    fpr = {t: false_positive_rate(diffs, n_seeds=len(diffs), test=t, reps=1000) for t in ("t", "permutation")}
+    ok = fpr[test] <= ALPHA and not (est.lo > 0 or est.hi < 0)
+    return {"diffs": diffs, "estimate": est, "fpr": fpr, "ok": ok, "test": test if ok else "permutation"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Placement: the largest LR at which a seed learns, and LR sensitivity
+
+
+def largest_lr_by_seed(rec: Records, variant: str, warmup: str, experiment: str = "placement") -> dict:
+    """{seed: log10 of the largest grid LR at which the seed learned}; a quarter decade below the grid if none."""
+    grid = rec.lrs(experiment)
+    out = {}
+    for seed in sorted({r["seed"] for r in rec.arm(experiment, variant, warmup)}):
+        runs = [r for r in rec.arm(experiment, variant, warmup) if r["seed"] == seed]
+        lr = oc.largest_learning_lr({r["lr"]: outcome_of(r) for r in runs})
+        out[seed] = math.log10(lr) if lr else math.log10(min(grid)) - 0.25
+    return out
+
+
+def sensitivity_diffs(rec: Records, a: str, b: str, warmup: str = "off", experiment: str = "placement") -> list:
+    """Per seed, LR sensitivity of arm a minus arm b over the experiment's grid, with one shared reference L*."""
+    runs = {v: rec.arm(experiment, v, warmup) for v in (a, b)}
+    losses = [value(r, "loss") for v in runs.values() for r in v]
+    reference = min((x for x in losses if math.isfinite(x)), default=math.log(2))
+    sens = {}
+    for v, rows in runs.items():
+        sens[v] = {s: oc.lr_sensitivity({r["lr"]: value(r, "loss") if r["status"] == "completed" else math.inf
+                                         for r in rows if r["seed"] == s}, reference)
+                   for s in {r["seed"] for r in rows}}
+    return paired(sens[a], sens[b])
+
+
+def outcome_grid(rec: Records, experiment: str) -> list[dict]:
+    """Per (variant, warmup, lr): how many seeds learned, never learned, diverged."""
+    rows = []
+    keys = sorted({(r["variant"], r["warmup"]) for r in rec.runs if experiment in r.get("experiments", [])})
+    for variant, warmup in keys:
+        for lr in rec.lrs(experiment):
+            outs = [outcome_of(r) for r in rec.arm(experiment, variant, warmup, lr)]
+            if outs:
+                rows.append({"variant": variant, "warmup": warmup, "lr": lr, "n": len(outs),
+                             **{o: outs.count(o) for o in oc.OUTCOMES}})
+    return rows

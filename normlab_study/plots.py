@@ -1,0 +1,91 @@
+"""Study v3's figures, from the records alone. `answer.png` is the one the README opens with."""
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from normlab_study import outcomes as oc  # noqa: E402
+from normlab_study.analysis import Records, leaderboard, outcome_grid  # noqa: E402
+
+LABELS = {"ln_pre": "LayerNorm", "ln_post": "LayerNorm post-LN", "custom_ln": "hand-written LN", "rmsnorm": "RMSNorm",
+          "dyt": "DyT", "batchnorm": "BatchNorm (naive)", "masked_batchnorm": "BatchNorm (masked)",
+          "powernorm": "PowerNorm", "no_norm": "no norm"}
+
+
+def plot_answer(rec: Records, path: Path) -> None:
+    """Left: each norm at its own tuned LR, one dot per seed, mean and 95% t interval. Right: the share of seeds
+    that learn at each LR, post-LN vs pre-LN, with and without warmup."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
+    rows = sorted(leaderboard(rec), key=lambda r: np.nanmean(r["accuracy"]))
+    for i, row in enumerate(rows):
+        acc = row["accuracy"][np.isfinite(row["accuracy"])]
+        left.scatter(acc, np.full(len(acc), i) + np.linspace(-0.15, 0.15, len(acc)), s=10, alpha=0.6)
+        if len(acc) > 1:
+            half = 2.26 * acc.std(ddof=1) / math.sqrt(len(acc))
+            left.errorbar(acc.mean(), i, xerr=half, fmt="ko", ms=4, capsize=3)
+    left.set_yticks(range(len(rows)), [f"{LABELS.get(r['variant'], r['variant'])} (LR {r['lr']:g})" for r in rows])
+    left.axvline(0.509, color="grey", ls=":", lw=1)
+    left.set_xlabel("SST-2 validation accuracy (each norm at its own LR, chosen on dev)")
+    grid = outcome_grid(rec, "placement")
+    for variant, warmup, style in (("ln_post", "off", "r-o"), ("ln_post", "on", "r--o"),
+                                   ("ln_pre", "off", "b-s"), ("ln_pre", "on", "b--s")):
+        pts = [(g["lr"], g[oc.LEARNED] / g["n"]) for g in grid if g["variant"] == variant and g["warmup"] == warmup]
+        if pts:
+            right.plot(*zip(*pts), style, label=f"{'post' if variant == 'ln_post' else 'pre'}-LN, warmup {warmup}")
+    right.set_xscale("log")
+    right.set_xlabel("peak learning rate")
+    right.set_ylabel("share of seeds that learn")
+    right.legend(fontsize=8)
+    fig.suptitle("Which norm, and where? (6-layer width-64 encoder, 320 steps on SST-2, 10 seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_curves(rec: Records, path: Path) -> None:
+    """Train loss (20-step moving mean, mean over seeds) of every leaderboard arm: when each leaves ln 2."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for row in leaderboard(rec):
+        runs = [r for r in rec.arm("leaderboard", row["variant"]) if r.get("curves", {}).get("loss")]
+        n = min(len(r["curves"]["loss"]) for r in runs) if runs else 0
+        if n:
+            mean = np.nanmean([oc.smooth(r["curves"]["loss"][:n]) for r in runs], axis=0)
+            ax.plot(runs[0]["curves"]["step"][:n], mean, label=LABELS.get(row["variant"], row["variant"]))
+    ax.axhline(oc.PLATEAU - oc.MARGIN, color="grey", ls=":", lw=1)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("train loss (moving mean)")
+    ax.set_ylim(0.2, 0.8)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_sweep(rec: Records, path: Path) -> None:
+    """Mean dev loss against the LR in the tuning sweep, per arm: where each arm's LR was chosen."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for key, chosen in sorted(rec.selection.items()):
+        xs = sorted(float(lr) for lr in chosen["dev_loss"])
+        ys = [min(chosen["dev_loss"][f"{x:g}"], 1.0) for x in xs]
+        variant = key.split("/")[1]
+        line, = ax.plot(xs, ys, "-o", ms=3, label=LABELS.get(variant, variant))
+        ax.plot([chosen["lr"]], [min(chosen["dev_loss"][f"{chosen['lr']:g}"], 1.0)], "*", ms=12, color=line.get_color())
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("mean dev loss (capped at 1; a diverged run is off the chart)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def all_figures(rec: Records, out: Path) -> list[str]:
+    figures = {"answer.png": plot_answer, "curves.png": plot_curves, "sweep.png": plot_sweep}
+    for name, plot in figures.items():
+        plot(rec, out / name)
+    return list(figures)

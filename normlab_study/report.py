@@ -1,0 +1,164 @@
+"""Study v3's report: report.md and its figures, regenerated from the committed records alone.
+
+    python scripts/report.py studies/quick --out docs/study-v3    # a scored study; copies its records to --out
+    python scripts/report.py docs/study-v3                         # regenerate from the committed records
+"""
+
+import gzip
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from common.io import atomic_write_json, read_json
+from normlab_study import outcomes as oc
+from normlab_study import plots
+from normlab_study.analysis import BATCH_STAT, Records, leaderboard, outcome_grid, value
+from normlab_study.hypotheses import flip_table, verdicts
+
+RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
+
+
+def copy_records(study_dir: Path, out: Path) -> None:
+    """The study's records, each joined with the provenance study.json keeps for its run (the experiments that
+    use it, commit, machine, start time), and the LR selection and E1 rows, into `out`."""
+    study = read_json(study_dir / "study.json")
+    runs = [json.loads(line) for line in (study_dir / "runs.jsonl").read_text().splitlines()]
+    with gzip.open(out / RECORDS, "wt") as f:
+        for r in runs:
+            entry = study["runs"].get(r["name"], {})
+            r.update({k: entry[k] for k in ("experiments", "commit", "machine", "started_at") if k in entry})
+            for key, score in r.get("scores", {}).items():
+                if key.startswith("dev/"):
+                    score.pop("pred", None)  # dev only chooses LRs, by its loss
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    for name in ("selection.json", "e1.jsonl", "labels.json"):
+        if (study_dir / name).is_file():
+            shutil.copyfile(study_dir / name, out / name)
+    calls = study.get("invocations", [])
+    atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": calls}, indent=1)
+
+
+def load(folder: Path) -> Records:
+    folder = Path(folder)
+    with gzip.open(folder / RECORDS, "rt") as f:
+        runs = [json.loads(line) for line in f]
+    e1 = [json.loads(x) for x in (folder / "e1.jsonl").read_text().splitlines()] if (folder / "e1.jsonl").is_file() else []
+    return Records(runs, read_json(folder / "selection.json", {}) or {}, e1)
+
+
+def _ci(values) -> str:
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
+    if len(x) < 2:
+        return "n/a"
+    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    return f"{x.mean():.3f} ± {half:.3f}"
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+           ["| " + " | ".join(str(c) for c in row) + " |" for row in rows] + [""]
+
+
+def verdict_lines(aa: dict, hyps: list) -> list[str]:
+    est = aa["estimate"]
+    lines = ["## Calibration: the A/A control", "",
+             f"The hand-written LayerNorm against torch's, at the same LR and seeds (the same model): mean paired "
+             f"accuracy difference {est.fmt()}. Resampling its {est.n} per-seed differences, the paired t test calls "
+             f"it significant {aa['fpr']['t']:.1%} of the time at alpha 0.05, the sign-flip permutation test "
+             f"{aa['fpr']['permutation']:.1%}. Test used below for continuous quantities: **{aa['test']}**"
+             f"{'' if aa['ok'] else ' (the t test failed the calibration rule)'}.", "",
+             "## Verdicts", ""]
+    rows = [[h.id + ("" if h.primary else " (secondary)"), h.claim, h.estimate.fmt(), h.test,
+             f"{h.p_adjusted:.3g}" if h.primary else "", f"**{h.verdict}**"] for h in hyps]
+    return lines + _table(["id", "prediction: quantity", "estimate [95% CI] (p, n)", "test", "p (Holm)", "verdict"],
+                          rows)
+
+
+def leaderboard_lines(rec: Records) -> list[str]:
+    rows = [[plots.LABELS.get(r["variant"], r["variant"]), f"{r['lr']:g}" if r["lr"] else "?",
+             _ci(r["accuracy"]), _ci(r["loss"]),
+             " / ".join(str(r["outcomes"][o]) for o in oc.OUTCOMES),
+             f"{r['median_exit']:.0f}" if r["median_exit"] else "never", "yes" if r["horizon_ok"] else "**no**"]
+            for r in sorted(leaderboard(rec), key=lambda r: -np.nanmean(r["accuracy"]))]
+    return ["## Which norm? Every arm at its own LR", "",
+            "Each arm's LR was chosen on the dev split from the sweep (figure `sweep.png`); accuracy and loss are on "
+            "validation, mean ± 95% t half-width over seeds. Outcomes: learned / never learned / diverged. Plateau "
+            "exit: median step at which the 20-step mean train loss fell below ln 2 - 0.05 (`curves.png`).", ""] + \
+        _table(["norm", "LR", "val accuracy", "val loss", "outcomes", "plateau exit", "horizon ok"], rows)
+
+
+def placement_lines(rec: Records) -> list[str]:
+    lrs = rec.lrs("placement") + [lr for lr in rec.lrs("placement_more") if lr not in rec.lrs("placement")]
+    rows = {}
+    for exp in ("placement", "placement_more"):
+        for g in outcome_grid(rec, exp):
+            rows.setdefault((g["variant"], g["warmup"]), {})[g["lr"]] = f"{g[oc.LEARNED]}/{g['n']}" + \
+                (f" ({g[oc.DIVERGED]} div)" if g[oc.DIVERGED] else "")
+    table = [[v, w] + [cells.get(lr, "") for lr in sorted(lrs)] for (v, w), cells in sorted(rows.items())]
+    return ["## Placement: how large an LR still learns", "",
+            "Seeds that learned / seeds run, per LR (diverged runs in brackets; the rest never left the plateau).", ""] + \
+        _table(["arm", "warmup"] + [f"{lr:g}" for lr in sorted(lrs)], table)
+
+
+def batching_lines(rec: Records) -> list[str]:
+    rows = []
+    for norm in ("ln_pre",) + BATCH_STAT:
+        cells = [plots.LABELS.get(norm, norm), _ci([value(r) for r in rec.arm("leaderboard", norm)][:5])]
+        for suffix in ("grouped", "b8"):
+            cells.append(_ci([value(r) for r in rec.arm("batching", f"{norm}-{suffix}")]))
+        rows.append(cells)
+    flips = [[f["norm"], f["mode"], sum(f["padding"]), sum(f["composition"]), len(f["padding"])]
+             for f in flip_table(rec)]
+    gaps = []
+    for norm in BATCH_STAT:
+        found = [r["running_stats"] for r in rec.arm("leaderboard", norm) if "running_stats" in r]
+        if found:
+            gaps.append([norm, _ci([np.mean(s["log_var_ratio"]) for s in found]),
+                         _ci([s["log_var_ratio"][0] for s in found])])
+    return (["## BatchNorm, padding and batch size", "",
+             "Validation accuracy (running statistics, seeds 0-4) on random batches of 32, length-grouped batches of "
+             "32, and random batches of 8 (LR x 0.5 for every norm):", ""]
+            + _table(["norm", "random, 32", "grouped, 32", "random, 8"], rows)
+            + ["Prediction flips on validation, summed over the 10 leaderboard seeds: *padding* = the same batches "
+               "padded to their longest vs to 40 tokens; *composition* = length-sorted vs shuffled batches.", ""]
+            + _table(["norm", "statistics", "padding flips", "composition flips", "runs"], flips)
+            + ["Running statistics against the real tokens' statistics at the end of training: |log variance "
+               "ratio|, averaged over every norm layer and in the first layer only.", ""]
+            + _table(["norm", "all layers", "first layer"], gaps))
+
+
+def write_markdown(rec: Records, meta: dict) -> str:
+    aa, hyps = verdicts(rec)
+    calls = meta.get("invocations", [])
+    lines = ["# Study v3: report", "",
+             "Generated by `python scripts/report.py docs/study-v3` from the committed records alone. Predictions: "
+             "[predictions.md](predictions.md), committed before the runs.", "",
+             f"- {len(rec.runs)} training runs; commits {', '.join(sorted({c['commit'] or '?' for c in calls})) or '?'}; "
+             f"{'; '.join(sorted({c['machine'] for c in calls})) or '?'}",
+             f"- Wall time of training: {sum(c['wall_s'] for c in calls) / 60:.1f} min "
+             f"({sum(c['cpu_s'] for c in calls) / 60:.1f} CPU-minutes); commands: "
+             + " ; ".join(f"`{c['command']}`" for c in calls), "", "![answer](answer.png)", ""]
+    lines += verdict_lines(aa, hyps) + leaderboard_lines(rec) + placement_lines(rec) + batching_lines(rec)
+    return "\n".join(lines + SCALE) + "\n"
+
+
+SCALE = ["## Scale", "",
+         "A 6-layer, width-64 encoder trained for 320 steps on 10,240 SST-2 sentences on a CPU. The papers: Xiong et "
+         "al. (2020) 6-24-layer Transformers (translation, BERT); Shen et al. (2020) translation Transformers; "
+         "Wortsman et al. (2023) up to 1.2B parameters; arXiv 2604.23434 GPT-2 64M on 1M tokens. What is not "
+         "separated here is a result at this scale, not evidence about theirs."]
+
+
+def make_report(source: Path, out: Path | None = None) -> Path:
+    source, out = Path(source), Path(out or source)
+    out.mkdir(parents=True, exist_ok=True)
+    if (source / "study.json").is_file():
+        copy_records(source, out)
+    rec = load(out)
+    plots.all_figures(rec, out)
+    (out / "report.md").write_text(write_markdown(rec, read_json(out / "meta.json", {}) or {}))
+    return out / "report.md"
