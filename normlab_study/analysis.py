@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 
 from common.io import read_json, read_jsonl
-from common.stats import holm
 from normlab_study import outcomes as oc
 from normlab_study.seedstats import Paired, false_positive_rate, paired_test
 

@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.stats import holm
 from normlab_study.analysis import (ALPHA, BATCH_STAT, Records, aa_calibration, arm_summary, by_seed, largest_lr_by_seed,
                                     paired, sensitivity_diffs, value)
-from normlab_study.seedstats import Paired, paired_test
+from normlab_study.seedstats import Paired, holm, paired_test
 
 EQUIVALENCE = 0.02  # S1, S2: "matches" = the whole interval within +-0.02 accuracy
 
@@ -87,7 +86,24 @@ def secondary(rec: Records, test: str) -> list[Hypothesis]:
                    paired(more("sandwich"), pre_off), "wilcoxon", +1),
         Hypothesis("S8c", "DeepNorm learns at larger LRs than post-LN: log10 LR, deepnorm - post",
                    paired(more("deepnorm"), post_off), "wilcoxon", +1),
-    ]
+    ] + e1_hypotheses(rec, test)
+
+
+def e1_hypotheses(rec: Records, test: str) -> list[Hypothesis]:
+    """E1 (no training), at the deepest model: Xiong 2020's gradient growth toward the output under post-LN, and
+    DeepNet's larger early update of post-LN than of DeepNorm."""
+    if not rec.e1:
+        return []
+    depth = max(r["depth"] for r in rec.e1)
+    rows = {p: {r["seed"]: r for r in rec.e1 if r["placement"] == p and r["depth"] == depth}
+            for p in ("post", "pre", "deepnorm")}
+    grad = {p: {s: math.log(r["grad_norm"][-1] / r["grad_norm"][0]) for s, r in rows[p].items()} for p in rows}
+    change = {p: {s: math.log(r["output_change"][-1]) for s, r in rows[p].items()} for p in rows}
+    return [Hypothesis("E1a", f"at init post-LN's gradients grow toward the output more than pre-LN's (Xiong 2020): "
+                       f"log(g_last / g_first), post - pre, depth {depth}", paired(grad["post"], grad["pre"]), test, +1),
+            Hypothesis("E1b", f"post-LN's 10-step output change is larger than DeepNorm's (Wang et al. 2022): "
+                       f"log change, post - deepnorm, depth {depth}", paired(change["post"], change["deepnorm"]),
+                       test, +1)]
 
 
 def drift(rec: Records, variant: str) -> dict:

@@ -16,7 +16,7 @@ from scipy import stats
 from common.io import atomic_write_json, read_json
 from normlab_study import outcomes as oc
 from normlab_study import plots
-from normlab_study.analysis import BATCH_STAT, Records, leaderboard, outcome_grid, value
+from normlab_study.analysis import BATCH_STAT, DEV, Records, leaderboard, outcome_grid, outcome_of, value
 from normlab_study.hypotheses import flip_table, verdicts
 
 RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
@@ -25,6 +25,9 @@ RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and pred
 def copy_records(study_dir: Path, out: Path) -> None:
     """The study's records, each joined with the provenance study.json keeps for its run (the experiments that
     use it, commit, machine, start time), and the LR selection and E1 rows, into `out`."""
+    if not (study_dir / "runs.jsonl").is_file():
+        raise FileNotFoundError(f"{study_dir}/runs.jsonl not found: score the study first "
+                                f"(python scripts/score_runs.py {study_dir})")
     study = read_json(study_dir / "study.json")
     runs = [json.loads(line) for line in (study_dir / "runs.jsonl").read_text().splitlines()]
     with gzip.open(out / RECORDS, "wt") as f:
@@ -153,12 +156,32 @@ SCALE = ["## Scale", "",
          "separated here is a result at this scale, not evidence about theirs."]
 
 
-def make_report(source: Path, out: Path | None = None) -> Path:
+def log_to_wandb(rec: Records, out: Path, meta: dict, figures: list[str], mode: str) -> dict | None:
+    """The report as a W&B run in the study's group: every run a row, the verdicts a table, the figures images."""
+    from common.wandb_report import log_study
+
+    fields = ("name", "experiment", "variant", "lr", "warmup", "seed", "status", "norm", "placement", "commit")
+    rows = [{**{k: r.get(k) for k in fields}, "outcome": outcome_of(r), "val_accuracy": value(r),
+             "val_loss": value(r, "loss"), "dev_loss": value(r, "loss", DEV)} for r in rec.runs]
+    _, hyps = verdicts(rec)
+    table = [{"id": h.id, "claim": h.claim, "estimate": h.estimate.fmt(4), "test": h.test, "p_holm": h.p_adjusted,
+              "verdict": h.verdict} for h in hyps]
+    images = {name.removesuffix(".png"): out / name for name in figures}
+    return log_study(out, meta.get("name") or out.name, rows, {}, table, images, mode)
+
+
+def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabled") -> Path:
     source, out = Path(source), Path(out or source)
     out.mkdir(parents=True, exist_ok=True)
     if (source / "study.json").is_file():
         copy_records(source, out)
+    if not (out / RECORDS).is_file():
+        raise FileNotFoundError(f"{out / RECORDS} not found: give a scored study directory (after "
+                                f"scripts/score_runs.py) or a folder of committed records")
     rec = load(out)
-    plots.all_figures(rec, out)
-    (out / "report.md").write_text(write_markdown(rec, read_json(out / "meta.json", {}) or {}))
+    figures = plots.all_figures(rec, out)
+    meta = read_json(out / "meta.json", {}) or {}
+    (out / "report.md").write_text(write_markdown(rec, meta))
+    if wandb_mode != "disabled":
+        log_to_wandb(rec, out, meta, figures, wandb_mode)
     return out / "report.md"

@@ -117,3 +117,13 @@ def binomial_interval(k: int, n: int, conf: float = 0.95) -> tuple[float, float]
         return float("nan"), float("nan")
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=conf, method="exact")
     return float(ci.low), float(ci.high)
+
+
+def holm(pvalues: dict) -> dict:
+    """Holm-adjusted p values (step-down, monotone), same keys; NaN p values stay NaN and are not counted."""
+    finite = sorted((p, k) for k, p in pvalues.items() if np.isfinite(p))
+    m, running, out = len(finite), 0.0, {k: float("nan") for k in pvalues}
+    for i, (p, k) in enumerate(finite):
+        running = max(running, min(1.0, (m - i) * p))
+        out[k] = running
+    return out

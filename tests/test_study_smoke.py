@@ -1,5 +1,6 @@
-"""The whole study pipeline on tiny data, for real: study.py trains a miniature of the quick preset's experiments
-(train.py processes), runs E1 (init_study.py), scores every final model (score_runs.py) and writes the report."""
+"""The whole study pipeline on tiny data, for real: study.py trains a miniature of the quick preset's stages (an LR
+sweep, the choice on dev, runs at the chosen LRs and the A/A arm, in warm workers), runs E1 (init_study.py),
+scores every final model (score_runs.py) and writes the report."""
 
 import json
 import sys
@@ -26,15 +27,21 @@ overrides:
   train.batch_size: 16
   train.epochs: 1
   wandb.mode: disabled
+share_runs: true
 experiments:
-  e2:
-    variants: {post_ln: {config: post_ln}, pre_ln: {config: pre_ln}}
-    lr: [1.0e-2]
-    warmup: {off: 0}
+  tune:
+    variants: {ln_pre: {config: pre_ln}, batchnorm: {config: batchnorm}}
+    lr: [1.0e-3, 1.0e-2]
+    warmup: {on: 2}
+    seeds: [100]
+  leaderboard:
+    variants: {ln_pre: {config: pre_ln}, batchnorm: {config: batchnorm}}
+    lr: {best_of: tune}
+    warmup: {on: 2}
     seeds: [0]
-  e3:
-    variants: {batchnorm-random: {config: batchnorm}}
-    lr: [1.0e-3]
+  aa:
+    variants: {custom_ln_aa: {config: custom_ln, tune: ln_pre}}
+    lr: {best_of: tune}
     warmup: {on: 2}
     seeds: [0]
 init: {placements: [post, pre, deepnorm], depths: [2, 3], seeds: [0], adam_steps: 2, lr: 1.0e-3,
@@ -49,8 +56,13 @@ def test_tiny_study_trains_scores_and_reports(tmp_path):
     study_dir = tmp_path / "st"
     assert study.main(["--preset", str(preset), "--study-dir", str(study_dir), "--parallel", "2"]) == 0
     runs = [json.loads(x) for x in (study_dir / "runs.jsonl").read_text().splitlines()]
-    assert sorted(r["name"] for r in runs) == ["e2-post_ln-lr0.01-wuoff-s0", "e2-pre_ln-lr0.01-wuoff-s0",
-                                               "e3-batchnorm-random-lr0.001-wuon-s0"]
+    selection = json.loads((study_dir / "selection.json").read_text())
+    assert set(selection) == {"tune/ln_pre/wuon", "tune/batchnorm/wuon"}
+    best = {k.split("/")[1]: f"{v['lr']:g}" for k, v in selection.items()}
+    assert sorted(r["name"] for r in runs) == sorted(
+        [f"{v}-lr{lr}-wuon-s100" for v in ("ln_pre", "batchnorm") for lr in ("0.001", "0.01")]
+        + [f"ln_pre-lr{best['ln_pre']}-wuon-s0", f"batchnorm-lr{best['batchnorm']}-wuon-s0",
+           f"custom_ln_aa-lr{best['ln_pre']}-wuon-s0"])
     labels = json.loads((study_dir / "labels.json").read_text())
     assert len(labels["dev"]) == 40 and len(labels["val"]) == 872  # scoring uses the whole validation split
     for r in runs:
@@ -69,4 +81,5 @@ def test_tiny_study_trains_scores_and_reports(tmp_path):
     e1 = [json.loads(x) for x in (study_dir / "e1.jsonl").read_text().splitlines()]
     assert len(e1) == 3 * 2 and {len(r["output_change"]) for r in e1} == {2}
     text = (study_dir / "report.md").read_text()
-    assert "## E1" in text and "## E2" in text and "## E3" in text and "| P3 |" in text
+    assert "## Calibration: the A/A control" in text and "| P4 |" in text and "| E1a (secondary) |" in text
+    assert (study_dir / "answer.png").is_file() and (study_dir / "runs.jsonl.gz").is_file()

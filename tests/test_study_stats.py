@@ -83,3 +83,9 @@ def test_seeds_needed_matches_the_normal_approximation_and_grows_for_small_effec
     assert ss.seeds_needed(0.04, 0.02) > ss.seeds_needed(0.04, 0.04) > ss.seeds_needed(0.04, 0.08)
     lo, hi = ss.binomial_interval(7, 10)
     assert lo < 0.7 < hi and ss.binomial_interval(0, 10)[0] == 0.0
+
+
+def test_holm_steps_down_and_stays_monotone():
+    adjusted = ss.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": float("nan")})
+    assert adjusted["a"] == pytest.approx(0.03) and adjusted["c"] == pytest.approx(0.06)
+    assert adjusted["b"] == pytest.approx(0.06) and math.isnan(adjusted["d"])  # max(0.06, 1 x 0.04)
