@@ -314,8 +314,11 @@ def train(cfg: dict, variant: str | None = None) -> int:
         run.progress.close()
         finish(run, status)
         return EXIT_OK
-    except WriteError as err:
-        record_failure(accelerator, cfg, run, err)
+    except WriteError as err:  # summary.json says so if it still can; the error names the last complete checkpoint
+        if run is not None:
+            run.progress.close()
+        if accelerator.is_main_process:
+            record_write_failure(cfg["output_dir"], err, **({"step": run.state.step} if run else {}))
         raise
     finally:
         accelerator.end_training()
@@ -662,18 +665,6 @@ def finish(run: Run, status: str) -> None:
         run.writer.close()
     if status != "completed":
         acc.print(f"run {status} at step {st.step}; state kept in {summary['last_checkpoint']}", file=sys.stderr)
-
-
-def record_failure(accelerator, cfg: dict, run: Run | None, error: WriteError) -> None:
-    """A refused write ends the run: summary.json says so if it still can, and the error names the last complete
-    checkpoint, from which train.resume=auto continues."""
-    if run is not None:
-        run.progress.close()
-        if run.writer is not None:
-            run.writer.close()
-    if accelerator.is_main_process:
-        where = {"step": run.state.step, "total_steps": run.total_steps, "epoch": run.state.epoch} if run else {}
-        record_write_failure(cfg["output_dir"], error, **where)
 
 
 def _init_trackers(accelerator, cfg: dict, wandb_mode: str, run_id: str, variant: str | None) -> bool:

@@ -262,5 +262,6 @@ def load_checkpoint(accelerator, path) -> dict:
 __all__ = [
     "CheckpointError", "CHECKPOINTS", "TRAINER_STATE", "replace_dir", "atomic_dir", "checkpoints_root",
     "list_checkpoints", "validate_checkpoint", "find_latest_checkpoint", "resolve_resume", "capture_rng_state",
-    "restore_rng_state", "mid_epoch_rng", "restore_after_first", "save_checkpoint", "load_checkpoint", "record_write_failure",
+    "restore_rng_state", "mid_epoch_rng", "restore_after_first", "save_checkpoint", "load_checkpoint",
+    "record_write_failure",
 ]

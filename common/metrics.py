@@ -296,7 +296,8 @@ class MetricsWriter:
         atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))  # as `write` wrote them
 
     def write(self, row: dict) -> None:
-        with guarded_write("metrics.jsonl", self.path):  # a refused write: WriteError (common.writes)
+        # a refused write: WriteError (common.writes), and the file closed (its buffer would fail again at exit)
+        with guarded_write("metrics.jsonl", self.path, cleanup=self.close):
             self.file.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
             self.file.flush()
 
