@@ -4,9 +4,10 @@ atomically and checked when read; a damaged entry (a truncated or altered file) 
 it, never a traceback or a parser's message.
 
 A folder entry is filled in a temporary sibling folder, gets MANIFEST (every file's size and sha256) last, and is
-renamed into place: an entry whose files do not match its manifest, or that has none, is damaged.
+renamed into place: an entry whose files do not match its manifest, or that does not load, is damaged.
 """
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -44,11 +45,14 @@ def _manifest(folder: Path) -> dict:
 
 
 def folder_problem(folder) -> str | None:
-    """What is wrong with a folder entry (None: nothing)."""
+    """What is wrong with a folder entry (None: nothing). An entry without a manifest (written before manifests
+    existed, renamed into place whole all the same) has nothing to compare: loading it is its check."""
     folder = Path(folder)
+    if not (folder / MANIFEST).exists():
+        return None
     manifest = read_json(folder / MANIFEST)
     if not isinstance(manifest, dict):
-        return f"{MANIFEST} missing or unreadable: an interrupted write, or one by an older NormLab"
+        return f"{MANIFEST} is unreadable"
     for name, recorded in manifest.items():
         f = folder / name
         if not f.is_file():
@@ -95,9 +99,14 @@ def cached_folder(final, make, save, load, what: str):
         problem = folder_problem(final)
         if problem is None:
             try:
-                return load(final)
+                obj = load(final)
             except Exception as e:  # noqa: BLE001 - whatever the files hold, the entry can be rebuilt
                 problem = short(e)
+            else:
+                if not (final / MANIFEST).exists():  # an older entry that loads: checked from now on
+                    with contextlib.suppress(OSError):
+                        atomic_write_json(final / MANIFEST, _manifest(final))
+                return obj
         warn_rebuilding(what, final, problem)
         discard(final)
     obj = make()

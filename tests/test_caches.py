@@ -47,7 +47,9 @@ def tokenizer_entry(cache):
 DAMAGE = {
     "truncated tokenizer.json": lambda entry: truncate(entry / "tokenizer.json"),
     "a file missing": lambda entry: (entry / "tokenizer_config.json").unlink(),
-    "no manifest (an interrupted write)": lambda entry: (entry / MANIFEST).unlink(),
+    "an unreadable manifest": lambda entry: truncate(entry / MANIFEST),
+    "no manifest (an older entry) and a truncated tokenizer.json": lambda entry: (
+        (entry / MANIFEST).unlink(), truncate(entry / "tokenizer.json")),
     "a changed vocabulary that still parses": lambda entry: (entry / "tokenizer.json").write_text(
         (entry / "tokenizer.json").read_text().replace('"vocab": {', '"vocab": {"zz": 119, ', 1)),
 }
@@ -68,6 +70,18 @@ def test_a_damaged_tokenizer_cache_is_rebuilt_with_one_warning(damage, private_c
 
     get_tokenizer(CFG, TEXTS)  # rebuilt once: read from the cache from now on, quietly
     assert not warnings_in(capsys.readouterr().err)
+
+
+def test_an_older_tokenizer_cache_entry_that_loads_is_kept_and_checked_from_then_on(private_cache, capsys):
+    first = get_tokenizer(CFG, TEXTS)
+    entry = tokenizer_entry(private_cache)
+    (entry / MANIFEST).unlink()  # as written before manifests existed
+    again = get_tokenizer(CFG, TEXTS)
+    assert not warnings_in(capsys.readouterr().err) and (entry / MANIFEST).is_file()
+    assert again.backend_tokenizer.to_str() == first.backend_tokenizer.to_str()
+    truncate(entry / "tokenizer_config.json")
+    get_tokenizer(CFG, TEXTS)
+    assert "tokenizer_config.json has changed" in "".join(warnings_in(capsys.readouterr().err))
 
 
 def test_a_tokenizer_cache_the_disk_refuses_leaves_nothing_and_the_run_goes_on(private_cache, monkeypatch, capsys):
