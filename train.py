@@ -11,7 +11,9 @@ The run directory (README): config.yaml, metrics.jsonl, summary.json, checkpoint
 
 Exit codes: 0 when the run ended with a summary.json (status completed, diverged, or interrupted by
 SIGTERM/SIGINT after saving a checkpoint: a diverged run is a result, not a crash); 2 for bad input (config, data,
-checkpoint, run directory: one line on stderr, nothing deleted; `--debug` shows the traceback); 1 for a crash.
+checkpoint, run directory: one line on stderr, nothing deleted; `--debug` shows the traceback); 3 for a write the
+filesystem refused (full disk, no permission, read-only: one line saying what, where, why and what to do; the last
+complete checkpoint is intact and `train.resume=auto` continues once the cause is fixed); 1 for a crash.
 """
 
 import math
@@ -32,10 +34,11 @@ from transformers import get_scheduler
 from common import wandb_run
 from common.checkpointing import (
     CheckpointError,
+    atomic_dir,
     list_checkpoints,
     load_checkpoint,
     mid_epoch_rng,
-    replace_dir,
+    record_write_failure,
     resolve_resume,
     restore_after_first,
     save_checkpoint,
@@ -49,10 +52,11 @@ from common.metrics import MetricsWriter, StabilityProbe
 from common.optim import adamw
 from common.stability import LossSpikeDetector
 from common.step import train_step
+from common.writes import WriteError, check_writable_dir, guarded_write
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
 from model.norms import BatchStatNorm, set_batch_stats_in_eval
 
-EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT, EXIT_WRITE_FAILED = 0, 1, 2, 3
 # Keys that may change when a run is resumed; any other difference from the checkpoint's config is an error.
 RESUMABLE_CHANGES = ("train.resume", "train.max_steps", "train.epochs", "train.eval_steps", "train.save_steps",
                      "train.log_steps", "train.save_total_limit", "train.compile", "train.cpu_threads",
@@ -65,6 +69,11 @@ def main(argv=None) -> int:
         config_file, overrides, debug = parse_cli(argv)
         cfg = load_config(config_file, overrides)
         return train(cfg, variant=Path(config_file).stem if config_file else None)
+    except WriteError as e:  # a full disk, no permission: what, where, why, and what to do
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_WRITE_FAILED
     except ValueError as e:  # ConfigError, DataError, CheckpointError and the model's own ValueErrors
         if debug:
             raise
@@ -220,17 +229,13 @@ def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
     """output_dir/final: an HF directory (config, safetensors, tokenizer, model card), written to a temporary
     folder and renamed, so `final` only ever exists complete. Collective (get_state_dict gathers under FSDP)."""
     out = Path(cfg["output_dir"])
-    final, tmp = out / "final", out / ".tmp-final"
+    final = out / "final"
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        if tmp.exists():
-            import shutil
-
-            shutil.rmtree(tmp)
-        accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict)
-        tokenizer.save_pretrained(tmp)
-        atomic_write_text(tmp / "README.md", model_card(cfg, summary))
-        replace_dir(tmp, final)
+        with atomic_dir(final, "the final model") as tmp:
+            accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict)
+            tokenizer.save_pretrained(tmp)
+            atomic_write_text(tmp / "README.md", model_card(cfg, summary))
     accelerator.wait_for_everyone()
     return final
 
@@ -238,7 +243,9 @@ def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
 def write_summary(accelerator, cfg: dict, summary: dict, wandb_on: bool) -> None:
     if not accelerator.is_main_process:
         return
-    atomic_write_json(Path(cfg["output_dir"]) / "summary.json", summary)
+    path = Path(cfg["output_dir"]) / "summary.json"
+    with guarded_write("summary.json", path):
+        atomic_write_json(path, summary)
     if wandb_on:
         wandb_run.write_summary(accelerator.get_tracker("wandb", unwrap=True), summary)
 
@@ -299,6 +306,7 @@ def train(cfg: dict, variant: str | None = None) -> int:
 
     kernels = normlab_kernels.enable(cfg["train"]["kernels"], accelerator.device)
     set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
+    run = None
     try:
         run = setup(cfg, accelerator, resume_path, wandb_mode, variant, kernels)
         with StopSignal().installed() as stop:
@@ -306,6 +314,12 @@ def train(cfg: dict, variant: str | None = None) -> int:
         run.progress.close()
         finish(run, status)
         return EXIT_OK
+    except WriteError as err:  # summary.json says so if it still can; the error names the last complete checkpoint
+        if run is not None:
+            run.progress.close()
+        if accelerator.is_main_process:
+            record_write_failure(cfg["output_dir"], err, **({"step": run.state.step} if run else {}))
+        raise
     finally:
         accelerator.end_training()
 
@@ -316,6 +330,7 @@ def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
     t, out = cfg["train"], Path(cfg["output_dir"])
     if not isinstance(t["save_total_limit"], int) or t["save_total_limit"] < 1:
         raise ConfigError(f"train.save_total_limit={t['save_total_limit']!r} must be an integer >= 1")
+    check_writable_dir(out)
     check_output_dir(cfg)
     resume_path, notices = resolve_resume(t["resume"], out)
     if resume_path is not None:
@@ -501,8 +516,9 @@ def open_run_dir(run: Run, wandb_mode: str, variant: str | None) -> None:
     """config.yaml, metrics.jsonl (rewound to the checkpoint when resuming) and the trackers."""
     out, acc = Path(run.cfg["output_dir"]), run.accelerator
     if acc.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        save_config(run.cfg, out / "config.yaml")
+        with guarded_write("config.yaml", out / "config.yaml"):
+            out.mkdir(parents=True, exist_ok=True)
+            save_config(run.cfg, out / "config.yaml")
         run.writer = MetricsWriter(out / "metrics.jsonl", resume_step=run.state.step if run.resumed else None)
     run.wandb_on = _init_trackers(acc, run.cfg, wandb_mode, run.state.wandb_run_id, variant)
     if run.wandb_on and acc.is_main_process:

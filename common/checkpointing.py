@@ -7,18 +7,23 @@ detector, best metric, and the size of every file, so a truncated file is caught
 Atomicity: everything is written into `checkpoints/.tmp-step_N/` and renamed to `step_N/` only once complete
 (a rename within one directory is atomic on POSIX). A kill during a save leaves a `.tmp-*` folder that is never
 read and is removed by the next save; the previous checkpoint stays intact. `final/` is written the same way.
+A write the filesystem refuses (full disk, no permission) removes the temporary folder at once and raises
+common.writes.WriteError; `record_write_failure` then puts status `failed` in summary.json if it still can.
 """
 
+import errno
 import os
 import random
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from common.io import atomic_write_json, read_json
+from common.writes import WriteError, guarded_write
 
 CHECKPOINTS = "checkpoints"
 TRAINER_STATE = "trainer_state.json"
@@ -60,6 +65,19 @@ def replace_dir(tmp: Path, final: Path) -> None:
     _fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def atomic_dir(final: Path, what: str):
+    """Yields an empty temporary folder next to `final`, which becomes `final` once the block completes. A
+    refused write removes the temporary folder and raises WriteError(what); an older `final` stays as it was."""
+    tmp = final.with_name(f".tmp-{final.name}")
+    remove = lambda: shutil.rmtree(tmp, ignore_errors=True)  # noqa: E731
+    with guarded_write(what, final, cleanup=remove):
+        remove()  # left by a kill during an earlier write
+        tmp.mkdir(parents=True)
+        yield tmp
+        replace_dir(tmp, final)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -186,19 +204,22 @@ def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, kee
     root = checkpoints_root(output_dir)
     final = root / f"step_{step}"
     tmp = root / f".tmp-step_{step}"
-    if accelerator.is_main_process:
-        for stale in root.glob(".tmp-step_*") if root.is_dir() else []:
-            shutil.rmtree(stale, ignore_errors=True)  # left by a kill during an earlier save
-    accelerator.wait_for_everyone()
-    tmp.mkdir(parents=True, exist_ok=True)
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        state = {"format": STATE_FORMAT, **trainer_state, "files": _file_sizes(tmp)}
-        atomic_write_json(tmp / TRAINER_STATE, state)  # written last: its presence marks a complete checkpoint
-        replace_dir(tmp, final)
+    # A refused write (full disk, no permission) removes the half-written folder and raises WriteError; the
+    # previous checkpoints are untouched.
+    with guarded_write(f"checkpoint step_{step}", final, cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True)):
+        if accelerator.is_main_process:
+            for stale in root.glob(".tmp-step_*") if root.is_dir() else []:
+                shutil.rmtree(stale, ignore_errors=True)  # left by a kill during an earlier save
+        accelerator.wait_for_everyone()
+        tmp.mkdir(parents=True, exist_ok=True)
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            state = {"format": STATE_FORMAT, **trainer_state, "files": _file_sizes(tmp)}
+            atomic_write_json(tmp / TRAINER_STATE, state)  # written last: its presence marks a complete checkpoint
+            replace_dir(tmp, final)
         # Keep the newest `keep` up to this step. Newer ones belong to a timeline abandoned by resuming from an
         # older checkpoint (metrics.jsonl was rewound too), so they go.
         checkpoints = list_checkpoints(output_dir)
@@ -208,6 +229,20 @@ def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, kee
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def record_write_failure(output_dir, error: WriteError, **fields) -> None:
+    """After a refused write: name the last complete checkpoint in `error`, and record the failure in summary.json
+    (status failed, `fields`, the error) if the filesystem still takes it. Main process only."""
+    last, _ = find_latest_checkpoint(output_dir)
+    error.kept = last
+    summary = {"status": "failed", **fields, "last_checkpoint": str(last) if last else None, "error": str(error),
+               "failed_write": {"what": error.what, "path": str(error.path),
+                                "errno": errno.errorcode.get(error.os_error.errno), "reason": error.reason}}
+    try:
+        atomic_write_json(Path(output_dir) / "summary.json", summary)
+    except OSError:
+        pass  # the same full disk, most likely; the error line still says everything
 
 
 def load_checkpoint(accelerator, path) -> dict:
@@ -225,7 +260,8 @@ def load_checkpoint(accelerator, path) -> dict:
 
 
 __all__ = [
-    "CheckpointError", "CHECKPOINTS", "TRAINER_STATE", "replace_dir", "checkpoints_root", "list_checkpoints",
-    "validate_checkpoint", "find_latest_checkpoint", "resolve_resume", "capture_rng_state", "restore_rng_state",
-    "mid_epoch_rng", "restore_after_first", "save_checkpoint", "load_checkpoint",
+    "CheckpointError", "CHECKPOINTS", "TRAINER_STATE", "replace_dir", "atomic_dir", "checkpoints_root",
+    "list_checkpoints", "validate_checkpoint", "find_latest_checkpoint", "resolve_resume", "capture_rng_state",
+    "restore_rng_state", "mid_epoch_rng", "restore_after_first", "save_checkpoint", "load_checkpoint",
+    "record_write_failure",
 ]

@@ -11,9 +11,7 @@ Every problem with the data is a DataError (a ValueError) whose one-line message
 import hashlib
 import os
 import re
-import shutil
 import socket
-import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -21,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from .cache import cached_folder, cached_map
 from .config import REPO_ROOT
 
 # file extension -> (datasets builder, extra builder kwargs)
@@ -423,23 +422,19 @@ def get_tokenizer(cfg: dict, train_texts):
     texts = _as_texts(train_texts, d["text_column"])
     vocab_size = cfg["model"]["vocab_size"]
     key = tokenizer_cache_key(texts, vocab_size, d["text_column"])
-    final = cache_dir() / "tokenizers" / key
-    if not (final / "tokenizer.json").exists():
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tokenizer = PreTrainedTokenizerFast(
+
+    def train():
+        return PreTrainedTokenizerFast(
             tokenizer_object=_train_tokenizer(texts, vocab_size), unk_token="[UNK]", pad_token="[PAD]",
             cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", model_max_length=d["max_length"],
         )
-        # write to a temporary folder, then rename: a kill mid-save, or a second process doing the same
-        # (accelerate launch), never leaves a half-written tokenizer in the cache
-        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{key}-"))
-        tokenizer.save_pretrained(str(tmp))
-        try:
-            os.rename(tmp, final)
-        except OSError:  # another process won the race; its files are identical
-            shutil.rmtree(tmp, ignore_errors=True)
-    # every process loads the same files from the cache
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(final))
+
+    # written atomically (a kill mid-save, or a second process doing the same, never leaves half a tokenizer),
+    # checked when read, rebuilt when damaged; every process loads the same files
+    tokenizer = cached_folder(cache_dir() / "tokenizers" / key, make=train,
+                              save=lambda tok, folder: tok.save_pretrained(str(folder)),
+                              load=lambda folder: PreTrainedTokenizerFast.from_pretrained(str(folder)),
+                              what="the cached tokenizer")
     tokenizer.model_max_length = d["max_length"]
     return _forget_load_arguments(tokenizer)
 
@@ -464,7 +459,8 @@ def _tokenizer_id(tokenizer) -> str:
 def tokenize_splits(dsd, tokenizer, cfg: dict):
     """Tokenized splits: input_ids, attention_mask, token_type_ids (if the tokenizer makes them), `length`
     (tokens, for length grouping), and `labels` (classification) or `special_tokens_mask` (mlm). Truncated to
-    data.max_length. Cached by datasets under a fingerprint of (data, tokenizer, max_length, task)."""
+    data.max_length. Cached by datasets under a fingerprint of (data, tokenizer, max_length, task); a damaged
+    cache file is rebuilt (common.cache.cached_map)."""
     d, task = cfg["data"], cfg["task"]
     max_length, text_col, label_col = d["max_length"], d["text_column"], d["label_column"]
     tok_id = _tokenizer_id(tokenizer)
@@ -481,8 +477,8 @@ def tokenize_splits(dsd, tokenizer, cfg: dict):
     for split, ds in dsd.items():
         fingerprint = hashlib.sha256(
             f"{ds._fingerprint}|{tok_id}|{max_length}|{task}|{text_col}|{label_col}".encode()).hexdigest()[:16]
-        out[split] = ds.map(encode, batched=True, remove_columns=ds.column_names, new_fingerprint=fingerprint,
-                            desc=f"tokenizing {split}")
+        out[split] = cached_map(ds, encode, fingerprint, f"the cached tokenized split {split!r}", batched=True,
+                                remove_columns=ds.column_names, desc=f"tokenizing {split}")
     import datasets
 
     return datasets.DatasetDict(out)

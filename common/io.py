@@ -5,6 +5,7 @@ raising; the caller decides whether that is an error. Writers replace a file ato
 a crash-and-resume) see the old content or the new one, never half of it.
 """
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -14,11 +15,16 @@ def atomic_write_text(path, text: str) -> None:
     """Write to a hidden temporary file next to `path`, fsync it, and rename it over `path` (atomic on POSIX)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, no permission, an interrupt: no half-written file left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def atomic_write_json(path, obj, indent: int = 2) -> None:

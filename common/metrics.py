@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from common.io import atomic_write_text, read_jsonl
+from common.writes import guarded_write
 
 _LAYER = re.compile(r"(?:^|\.)encoder\.layers\.(\d+)\.")
 
@@ -282,11 +283,12 @@ class MetricsWriter:
 
     def __init__(self, path, resume_step: int | None = None):
         self.path = Path(path)
-        if resume_step is None:
-            self.path.write_text("")
-        else:
-            self._rewind(resume_step)
-        self.file = open(self.path, "a")
+        with guarded_write("metrics.jsonl", self.path):
+            if resume_step is None:
+                self.path.write_text("")
+            else:
+                self._rewind(resume_step)
+            self.file = open(self.path, "a")
 
     def _rewind(self, step: int) -> None:
         """Drop the rows after the checkpoint being resumed from: the resumed run writes them again."""
@@ -294,11 +296,16 @@ class MetricsWriter:
         atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))  # as `write` wrote them
 
     def write(self, row: dict) -> None:
-        self.file.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
-        self.file.flush()
+        # a refused write: WriteError (common.writes), and the file closed (its buffer would fail again at exit)
+        with guarded_write("metrics.jsonl", self.path, cleanup=self.close):
+            self.file.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
+            self.file.flush()
 
     def close(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:  # the flush of a line a full disk refused: write() has raised already
+            pass
 
 
 __all__ = [

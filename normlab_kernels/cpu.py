@@ -8,7 +8,8 @@ row in C++ measures at parity with torch.nn.LayerNorm's own kernel (README, Perf
 attention's reasons are in normlab_kernels/dropout.py and attention.py.
 
 torch.utils.cpp_extension builds the file once per machine (cached under TORCH_EXTENSIONS_DIR, default
-~/.cache/torch_extensions) and loads the cached build afterwards.
+~/.cache/torch_extensions) and loads the cached build afterwards; build_cache.py checks a cached build before
+loading it and rebuilds a damaged one.
 -march=native tunes the loops to this CPU, so the extension's name carries a digest of the CPU's model and flags:
 a cache shared by different machines never hands one of them the other's build. -ffp-contract=off keeps each
 multiply and add separately rounded, as in the reference ops (fused multiply-adds made the exactly-zero gradient
@@ -52,11 +53,13 @@ def load():
     if _extension is None:
         from torch.utils.cpp_extension import load as build_and_load
 
+        from .build_cache import load_checked
+
         threads = torch.get_num_threads()
         try:
             with torch.random.fork_rng(devices=[]):  # (no CUDA state is touched by a CPU build)
-                _extension = build_and_load(name=f"normlab_cpu_{_cpu_digest()}", sources=SOURCES,
-                                            extra_cflags=FLAGS)
+                _extension = load_checked(build_and_load, name=f"normlab_cpu_{_cpu_digest()}", sources=SOURCES,
+                                          extra_cflags=FLAGS)  # a damaged cached build is rebuilt
         finally:
             torch.set_num_threads(threads)
     return _extension

@@ -1,0 +1,150 @@
+"""Caches NormLab can always rebuild: the trained tokenizer ($NORMLAB_CACHE/tokenizers/<key>/), the tokenized
+splits (datasets' cache files) and the C++ kernel builds (normlab_kernels/build_cache.py). Each is written
+atomically and checked when read; a damaged entry (a truncated or altered file) is rebuilt with one warning naming
+it, never a traceback or a parser's message.
+
+A folder entry is filled in a temporary sibling folder, gets MANIFEST (every file's size and sha256) last, and is
+renamed into place: an entry whose files do not match its manifest, or that does not load, is damaged.
+"""
+
+import contextlib
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from common.io import atomic_write_json, read_json
+
+MANIFEST = "normlab-manifest.json"
+
+
+def warn_rebuilding(what: str, path, problem: str) -> None:
+    print(f"warning: {what} {path} is damaged ({problem}); rebuilding it", file=sys.stderr, flush=True)
+
+
+def short(exc: BaseException, limit: int = 200) -> str:
+    """An exception in one line: its type and the start of its message."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def file_digest(path) -> list:
+    """[size, sha256] of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return [os.path.getsize(path), h.hexdigest()]
+
+
+def _manifest(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): file_digest(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != MANIFEST}
+
+
+def folder_problem(folder) -> str | None:
+    """What is wrong with a folder entry (None: nothing). An entry without a manifest (written before manifests
+    existed, renamed into place whole all the same) has nothing to compare: loading it is its check."""
+    folder = Path(folder)
+    if not (folder / MANIFEST).exists():
+        return None
+    manifest = read_json(folder / MANIFEST)
+    if not isinstance(manifest, dict):
+        return f"{MANIFEST} is unreadable"
+    for name, recorded in manifest.items():
+        f = folder / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if file_digest(f) != recorded:
+            return f"{name} has changed ({f.stat().st_size} bytes, {recorded[0]} written)"
+    return None
+
+
+def write_folder(final: Path, save) -> None:
+    """save(tmp) fills a temporary folder next to `final`, which becomes `final` with its manifest. When another
+    process got there first, its entry (built from the same inputs) is kept. A write the filesystem refuses
+    raises its OSError, leaving nothing behind."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
+    try:
+        save(tmp)
+        atomic_write_json(tmp / MANIFEST, _manifest(tmp))
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def discard(folder: Path) -> None:
+    """Remove an entry: renamed aside first, so no reader ever sees it half-deleted."""
+    aside = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-damaged-"))
+    try:
+        os.replace(folder, aside / folder.name)
+    except OSError:
+        pass  # another process removed it already
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def cached_folder(final, make, save, load, what: str):
+    """load(final), after checking it; if it is missing or damaged, the object make() builds, saved there with
+    save(obj, folder). A damaged entry is named in one warning; a cache the filesystem refuses to take is
+    named too, and the object is used uncached."""
+    final = Path(final)
+    if final.exists():
+        problem = folder_problem(final)
+        if problem is None:
+            try:
+                obj = load(final)
+            except Exception as e:  # noqa: BLE001 - whatever the files hold, the entry can be rebuilt
+                problem = short(e)
+            else:
+                if not (final / MANIFEST).exists():  # an older entry that loads: checked from now on
+                    with contextlib.suppress(OSError):
+                        atomic_write_json(final / MANIFEST, _manifest(final))
+                return obj
+        warn_rebuilding(what, final, problem)
+        discard(final)
+    obj = make()
+    try:
+        write_folder(final, lambda folder: save(obj, folder))
+    except OSError as e:
+        print(f"warning: could not cache {what} in {final} ({e.strerror or e}); going on without the cache",
+              file=sys.stderr, flush=True)
+        return obj
+    return load(final)
+
+
+def cached_map(ds, function, fingerprint: str, what: str, **map_kwargs):
+    """ds.map(function, new_fingerprint=fingerprint) with datasets' cache file (which datasets writes atomically:
+    a temporary file, then a rename). A cache file that does not load, or holds other than ds's rows, is
+    rebuilt with one warning naming it."""
+    try:
+        mapped = ds.map(function, new_fingerprint=fingerprint, **map_kwargs)
+    except Exception as e:  # noqa: BLE001 - only when a cache file was there to read: then it is the cause
+        path = _map_cache_file(ds, fingerprint)
+        if path is None or not path.exists():
+            raise
+        problem = short(e)
+    else:
+        if mapped.num_rows == ds.num_rows:
+            return mapped
+        path = _map_cache_file(ds, fingerprint)
+        problem = f"{mapped.num_rows} rows instead of {ds.num_rows}"
+    warn_rebuilding(what, path, problem)
+    return ds.map(function, new_fingerprint=fingerprint, load_from_cache_file=False, **map_kwargs)
+
+
+def _map_cache_file(ds, fingerprint: str) -> Path | None:
+    """Where ds.map keeps its result for `fingerprint` (None: an in-memory dataset, not cached)."""
+    if not ds.cache_files:
+        return None
+    return Path(ds._get_cache_file_path(fingerprint))  # datasets' own naming of map caches
+
+
+__all__ = ["MANIFEST", "warn_rebuilding", "short", "file_digest", "folder_problem", "write_folder", "discard",
+           "cached_folder", "cached_map"]
