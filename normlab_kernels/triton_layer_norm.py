@@ -7,9 +7,11 @@ mean and rstd = 1 / sqrt(var + eps) saved per row in the compute dtype; dweight,
 Layout, as in the Triton tutorial's, flash-attention's and Liger's layer norms:
   - forward: one program per row; the whole row sits in registers (N <= MAX_ROW_BYTES of input), so the mean
     and the centered variance are two reductions over registers (no E[x^2] - E[x]^2 cancellation);
-  - backward: a fixed number of programs, each walking a contiguous band of rows: dx row by row, and the band's
-    dweight/dbias accumulated in float32 registers and written once as one partial row; torch sums the partial
-    rows afterwards. Fixed bands and no atomics: the same inputs give bitwise the same gradients.
+  - backward: as many programs as the GPU holds at once (from its SM count and the registers a program needs), each
+    walking a contiguous band of rows: dx row by row, the next row's loads issued before the current row is
+    reduced, and the band's dweight/dbias accumulated in float32 registers and written once as one partial row;
+    torch sums the partial rows afterwards. Fixed bands and no atomics: the same inputs give bitwise the same
+    gradients.
 Tested on CPU under TRITON_INTERPRET=1 and compiled for sm_90 without a GPU (tests/test_triton_layer_norm.py).
 """
 
@@ -23,6 +25,7 @@ import triton.language as tl
 from model.norms import compute_dtype
 
 MAX_ROW_BYTES = 65536  # a row must fit one block of registers (the usual limit of single-pass layer norms)
+MIN_BAND = 8  # the backward's fewest rows per program (see _backward_programs)
 # No multiply-add contraction: every product and sum rounded on its own, as in the reference ops and the C++
 # kernel (-ffp-contract=off). Passed explicitly: Triton's default for it is changing between versions.
 FP_FUSION = False
@@ -62,10 +65,19 @@ def _backward_kernel(DY, X, W, Mean, Rstd, DX, DW_part, DB_part, dy_row_stride, 
     dw = tl.zeros((BLOCK_N,), dtype=acc)
     db = tl.zeros((BLOCK_N,), dtype=acc)
     first = band * rows_per_program
-    last = min(first + rows_per_program, n_rows)
+    last = tl.minimum(first + rows_per_program, n_rows)
+    # the next row is loaded before this one is reduced: its memory traffic overlaps this row's arithmetic
+    # (a program's rows are otherwise strictly serial: load, reduce, store). Past the band's end the index is
+    # clamped to a row that exists: one unused row load per program, and no per-row branch.
+    nxt = tl.minimum(first, n_rows - 1)
+    x_next = tl.load(X + nxt * x_row_stride + cols, mask=inside, other=0.0)
+    dy_next = tl.load(DY + nxt * dy_row_stride + cols, mask=inside, other=0.0)
     for row in range(first, last):
-        x = tl.load(X + row * x_row_stride + cols, mask=inside, other=0.0).to(acc)
-        dy = tl.load(DY + row * dy_row_stride + cols, mask=inside, other=0.0).to(acc)
+        x = x_next.to(acc)
+        dy = dy_next.to(acc)
+        nxt = tl.minimum(row + 1, last - 1)
+        x_next = tl.load(X + nxt * x_row_stride + cols, mask=inside, other=0.0)
+        dy_next = tl.load(DY + nxt * dy_row_stride + cols, mask=inside, other=0.0)
         rstd = tl.load(Rstd + row)
         xhat = tl.where(inside, (x - tl.load(Mean + row)) * rstd, 0.0)
         if HAS_W:
@@ -97,11 +109,27 @@ def _block(x):
     return block, min(max(block // 256, 1), 8)
 
 
-def _backward_programs(device, n_rows):
-    """How many row bands the backward splits into: a few programs per streaming multiprocessor (each has
-    ~4 warps); more only add partial rows to sum. (4 on CPU, where the interpreter runs them one by one.)"""
-    per_device = 4 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return max(1, min(n_rows, per_device))
+def _backward_warps(block: int, forward_warps: int) -> int:
+    """The backward holds about ten row-sized arrays per program (x, dy, the prefetched next row, xhat, g, w, dw,
+    db): from 8192 columns on, 8 warps would leave each thread over 300 values (spilled to local memory), so the
+    row is spread over 16."""
+    return 16 if block >= 8192 else forward_warps
+
+
+def _backward_programs(device, n_rows, block: int, warps: int):
+    """How many row bands the backward splits into: as many programs as fit on the GPU at once (all resident,
+    one wave, each walking its band), from the SM count and what one program takes: warps (64 per SM) and
+    registers (64K 32-bit per SM; about ten row arrays per thread, plus ~40 for addresses and scalars).
+    More would only add partial rows to sum, and each program gets MIN_BAND rows at least, so the partial rows
+    (programs x N floats, written and summed) stay a fraction of dx. (4 on CPU: the interpreter runs them one by
+    one.)"""
+    if device.type != "cuda":
+        return max(1, min(n_rows, 4))
+    threads = 32 * warps
+    regs = min(255, 10 * max(1, block // threads) + 40)
+    per_sm = max(1, min(64 // warps, 65536 // (regs * threads)))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(math.ceil(n_rows / MIN_BAND), per_sm * sms))
 
 
 def forward(x, weight, bias, eps):
@@ -132,7 +160,8 @@ def backward(dy, x, weight, mean, rstd):
     if n_rows == 0:
         return dx, torch.zeros(n, dtype=acc, device=x.device), torch.zeros(n, dtype=acc, device=x.device)
     block, warps = _block(x)
-    programs = _backward_programs(x.device, n_rows)
+    warps = _backward_warps(block, warps)
+    programs = _backward_programs(x.device, n_rows, block, warps)
     dw_part = torch.empty(programs, n, dtype=acc, device=x.device)
     db_part = torch.empty(programs, n, dtype=acc, device=x.device)
     w = weight.contiguous() if weight is not None else rows

@@ -69,6 +69,7 @@ QUICK_TRAIN_SAMPLES = 2000  # --quick: the first N training rows (tokenizer, pad
 LN_LENGTHS = (16, 32, 64)  # sequence lengths of the LayerNorm shapes (B, L, D); SST-2 batches span ~10..64
 LN_WIDTHS = (128, 256)  # the default model's hidden size, and the bigger width
 LN_CUDA_SHAPES = ((16, 512, 1024), (8, 1024, 4096))  # rows wide enough to keep a GPU busy
+LN_ONLY_BATCH = 32  # --layernorm-only: configs/default.yaml's train.batch_size, without loading the config
 # the bigger model of `throughput_wide`
 WIDE = ["model.hidden_size=256", "model.intermediate_size=1024", "model.num_hidden_layers=4",
         "model.num_attention_heads=4", "train.batch_size=32"]
@@ -709,19 +710,19 @@ def main(argv=None) -> int:
     do_compile = (not quick) if args.compile is None else args.compile
 
     import normlab_kernels
-    from common.config import load_config
 
     kernels = normlab_kernels.enable("auto", device)  # as train.py does (train.kernels=auto)
-
     overrides = [f"data.max_train_samples={QUICK_TRAIN_SAMPLES}"] if quick else []
-    cfg = load_config(args.config, overrides)
+    cfg = {"train": {"batch_size": LN_ONLY_BATCH}}  # --layernorm-only: no config library (the GPU image has none)
+    if not args.layernorm_only:
+        from common.config import load_config
+        cfg = load_config(args.config, overrides)
 
     # the training steps in the precision training uses on this device (configs/accelerate: bf16 on GPUs)
     autocast = "bf16" if device.type == "cuda" else None
     res = {"machine": machine_info(device),
            "settings": {"quick": quick, "repeats": repeats, "batches": n_batches, "compile": do_compile,
-                        "autocast": autocast,
-                        "compile_hf": args.compile_hf, "config": args.config, "config_overrides": overrides,
+                        "autocast": autocast, "compile_hf": args.compile_hf, "config": args.config, "config_overrides": overrides,
                         "command": "python scripts/bench.py " + " ".join(sys.argv[1:] if argv is None else argv)},
            "kernels": kernels}
 
@@ -733,7 +734,6 @@ def main(argv=None) -> int:
     res["layernorm"] = bench_layernorm(device, ln_shapes(device, quick, cfg["train"]["batch_size"]), 5 * repeats)
     res["cuda_note"] = ("CUDA paths measured on " + res["machine"].get("gpu", "GPU") if device.type == "cuda" else
                         "CUDA paths (fp32/bf16 LayerNorm, GPU throughput and memory): untested, no GPU in this run")
-
     section_s["layernorm"] = time.perf_counter() - t0
     if not args.layernorm_only:
         run_model_sections(args, res, cfg, overrides, device, repeats, n_batches, do_compile)

@@ -1,156 +1,152 @@
 #!/usr/bin/env bash
-# One prepared check of NormLab's GPU paths, on a machine with one NVIDIA GPU (within a 10-minute budget, below):
+# One prepared check of NormLab's GPU paths on a machine with one NVIDIA GPU and no package registry (docs/gpu.md
+# has the device call that runs it and what to do with the result):
 #
-#   bash scripts/gpu_check.sh [--cpu] [OUT_DIR]            # OUT_DIR default: runs/gpu_check-<time>/report
+#   bash scripts/gpu_check.sh [--cpu]
 #
-#   1. environment  versions, the GPU; `datasets` from the wheels in .whl/ when it is not installed
-#                   (make them on a machine with the package registry: python scripts/gpu_check.py wheels);
-#                   no wandb needed: every run uses wandb.mode=disabled wandb.report_to=none
-#   2. kernels      CustomLayerNorm vs torch.nn.LayerNorm on CUDA, float32 and bf16 autocast; a fully padded
-#                   sequence under bf16/fp16 autocast gives finite outputs (scripts/gpu_check.py kernels)
-#   3. steps        30 steps of the default, masked_batchnorm and powernorm configs with
-#                   configs/accelerate/single_gpu_bf16.yaml and with fsdp.yaml (one process), and the default
-#                   with single_gpu_fp16.yaml (loss scaling); running statistics must stay float32
-#   4. epoch        the default run (accelerate launch train.py, one epoch of SST-2) with single_gpu_bf16.yaml:
-#                   wall time, median real tokens/s, accuracy in OUT_DIR/default_epoch.json for the README
-#   5. bench        python scripts/bench.py --device cuda --repeats 5
-#
-# Data: SST-2 from $NORMLAB_DATA_DIR/sst2, else .gpudata/sst2, else ../shared/datasets/sst2 (train.py's lookup).
-# Results go to OUT_DIR (small files: JSON, logs, summary.txt, the epoch run's summary.json and metrics.jsonl); the
-# run directories (checkpoints: large) to $GPU_CHECK_RUNS, default OUT_DIR/../runs.
-# Every step runs even if an earlier one failed, each within what is left of $GPU_CHECK_BUDGET_S (default 570 s:
-# the whole check ends before a 10-minute limit, with summary.txt written); the exit code is 0 only when all passed.
-# --cpu: the same steps, tiny and on the CPU, to test this script without a GPU (tests/test_gpu_check.py);
-#        FSDP is skipped there (accelerate runs FSDP only on accelerators; tests/test_precision.py covers it on CPU).
-# GPU_CHECK_STEPS="kernels steps bench epoch" and GPU_CHECK_VARIANTS="default masked_batchnorm powernorm" (the
-# defaults) select what runs.
+# Before: python scripts/gpu_prepare.py (where pip reaches a registry) puts the wheels the GPU image lacks in .whl/
+# and SST-2 in .gpudata/; this script installs the wheels into its work folder and points train.py at the data.
+# Sections, most important first, so a check cut short still returns what matters most:
+#   1. triton     tests/test_triton_layer_norm.py (on a GPU its CUDA tests run too)
+#   2. ln-bench   scripts/ln_bench.py: Triton vs torch LayerNorm, eager and compiled, fp32 and bf16, bandwidth
+#                 against a copy on the same GPU
+#   3. kernels    scripts/gpu_check.py kernels: the Triton backend registered and launched, judged against float64;
+#                 a fully padded sequence under bf16/fp16 autocast stays finite
+#   4. steps      30 steps of default, masked_batchnorm, powernorm (bf16), default under fp16 and under FSDP
+#   5. epoch      the default run, one epoch of SST-2 (bf16): wall time, tokens/s, accuracy
+#   6. bench      scripts/bench.py --device cuda (whatever time is left)
+# Where results go: a work folder ($GPU_CHECK_WORK, default a new /tmp/gpu_check.XXXXXX) holds report/ (small
+# files: logs, JSON) and runs/ (checkpoints, never returned). After every section report/ is packed into
+# $DEST/gpu_check_report.tar.gz and summary.txt is copied beside it: DEST is $GPU_CHECK_DEST, else the device's
+# returned folder $OUT, else runs/gpu_check-<time>. Two files: the device returns at most eight.
+# Time: every section runs within what is left of $GPU_CHECK_BUDGET_S (default 360 s; --cpu 1800) and within its
+# own limit; a section not started for lack of time is reported as such. Exit code 0 only when every section passed.
+# Python: $PYTHON, default python3 (the image's; it has no `python`).
+# --cpu: the same sections, tiny and on the CPU (tests/test_gpu_check.py rehearses the check with it); fp16 and
+#        FSDP steps are GPU-only (accelerate refuses them on a CPU; tests/test_precision.py covers them there).
+# GPU_CHECK_SECTIONS="triton ln-bench kernels steps epoch bench" (the default) selects sections.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 CPU=0
-if [ "${1:-}" = "--cpu" ]; then CPU=1; shift; fi
-OUT=${1:-runs/gpu_check-$(date +%Y%m%d-%H%M%S)/report}
-RUNS=${GPU_CHECK_RUNS:-$(dirname "$OUT")/runs}
-BUDGET=${GPU_CHECK_BUDGET_S:-570}
-mkdir -p "$OUT/logs" "$RUNS"
-SUMMARY="$OUT/summary.txt"
+if [ "${1:-}" = "--cpu" ]; then CPU=1; fi
+PY=${PYTHON:-python3}
+DEST=${GPU_CHECK_DEST:-${OUT:-runs/gpu_check-$(date +%Y%m%d-%H%M%S)}}
+WORK=${GPU_CHECK_WORK:-$(mktemp -d /tmp/gpu_check.XXXXXX)}
+WHEELS=${GPU_CHECK_WHEELS:-.whl}
+BUDGET=${GPU_CHECK_BUDGET_S:-360}
+SCALE=1  # --cpu: every limit 5 times longer (a small, shared CPU; the budget too, unless set)
+if [ $CPU = 1 ]; then SCALE=5; BUDGET=${GPU_CHECK_BUDGET_S:-1800}; fi
+REPORT=$WORK/report
+RUNS=$WORK/runs
+mkdir -p "$DEST" "$REPORT/logs" "$RUNS"
+SUMMARY="$REPORT/summary.txt"
 : > "$SUMMARY"
 FAILED=0
-SECTIONS=" ${GPU_CHECK_STEPS:-kernels steps bench epoch} "
-VARIANTS=(${GPU_CHECK_VARIANTS:-default masked_batchnorm powernorm})
+SECTIONS=" ${GPU_CHECK_SECTIONS:-triton ln-bench kernels steps epoch bench} "
 wanted() { [[ "$SECTIONS" == *" $1 "* ]]; }
 
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
-if [ -z "${NORMLAB_DATA_DIR:-}" ] && [ -d .gpudata ]; then export NORMLAB_DATA_DIR=$PWD/.gpudata; fi
-PY=${PYTHON:-python}
-LAUNCH=("$PY" -m accelerate.commands.launch)
-NO_WANDB=(wandb.mode=disabled wandb.report_to=none)
+# publish: the report so far, packed into DEST (what the device returns even if the check is killed later)
+publish() {
+    cp "$SUMMARY" "$DEST/summary.txt"
+    tar -czf "$DEST/gpu_check_report.tar.gz.part" -C "$WORK" report && \
+        mv "$DEST/gpu_check_report.tar.gz.part" "$DEST/gpu_check_report.tar.gz"
+}
 
-# step NAME TIMEOUT_S CMD...: run with a time limit (at most what is left of the budget), log to
-# OUT/logs/NAME.log, record ok/FAIL in summary.txt
+# step NAME LIMIT_S CMD...: run within its limit and what is left of the budget, log to report/logs/NAME.log,
+# record ok/FAIL in summary.txt, publish
 step() {
-    local name=$1 limit=$2; shift 2
+    local name=$1 limit=$(($2 * SCALE)); shift 2
     local t0=$SECONDS left=$((BUDGET - SECONDS))
-    if [ $left -lt 5 ]; then
-        printf '%-28s %-40s\n' "$name" "FAIL (not run: the ${BUDGET}s budget is spent)" | tee -a "$SUMMARY"
-        FAILED=1; return
+    if [ $left -lt 10 ]; then
+        printf '%-34s %s\n' "$name" "FAIL (not run: the ${BUDGET}s budget is spent)" | tee -a "$SUMMARY"
+        FAILED=1; publish; return
     fi
     [ "$limit" -gt $left ] && limit=$left
     echo "== $name: $*"
-    timeout "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
+    timeout "$limit" "$@" > "$REPORT/logs/$name.log" 2>&1
     local rc=$?
     local status=ok
     if [ $rc -ne 0 ]; then status="FAIL (exit $rc$([ $rc -eq 124 ] && echo ", timed out after ${limit}s"))"; FAILED=1; fi
-    printf '%-28s %-40s %4ds\n' "$name" "$status" $((SECONDS - t0)) | tee -a "$SUMMARY"
-    [ "$status" = ok ] || tail -5 "$OUT/logs/$name.log"
+    printf '%-34s %-40s %4ds\n' "$name" "$status" $((SECONDS - t0)) | tee -a "$SUMMARY"
+    [ "$status" = ok ] || tail -5 "$REPORT/logs/$name.log"
+    publish
 }
 
-# ---- 1. environment
-if ! "$PY" -c "import datasets" 2>/dev/null; then
-    if ls .whl/*.whl > /dev/null 2>&1; then
-        echo "datasets is not installed: installing the wheels of .whl/ into .whl/site"
-        "$PY" -m pip install --quiet --no-index --no-deps --target .whl/site .whl/*.whl || FAILED=1
-        export PYTHONPATH=$PWD/.whl/site${PYTHONPATH:+:$PYTHONPATH}
-    else
-        echo "datasets is not installed and .whl/ holds no wheels (python scripts/gpu_check.py wheels, on a" \
-             "machine with the package registry); the training steps will fail" | tee -a "$SUMMARY"
-    fi
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled PYTHONUNBUFFERED=1
+if [ -z "${NORMLAB_DATA_DIR:-}" ] && [ -d .gpudata ]; then export NORMLAB_DATA_DIR=$PWD/.gpudata; fi
+export NORMLAB_CACHE=${NORMLAB_CACHE:-$WORK/cache}
+
+# ---- 0. the carried wheels, then the environment
+CARRIED=("$WHEELS"/*.whl)
+[ -e "${CARRIED[0]}" ] || CARRIED=()
+if [ ${#CARRIED[@]} -gt 0 ]; then
+    step wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$WORK/site" "${CARRIED[@]}"
+    export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head -20
-    command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-    "$PY" - <<'EOF'
-import importlib, platform, torch
-print("python", platform.python_version())
-for name in ("torch", "transformers", "accelerate", "tokenizers", "triton", "datasets", "pyarrow", "wandb"):
-    try:
-        print(name, importlib.import_module(name).__version__)
-    except Exception as e:  # noqa: BLE001 - report whatever is missing
-        print(name, "missing:", type(e).__name__)
-print("cuda available", torch.cuda.is_available(), torch.version.cuda,
-      torch.cuda.get_device_name() if torch.cuda.is_available() else "")
-print("bf16 supported", torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-EOF
-    echo "NORMLAB_DATA_DIR=${NORMLAB_DATA_DIR:-}"
-} > "$OUT/environment.txt" 2>&1
-cat "$OUT/environment.txt"
+    command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+    "$PY" scripts/gpu_check.py environment ${CARRIED[@]+"${CARRIED[@]}"}
+    echo "NORMLAB_DATA_DIR=${NORMLAB_DATA_DIR:-} DEST=$DEST WORK=$WORK"
+} > "$REPORT/environment.txt" 2>&1
+cat "$REPORT/environment.txt"
+publish
 
 if [ $CPU = 1 ]; then
-    DEVICE=cpu
-    STEPS=2
+    DEVICE=cpu STEPS=2
     TINY=(model.hidden_size=32 model.num_hidden_layers=2 model.num_attention_heads=2 model.intermediate_size=64
           model.vocab_size=1000 data.max_train_samples=200 data.max_eval_samples=64 train.batch_size=16
           train.warmup_steps=1 train.cpu_threads=1)
     EPOCH=("${TINY[@]}" train.max_steps=4)
+    LN_BENCH=(--device cpu --quick --no-compile)
     BENCH=(--device cpu --quick --no-compile --repeats 1 --batches 1)
-    CONFIGS=(single_gpu_bf16)
+    LAUNCHES=(single_gpu_bf16:powernorm)
 else
-    DEVICE=cuda
-    STEPS=30
-    TINY=()
-    EPOCH=()
-    BENCH=(--device cuda --repeats 5)
-    CONFIGS=(single_gpu_bf16 fsdp)
+    DEVICE=cuda STEPS=30 TINY=() EPOCH=()
+    LN_BENCH=(--device cuda)
+    BENCH=(--device cuda --repeats 3)
+    LAUNCHES=(single_gpu_bf16:default single_gpu_bf16:masked_batchnorm single_gpu_bf16:powernorm
+              single_gpu_fp16:default fsdp:default)
 fi
+LAUNCH=("$PY" -m accelerate.commands.launch --num_processes 1)
+NO_WANDB=(wandb.mode=disabled wandb.report_to=none)
 
-# ---- 2. kernels
-wanted kernels && step kernels 600 "$PY" scripts/gpu_check.py kernels --device $DEVICE --out "$OUT/kernels.json"
+# ---- 1-3. the kernels
+wanted triton && step triton 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_triton_layer_norm.py
+wanted ln-bench && step ln-bench 150 "$PY" scripts/ln_bench.py "${LN_BENCH[@]}" --out "$REPORT/ln_bench.json"
+wanted kernels && step kernels 90 "$PY" scripts/gpu_check.py kernels --device $DEVICE --out "$REPORT/kernels.json"
 
-# ---- 3. a few steps of each config under each launch config
+# ---- 4. a few steps of each config under each launch config
 RUN_DIRS=()
-wanted steps || CONFIGS=()
-for launch in "${CONFIGS[@]}"; do
-    for variant in "${VARIANTS[@]}"; do
-        name=${variant}-${launch}
-        config=(); [ "$variant" != default ] && config=(--config "$variant")
-        step "steps-$name" 600 "${LAUNCH[@]}" --config_file "configs/accelerate/$launch.yaml" --num_processes 1 \
-            train.py ${config[@]+"${config[@]}"} "output_dir=$RUNS/$name" ${TINY[@]+"${TINY[@]}"} "train.max_steps=$STEPS" \
-            "train.eval_steps=$STEPS" "train.save_steps=$STEPS" "${NO_WANDB[@]}"
-        RUN_DIRS+=("$RUNS/$name")
-    done
+wanted steps || LAUNCHES=()
+for pair in ${LAUNCHES[@]+"${LAUNCHES[@]}"}; do
+    launch=${pair%%:*} variant=${pair#*:}
+    config=(); [ "$variant" != default ] && config=(--config "$variant")
+    step "steps-$variant-$launch" 90 "${LAUNCH[@]}" --config_file "configs/accelerate/$launch.yaml" train.py \
+        ${config[@]+"${config[@]}"} "output_dir=$RUNS/$variant-$launch" ${TINY[@]+"${TINY[@]}"} \
+        "train.max_steps=$STEPS" "train.eval_steps=$STEPS" "train.save_steps=$STEPS" "${NO_WANDB[@]}"
+    RUN_DIRS+=("$RUNS/$variant-$launch")
 done
-if [ $CPU = 0 ] && wanted steps; then
-    step "steps-default-single_gpu_fp16" 600 "${LAUNCH[@]}" --config_file configs/accelerate/single_gpu_fp16.yaml \
-        train.py "output_dir=$RUNS/default-single_gpu_fp16" "train.max_steps=$STEPS" "train.eval_steps=$STEPS" \
-        "train.save_steps=$STEPS" "${NO_WANDB[@]}"
-    RUN_DIRS+=("$RUNS/default-single_gpu_fp16")
-fi
-[ ${#RUN_DIRS[@]} -gt 0 ] && step steps-summary 60 "$PY" scripts/gpu_check.py summarize --out "$OUT/steps.json" "${RUN_DIRS[@]}"
+[ ${#RUN_DIRS[@]} -gt 0 ] && step steps-summary 60 "$PY" scripts/gpu_check.py summarize --out "$REPORT/steps.json" \
+    "${RUN_DIRS[@]}"
 
-# ---- 4. the default one-epoch run
+# ---- 5. the default one-epoch run
 if wanted epoch; then
-    step default-epoch 1200 "${LAUNCH[@]}" --config_file configs/accelerate/single_gpu_bf16.yaml train.py \
+    step default-epoch 150 "${LAUNCH[@]}" --config_file configs/accelerate/single_gpu_bf16.yaml train.py \
         "output_dir=$RUNS/default_epoch" ${EPOCH[@]+"${EPOCH[@]}"} "${NO_WANDB[@]}"
-    step default-epoch-summary 60 "$PY" scripts/gpu_check.py summarize --out "$OUT/default_epoch.json" \
+    step default-epoch-summary 60 "$PY" scripts/gpu_check.py summarize --out "$REPORT/default_epoch.json" \
         "$RUNS/default_epoch"
-    cp "$RUNS/default_epoch/summary.json" "$OUT/default_epoch_summary.json" 2>/dev/null
-    cp "$RUNS/default_epoch/metrics.jsonl" "$OUT/default_epoch_metrics.jsonl" 2>/dev/null
+    cp "$RUNS/default_epoch/summary.json" "$REPORT/default_epoch_summary.json" 2>/dev/null
+    cp "$RUNS/default_epoch/metrics.jsonl" "$REPORT/default_epoch_metrics.jsonl" 2>/dev/null
+    publish
 fi
 
-# ---- 5. bench
-wanted bench && step bench 900 "$PY" scripts/bench.py "${BENCH[@]}" --out "$OUT/bench.json"
+# ---- 6. the full bench, with what time is left
+wanted bench && step bench 600 "$PY" scripts/bench.py "${BENCH[@]}" --out "$REPORT/bench.json"
 
-echo "results in $OUT (summary.txt):"
+echo "report: $DEST/gpu_check_report.tar.gz (summary.txt beside it); checkpoints in $RUNS"
 cat "$SUMMARY"
 exit $FAILED

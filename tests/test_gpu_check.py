@@ -1,45 +1,86 @@
-"""scripts/gpu_check.sh, as far as a CPU can run it: its --cpu mode runs the same steps, tiny and on the CPU."""
+"""scripts/gpu_check.sh rehearsed on the CPU under the GPU machine's conditions (tests/gpu_image_env.py: the image's
+package set, python3 only, the returned folder $OUT), and scripts/gpu_prepare.py's plan of what to carry there."""
 
 import json
-import os
 import subprocess
+import tarfile
 
+import gpu_image_env
+import gpu_prepare
 from train_utils import REPO, env
 
-
-def run_check(out, **extra_env):
-    e = {**env(), **extra_env}
-    e.pop("PYTHONPATH", None)  # the script sets its own
-    return subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu", str(out)], cwd=REPO, env=e,
-                          capture_output=True, text=True, timeout=900)
+CARRIED = {"datasets", "dill", "multiprocess", "omegaconf"}  # what the image lacks of what the check imports
 
 
-def test_cpu_mode_runs_the_checks_and_writes_the_numbers(tmp_path):
-    out = tmp_path / "report"
-    proc = run_check(out, GPU_CHECK_STEPS="kernels steps epoch", GPU_CHECK_VARIANTS="powernorm",
-                     NORMLAB_CACHE=str(tmp_path / "cache"))
+def run_check(tmp_path, with_wheels: bool, **extra_env):
+    e = {**gpu_image_env.image_env(env(), tmp_path, with_wheels), **extra_env}
+    return subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu"], cwd=REPO, env=e, capture_output=True,
+                          text=True, timeout=900)
+
+
+def summary_lines(tmp_path) -> dict:
+    lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    return {line.split()[0]: line.split()[1] for line in lines}
+
+
+def report(tmp_path, name: str):
+    """A file of the returned archive (the one file a caller unpacks)."""
+    with tarfile.open(tmp_path / "out" / "gpu_check_report.tar.gz") as tar:
+        return tar.extractfile(f"report/{name}").read().decode()
+
+
+def test_prepare_carries_exactly_what_the_image_lacks():
+    pins = gpu_prepare.plan()
+    assert set(pins) == CARRIED  # not pandas, pyarrow, python-dateutil, xxhash: the image has them
+    assert gpu_prepare.plan(gpu_prepare.image_packages() - {"pandas"}).keys() == CARRIED | {"pandas"}
+    cmd = gpu_prepare.pip_download_command(pins, REPO / ".whl")
+    assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--only-binary=:all:" in cmd
+    assert "manylinux2014_x86_64" in cmd and "--no-deps" in cmd
+    assert sorted(a.split("==")[0] for a in cmd if "==" in a) == sorted(CARRIED)  # one version each
+
+
+def test_rehearsal_under_the_image_package_set(tmp_path):
+    proc = run_check(tmp_path, with_wheels=True, GPU_CHECK_SECTIONS="triton ln-bench kernels steps epoch")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    summary = (out / "summary.txt").read_text().splitlines()
-    assert [line.split()[0] for line in summary] == [
-        "kernels", "steps-powernorm-single_gpu_bf16", "steps-summary", "default-epoch", "default-epoch-summary"]
-    assert all(line.split()[1] == "ok" for line in summary)
-    kernels = json.loads((out / "kernels.json").read_text())["checks"]
-    assert {c["check"] for c in kernels} == {"custom_layernorm_vs_torch", "fully_padded_row_finite"}
+    assert summary_lines(tmp_path) == {name: "ok" for name in (
+        "triton", "ln-bench", "kernels", "steps-powernorm-single_gpu_bf16", "steps-summary", "default-epoch",
+        "default-epoch-summary")}
+    # what the device returns: two files; the checkpoints stay in the work folder
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_check_report.tar.gz", "summary.txt"]
+    assert list((tmp_path / "work" / "runs").rglob("model.safetensors"))
+    kernels = json.loads(report(tmp_path, "kernels.json"))["checks"]
+    assert {c["check"] for c in kernels} == {"fast_backend_registered", "custom_layernorm_vs_float64",
+                                             "fully_padded_row_finite"}
     assert all(c["ok"] for c in kernels)
-    (steps,) = json.loads((out / "steps.json").read_text())
+    ln = json.loads(report(tmp_path, "ln_bench.json"))
+    assert ln["copy_GBps"] > 0 and {(r["impl"], r["dtype"]) for r in ln["rows"]} == {
+        (i, d) for i in ("torch", "normlab") for d in ("float32", "bfloat16")}
+    (steps,) = json.loads(report(tmp_path, "steps.json"))
     assert steps["status"] == "completed" and steps["steps"] == 2
     assert steps["running_stats_dtypes"] == ["F32"]  # trained under bf16, saved float32
-    (epoch,) = json.loads((out / "default_epoch.json").read_text())
+    (epoch,) = json.loads(report(tmp_path, "default_epoch.json"))
     assert epoch["status"] == "completed" and epoch["wall_time_s"] > 0 and epoch["tokens_per_s_median"] > 0
-    assert 0 <= epoch["final_eval_accuracy"] <= 1
-    assert "torch" in (out / "environment.txt").read_text()
+    assert " passed" in report(tmp_path, "logs/triton.log")
+
+
+def test_without_the_wheels_the_kernel_sections_still_run(tmp_path):
+    """The image alone (no omegaconf, no datasets): the training steps fail, the LayerNorm sections before them do
+    not, and the report still comes back."""
+    proc = run_check(tmp_path, with_wheels=False, GPU_CHECK_SECTIONS="ln-bench steps")
+    assert proc.returncode == 1
+    lines = summary_lines(tmp_path)
+    assert lines["ln-bench"] == "ok" and lines["steps-powernorm-single_gpu_bf16"] == "FAIL"
+    assert "omegaconf" in report(tmp_path, "logs/steps-powernorm-single_gpu_bf16.log")
+    (tmp_path / "bench").mkdir()
+    e = gpu_image_env.image_env(env(), tmp_path / "bench", with_wheels=False)
+    bench = subprocess.run(["python3", "scripts/bench.py", "--layernorm-only", "--quick", "--device", "cpu",
+                            "--repeats", "1", "--json"], cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    assert json.loads(bench.stdout)["layernorm"]["rows"]
 
 
 def test_a_failing_step_is_reported_and_fails_the_check(tmp_path):
-    out = tmp_path / "report"
-    proc = run_check(out, GPU_CHECK_STEPS="kernels", PYTHON="false")
+    proc = run_check(tmp_path, with_wheels=True, GPU_CHECK_SECTIONS="kernels", PYTHON="false")
     assert proc.returncode == 1
-    # summary.txt may also say that `datasets` is missing (PYTHON=false imports nothing): the kernels line is the one
-    (line,) = [x for x in (out / "summary.txt").read_text().splitlines() if x.startswith("kernels")]
-    assert line.split()[:2] == ["kernels", "FAIL"]
-    assert os.path.exists(out / "logs" / "kernels.log")
+    assert summary_lines(tmp_path) == {"kernels": "FAIL"}
+    assert "kernels" in report(tmp_path, "summary.txt")

@@ -59,7 +59,7 @@ def test_interpreted_opcheck_and_empty_input(interpreted):
 HOPPER = ("cuda", 90, 32)  # triton.backends.compiler.GPUTarget: backend, compute capability, warp size
 
 
-@pytest.mark.parametrize("hidden,x_type", [(128, "fp32"), (1000, "bf16"), (4096, "bf16")])
+@pytest.mark.parametrize("hidden,x_type", [(128, "fp32"), (1000, "bf16"), (4096, "bf16"), (8192, "bf16")])
 def test_kernels_compile_for_hopper(hidden, x_type):
     from triton.backends.compiler import GPUTarget
 
@@ -74,14 +74,36 @@ def test_kernels_compile_for_hopper(hidden, x_type):
     backward = {"DY": x, "X": x, "W": f32, "Mean": f32, "Rstd": f32, "DX": x, "DW_part": f32, "DB_part": f32,
                 "dy_row_stride": "i32", "x_row_stride": "i32", "n_rows": "i32", "N": "i32",
                 "rows_per_program": "i32", "HAS_W": "constexpr", "BLOCK_N": "constexpr"}
-    for kernel, signature, constexprs in [
-        (tln._forward_kernel, forward, {"HAS_W": True, "HAS_B": True, "BLOCK_N": block}),
-        (tln._backward_kernel, backward, {"HAS_W": True, "BLOCK_N": block}),
+    for kernel, signature, constexprs, num_warps in [
+        (tln._forward_kernel, forward, {"HAS_W": True, "HAS_B": True, "BLOCK_N": block}, warps),
+        (tln._backward_kernel, backward, {"HAS_W": True, "BLOCK_N": block}, tln._backward_warps(block, warps)),
     ]:
         source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-        options = {"num_warps": warps, "enable_fp_fusion": tln.FP_FUSION}  # as the launches in tln pass them
+        options = {"num_warps": num_warps, "enable_fp_fusion": tln.FP_FUSION}  # as the launches in tln pass them
         compiled = triton.compile(source, target=GPUTarget(*HOPPER), options=options)
         assert compiled.asm["cubin"] and ".target sm_90" in compiled.asm["ptx"]
+
+
+def test_backward_grid_fills_the_gpu_once(monkeypatch):
+    """The backward's programs: all resident at once on an H200 (132 SMs), from the registers one needs; rows
+    wider than 8192 columns get 16 warps; small inputs keep MIN_BAND rows per program."""
+    from types import SimpleNamespace
+
+    from normlab_kernels import triton_layer_norm as tln
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    cuda = torch.device("cuda")
+
+    def grid(rows, hidden):
+        block, warps = tln._block(torch.empty(1, hidden, dtype=torch.bfloat16))
+        warps = tln._backward_warps(block, warps)
+        return warps, tln._backward_programs(cuda, rows, block, warps)
+
+    assert grid(16384, 4096) == (8, 132)  # ~200 registers x 256 threads: one program per SM
+    assert grid(16384, 8192) == (16, 132)
+    assert grid(16384, 1024) == (4, 4 * 132)
+    assert grid(2048, 128)[1] == 2048 // tln.MIN_BAND
+    assert grid(3, 128)[1] == 1
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ CASES.update({
     "float32-column_slice": ("float32", 6, 100, "column_slice", "normal"),  # rows 128 apart: a strided view
     "bfloat16-transposed": ("bfloat16", 6, 100, "transposed", "normal"),  # no (R, N) view: copied
     "float32-one_row": ("float32", 1, 1000, "contiguous", "normal"),
+    "bfloat16-many_rows": ("bfloat16", 37, 300, "contiguous", "normal"),  # bands of 10 rows, the last of 7
     "float32-one_element": ("float32", 4, 1, "contiguous", "normal"),
     "float16-one_element": ("float16", 4, 1, "contiguous", "normal"),
 })

@@ -1,0 +1,127 @@
+"""LayerNorm kernels against the memory system: NormLab's normlab::layer_norm (the backend `train.kernels=auto`
+registers: Triton on CUDA, C++ on CPU) and torch's LayerNorm, eager and compiled, float32 and bf16, with the
+bandwidth each achieves next to a device-to-device copy measured in the same run.
+
+    python scripts/ln_bench.py [--device cuda|cpu] [--quick] [--no-compile] [--out FILE]
+
+Per (rows, hidden) shape and dtype: forward time, forward+backward time, and the backward as their difference.
+Bytes counted are the fewest each pass must move: forward reads x and writes y, backward reads x and dy and writes
+dx (the per-row mean and rstd, and the parameters, are negligible next to them); bf16 rows take float32
+parameters, as training under autocast gives them. Achieved bandwidth = bytes / time, and its fraction of the
+copy's (bytes read + written per second). Eager contestants run first for every shape, then the compiled ones,
+and the JSON file is rewritten after every row: a run cut short keeps what it measured.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common.io import atomic_write_json  # noqa: E402
+
+SHAPES = ((16384, 1024), (16384, 4096), (8192, 8192))  # (rows, hidden): each tensor well over the H200's 60 MB L2
+QUICK_SHAPES = ((64, 128), (32, 1000))
+EPS = 1e-5
+COPY_BYTES = 2**30
+
+
+def median_seconds(fn, device, quick: bool) -> float:
+    """Median time of fn(): CUDA events through triton.testing.do_bench; on CPU the wall clock."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
+    fn()
+    times = []
+    for _ in range(3 if quick else 20):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device, quick: bool) -> float:
+    """Bytes read + written per second by a device-to-device copy of COPY_BYTES (the ceiling to compare with)."""
+    n = (2**20 if quick else COPY_BYTES) // 4
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / median_seconds(lambda: dst.copy_(src), device, quick)
+
+
+def _functions(impl: str, compiled: bool):
+    def ours(x, w, b):
+        return torch.ops.normlab.layer_norm(x, w, b, EPS)[0]
+
+    def theirs(x, w, b):
+        return F.layer_norm(x, x.shape[-1:], w, b, EPS)
+
+    fn = ours if impl == "normlab" else theirs
+    return torch.compile(fn, dynamic=False) if compiled else fn
+
+
+def measure(impl, compiled, rows, hidden, dtype, device, quick) -> dict:
+    """Forward and forward+backward times of one contestant at one shape and dtype, with achieved bandwidth."""
+    torch.manual_seed(0)
+    x = (2 * torch.randn(rows, hidden, device=device) + 0.5).to(dtype)
+    w = (1 + 0.5 * torch.randn(hidden, device=device)).requires_grad_(True)
+    b = (0.5 * torch.randn(hidden, device=device)).requires_grad_(True)
+    dy = torch.randn(rows, hidden, device=device).to(dtype)
+    xg = x.detach().requires_grad_(True)
+    fn = _functions(impl, compiled)
+
+    def forward():
+        with torch.no_grad():
+            fn(x, w, b)
+
+    def forward_backward():
+        torch.autograd.grad(fn(xg, w, b), (xg, w, b), dy)
+
+    fwd = median_seconds(forward, device, quick)
+    both = median_seconds(forward_backward, device, quick)
+    size = rows * hidden * x.element_size()
+    bwd = max(both - fwd, 1e-12)
+    return {"impl": impl, "compiled": compiled, "shape": [rows, hidden], "dtype": str(dtype).replace("torch.", ""),
+            "forward_us": fwd * 1e6, "forward_backward_us": both * 1e6, "backward_us": bwd * 1e6,
+            "forward_GBps": 2 * size / fwd / 1e9, "backward_GBps": 3 * size / bwd / 1e9}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true", help="small shapes, few repeats (tests): numbers not meaningful")
+    ap.add_argument("--no-compile", action="store_true", help="eager contestants only")
+    ap.add_argument("--out", default=None, help="write the JSON here (rewritten after every row)")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    import normlab_kernels
+
+    torch._dynamo.config.recompile_limit = 64  # one compiled graph per shape and dtype
+    backend = normlab_kernels.enable("auto", device)["normlab::layer_norm"]
+    copy = copy_bandwidth(device, args.quick)
+    res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "backend": backend,
+           "torch": torch.__version__, "copy_GBps": copy / 1e9, "rows": []}
+    print(f"backend {backend}; copy {copy / 1e9:.0f} GB/s (read + written)")
+    for compiled in (False,) if args.no_compile else (False, True):
+        for rows, hidden in QUICK_SHAPES if args.quick else SHAPES:
+            for dtype in (torch.float32, torch.bfloat16):
+                for impl in ("torch", "normlab"):
+                    r = measure(impl, compiled, rows, hidden, dtype, device, args.quick)
+                    r["forward_of_copy"] = r["forward_GBps"] * 1e9 / copy
+                    r["backward_of_copy"] = r["backward_GBps"] * 1e9 / copy
+                    res["rows"].append(r)
+                    if args.out:
+                        atomic_write_json(args.out, res, indent=1)
+                    print(f"{impl:8s} {'compiled' if compiled else 'eager':8s} {rows}x{hidden} {r['dtype']:8s} "
+                          f"fwd {r['forward_us']:9.1f} us ({r['forward_of_copy']:4.0%} of copy)  "
+                          f"bwd {r['backward_us']:9.1f} us ({r['backward_of_copy']:4.0%} of copy)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
