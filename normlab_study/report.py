@@ -39,7 +39,7 @@ def copy_records(study_dir: Path, out: Path) -> None:
                     score.pop("pred", None)  # dev only chooses LRs, by its loss
             f.write(json.dumps(r, separators=(",", ":")) + "\n")
     for name in ("selection.json", "e1.jsonl", "labels.json"):
-        if (study_dir / name).is_file():
+        if (study_dir / name).is_file() and study_dir.resolve() != out.resolve():
             shutil.copyfile(study_dir / name, out / name)
     calls = study.get("invocations", [])
     atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": calls}, indent=1)

@@ -100,3 +100,4 @@ def test_report_regenerates_from_the_copied_records_alone(tmp_path):
     loaded = report.load(out)
     assert all(r["commit"] == "abc1234" and "pred" not in r["scores"]["dev/sorted/running"] for r in loaded.runs)
     assert report.make_report(out).read_text() == first  # from the committed records alone, the same report
+    assert report.make_report(study).read_text() == first  # in place, as study.py writes it
