@@ -19,13 +19,18 @@ HORIZON_FRACTION = 0.75  # an arm must leave the plateau by this share of its st
 MAX_NEVER_LEARNED = 0.2  # ... and at most this share of its seeds may never learn
 BOARD = ("ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm", "no_norm")
 BATCH_STAT = ("batchnorm", "masked_batchnorm", "powernorm")
+FINISHED = ("completed", "diverged")
 
 
 class Records:
     """One study's per-run records, with the LR each arm was given (selection.json)."""
 
     def __init__(self, runs: list[dict], selection: dict, e1: list[dict] = ()):
-        self.runs, self.selection, self.e1 = runs, selection, list(e1)
+        # a run that never ended (pending, interrupted, crashed) is no outcome of its configuration: left out and
+        # counted apart, so that a partly trained study reports what it has
+        self.runs = [r for r in runs if r["status"] in FINISHED]
+        self.unfinished = [r for r in runs if r["status"] not in FINISHED]
+        self.selection, self.e1 = selection, list(e1)
 
     @classmethod
     def load(cls, folder: Path) -> "Records":

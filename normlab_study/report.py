@@ -144,7 +144,15 @@ def write_markdown(rec: Records, meta: dict) -> str:
              f"{'; '.join(sorted({c['machine'] for c in calls})) or '?'}",
              f"- Wall time of training: {sum(c['wall_s'] for c in calls) / 60:.1f} min "
              f"({sum(c['cpu_s'] for c in calls) / 60:.1f} CPU-minutes); commands: "
-             + " ; ".join(f"`{c['command']}`" for c in calls), "", "![answer](answer.png)", ""]
+             + " ; ".join(f"`{c['command']}`" for c in calls)]
+    if rec.unfinished:
+        missing = {}
+        for r in rec.unfinished:
+            for e in r.get("experiments", [r["experiment"]]):
+                missing[e] = missing.get(e, 0) + 1
+        lines.append(f"- **Not trained** (the study was stopped before them, or they crashed): {len(rec.unfinished)} "
+                     "runs, " + ", ".join(f"{e} {n}" for e, n in sorted(missing.items())) + "; they are left out")
+    lines += ["", "![answer](answer.png)", ""]
     lines += verdict_lines(aa, hyps) + leaderboard_lines(rec) + placement_lines(rec) + batching_lines(rec)
     return "\n".join(lines + SCALE) + "\n"
 

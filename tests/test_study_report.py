@@ -101,3 +101,14 @@ def test_report_regenerates_from_the_copied_records_alone(tmp_path):
     assert all(r["commit"] == "abc1234" and "pred" not in r["scores"]["dev/sorted/running"] for r in loaded.runs)
     assert report.make_report(out).read_text() == first  # from the committed records alone, the same report
     assert report.make_report(study).read_text() == first  # in place, as study.py writes it
+
+
+def test_runs_that_never_ended_are_left_out_and_counted():
+    runs = synthetic_records()
+    stopped = [dict(r, status="interrupted", curves={}) for r in runs if r["experiment"] == "placement_more"]
+    rec = Records([r for r in runs if r["experiment"] != "placement_more"] + stopped, SELECTION)
+    assert len(rec.unfinished) == len(stopped) == 35 and not rec.arm("placement_more", "sandwich", "off")
+    v = {h.id: h.verdict for h in verdicts(rec)[1]}
+    assert v["S8a"] == "no data" and v["P1"] == "confirmed"
+    assert "**Not trained** (the study was stopped before them, or they crashed): 35 runs, placement_more 35" \
+        in report.write_markdown(rec, {})
