@@ -107,8 +107,8 @@ def test_runs_that_never_ended_are_left_out_and_counted():
     runs = synthetic_records()
     stopped = [dict(r, status="interrupted", curves={}) for r in runs if r["experiment"] == "placement_more"]
     rec = Records([r for r in runs if r["experiment"] != "placement_more"] + stopped, SELECTION)
-    assert len(rec.unfinished) == len(stopped) == 35 and not rec.arm("placement_more", "sandwich", "off")
+    assert len(rec.unfinished) == len(stopped) == 75 and not rec.arm("placement_more", "sandwich", "off")
     v = {h.id: h.verdict for h in verdicts(rec)[1]}
     assert v["S8a"] == "no data" and v["P1"] == "confirmed"
-    assert "**Not trained** (the study was stopped before them, or they crashed): 35 runs, placement_more 35" \
+    assert "**Not trained** (the study was stopped before them, or they crashed): 75 runs, placement_more 75" \
         in report.write_markdown(rec, {})
