@@ -46,6 +46,7 @@ from common.data import build_dataloaders, get_tokenizer, label_names, resolve_d
 from common.evaluation import evaluate
 from common.io import atomic_write_json, atomic_write_text, read_json, read_yaml
 from common.metrics import MetricsWriter, StabilityProbe
+from common.run_summary import format_summary
 from common.optim import adamw
 from common.stability import LossSpikeDetector
 from common.step import train_step
@@ -304,10 +305,12 @@ def train(cfg: dict, variant: str | None = None) -> int:
         with StopSignal().installed() as stop:
             status = train_loop(run, stop)
         run.progress.close()
-        finish(run, status)
-        return EXIT_OK
+        summary = finish(run, status)
+        wandb_url = getattr(run.wb, "url", None) if wandb_mode == "online" else None
     finally:
-        accelerator.end_training()
+        accelerator.end_training()  # closes the offline W&B run: its folder is complete before it is named
+    accelerator.print(format_summary(summary, cfg["output_dir"], cfg["data"]["eval_split"], wandb_mode, wandb_url))
+    return EXIT_OK
 
 
 def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
@@ -615,8 +618,9 @@ def save(run: Run) -> None:
         wandb_run.log_checkpoint(run.wb, path, st.step)
 
 
-def finish(run: Run, status: str) -> None:
-    """The end: evaluate and checkpoint what the loop did not, final/ (completed runs only), summary.json."""
+def finish(run: Run, status: str) -> dict:
+    """The end: evaluate and checkpoint what the loop did not, final/ (completed runs only), summary.json;
+    returns the summary."""
     acc, st, cfg, out = run.accelerator, run.state, run.cfg, Path(run.cfg["output_dir"])
     if status == "completed" and run.evaluated_at != st.step:  # resumed a run that had already finished its steps
         run_eval(run)
@@ -647,8 +651,7 @@ def finish(run: Run, status: str) -> None:
     write_summary(acc, cfg, summary, run.wandb_on)
     if run.writer is not None:
         run.writer.close()
-    if status != "completed":
-        acc.print(f"run {status} at step {st.step}; state kept in {summary['last_checkpoint']}", file=sys.stderr)
+    return summary
 
 
 def _init_trackers(accelerator, cfg: dict, wandb_mode: str, run_id: str, variant: str | None) -> bool:
