@@ -8,7 +8,8 @@ row in C++ measures at parity with torch.nn.LayerNorm's own kernel (README, Perf
 attention's reasons are in normlab_kernels/dropout.py and attention.py.
 
 torch.utils.cpp_extension builds the file once per machine (cached under TORCH_EXTENSIONS_DIR, default
-~/.cache/torch_extensions) and loads the cached build afterwards.
+~/.cache/torch_extensions) and loads the cached build afterwards; build_progress.py says on stderr that a build
+runs, and for how long so far.
 -march=native tunes the loops to this CPU, so the extension's name carries a digest of the CPU's model and flags:
 a cache shared by different machines never hands one of them the other's build. -ffp-contract=off keeps each
 multiply and add separately rounded, as in the reference ops (fused multiply-adds made the exactly-zero gradient
@@ -52,11 +53,13 @@ def load():
     if _extension is None:
         from torch.utils.cpp_extension import load as build_and_load
 
-        threads = torch.get_num_threads()
+        from .build_progress import BuildProgress, is_cached
+
+        name, threads = f"normlab_cpu_{_cpu_digest()}", torch.get_num_threads()
         try:
-            with torch.random.fork_rng(devices=[]):  # (no CUDA state is touched by a CPU build)
-                _extension = build_and_load(name=f"normlab_cpu_{_cpu_digest()}", sources=SOURCES,
-                                            extra_cflags=FLAGS)
+            with torch.random.fork_rng(devices=[]), BuildProgress(announce_now=not is_cached(name)):
+                # (fork_rng: no CUDA state is touched by a CPU build)
+                _extension = build_and_load(name=name, sources=SOURCES, extra_cflags=FLAGS)
         finally:
             torch.set_num_threads(threads)
     return _extension
