@@ -57,7 +57,7 @@ EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT = 0, 1, 2
 # Keys that may change when a run is resumed; any other difference from the checkpoint's config is an error.
 RESUMABLE_CHANGES = ("train.resume", "train.max_steps", "train.epochs", "train.eval_steps", "train.save_steps",
                      "train.log_steps", "train.save_total_limit", "train.compile", "train.cpu_threads",
-                     "train.tf32", "train.kernels", "wandb.")
+                     "train.tf32", "train.kernels", "data.label_names", "wandb.")
 
 
 def main(argv=None) -> int:
@@ -179,10 +179,11 @@ class StopSignal:
                 signal.signal(s, handler)
 
 
-def model_card(cfg: dict, summary: dict) -> str:
+def model_card(cfg: dict, summary: dict, id2label: dict | None = None) -> str:
     import yaml
 
     m = cfg["model"]
+    labels = ", ".join(f"{i} = {name}" for i, name in sorted((id2label or {}).items()))
     results = "\n".join(f"| {k} | {v:.4f} |" for k, v in (summary.get("final") or {}).items()
                         if isinstance(v, float))
     return f"""---
@@ -199,7 +200,12 @@ The model code travels with the weights:
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 model = AutoModelForSequenceClassification.from_pretrained("PATH", trust_remote_code=True)
 tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)
+
+from transformers import pipeline
+pipeline("text-classification", model="PATH", trust_remote_code=True)("a gorgeous film")  # [{{'label': ..., 'score': ...}}]
 ```
+
+Labels: {labels or "none (masked language model)"}.
 
 ## Results (eval split `{cfg['data']['eval_split']}`, final step)
 
@@ -230,7 +236,8 @@ def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
             shutil.rmtree(tmp)
         accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
-        atomic_write_text(tmp / "README.md", model_card(cfg, summary))
+        id2label = accelerator.unwrap_model(model).config.id2label if cfg["task"] == "classification" else None
+        atomic_write_text(tmp / "README.md", model_card(cfg, summary, id2label))
         replace_dir(tmp, final)
     accelerator.wait_for_everyone()
     return final

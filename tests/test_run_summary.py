@@ -52,7 +52,7 @@ def test_throughput_is_the_median_of_the_logged_rates(tmp_path):
     assert tokens_per_s(tmp_path / "nothing.jsonl") is None
 
 
-def test_a_real_run_ends_with_the_summary(tmp_path, capsys):
+def test_a_real_run_ends_with_the_summary_and_names_its_labels(tmp_path, capsys):
     out = tmp_path / "run"
     assert run_here(out, "train.max_steps=6", "train.eval_steps=3", "train.kernels=reference",
                     "wandb.mode=offline", "wandb.log_model=false") == 0
@@ -61,3 +61,11 @@ def test_a_real_run_ends_with_the_summary(tmp_path, capsys):
     assert f"model:  {out / 'final'}" in lines[1]
     wandb_dir = next((out / "wandb").glob("offline-run-*"))
     assert f"wandb sync {wandb_dir}" in lines[2]
+    # SST-2's classes by name (data.label_names): config.json, the model card and a pipeline's output
+    config = json.loads((out / "final" / "config.json").read_text())
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+    assert "Labels: 0 = negative, 1 = positive." in (out / "final" / "README.md").read_text()
+    from transformers import pipeline
+
+    classify = pipeline("text-classification", model=str(out / "final"), trust_remote_code=True, device="cpu")
+    assert classify("a gorgeous film")[0]["label"] in ("negative", "positive")
