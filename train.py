@@ -12,6 +12,7 @@ The run directory (README): config.yaml, metrics.jsonl, summary.json, checkpoint
 Exit codes: 0 when the run ended with a summary.json (status completed, diverged, or interrupted by
 SIGTERM/SIGINT after saving a checkpoint: a diverged run is a result, not a crash); 2 for bad input (config, data,
 checkpoint, run directory: one line on stderr, nothing deleted; `--debug` shows the traceback); 1 for a crash.
+Under `accelerate launch` every non-zero exit becomes the launcher's 1, after its own traceback (`-q` drops it).
 """
 
 import math
@@ -95,8 +96,9 @@ def check_output_dir(cfg: dict) -> None:
         diff = [k for k in config_diff(previous, cfg) if k != "train.resume"] if isinstance(previous, dict) else []
         what = f"a different config (differs in: {', '.join(diff[:6])})" if diff else "this config"
         raise ConfigError(
-            f"output_dir={out} already holds a finished run of {what}; pick another output_dir "
-            f"(a finished run is never overwritten), or pass train.resume=auto to continue it"
+            f"output_dir={out} already holds a finished run of {what} ({summary.get('step')} steps), which is never "
+            f"overwritten; for a new run pick another output_dir (e.g. output_dir={out}-2) or delete {out}; to train "
+            f"this one further pass train.resume=auto with a larger train.max_steps or train.epochs"
         )
     if summary is not None or list_checkpoints(out):
         what = f"status {status}" if status else "checkpoints"

@@ -161,7 +161,9 @@ def test_bad_input_is_one_line_and_deletes_nothing(reference, tmp_path, capsys):
     assert {p: p.stat().st_mtime_ns for p in reference.rglob("*")} == before
     # ...and the same config without train.resume is refused too (never overwritten)
     assert run_here(reference, *REFERENCE) == 2
-    assert "finished run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "finished run" in err and f"output_dir={reference}-2" in err and "train.resume=auto" in err
+    assert "train.max_steps" in err  # continuing a finished run means training it further
 
 
 def _write_csv(path, rows_, header="sentence,label"):
