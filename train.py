@@ -343,6 +343,8 @@ def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
     os.environ.setdefault("WANDB_SILENT", "true")
     if "wandb" in trackers:
         os.environ["WANDB_MODE"] = wandb_mode  # offline: wandb never touches the network
+        if wandb_mode == "offline":
+            wandb_run.keep_offline_files_in(out)
     return resume_path, notices, trackers, wandb_mode
 
 
