@@ -82,6 +82,7 @@ def test_train_py_refuses_deepspeed_with_one_line(tmp_path, monkeypatch, capsys)
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+@pytest.mark.slow  # two launcher processes
 def test_the_quickstart_launch_config_gives_no_launcher_warning_and_its_exit_codes(tmp_path):
     """configs/accelerate/cpu.yaml (the README's Quickstart): none of the launcher's lines about defaults. A bad input
     exits 2 from train.py, which the launcher turns into 1 (with its own traceback unless -q), as the README says."""

@@ -14,6 +14,8 @@ from train_utils import (
     assert_same_weights, env, final_weights, losses, python_cmd, rows, run_cmd, run_here, summary,
 )
 
+pytestmark = pytest.mark.slow  # killed and resumed training runs in subprocesses
+
 # 40 steps over 19 batches per epoch: resumes land mid-epoch and in the second epoch. Dropout is on (RNG state
 # restored on resume).
 REFERENCE = ["train.max_steps=40", "train.save_steps=10", "train.eval_steps=20"]
