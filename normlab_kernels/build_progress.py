@@ -15,15 +15,27 @@ INTRO = ("normlab_kernels: building NormLab's C++ CPU kernels (LayerNorm, dropou
          "and ninja); later runs load the cached build. To skip it: train.kernels=reference")
 
 
-def is_cached(name: str) -> bool:
-    """Whether torch.utils.cpp_extension already has a built `name` in its cache (then loading takes ~1 s)."""
-    try:
-        from torch.utils.cpp_extension import _get_build_directory
+def build_dir(name: str) -> str:
+    """Where torch.utils.cpp_extension keeps the build of `name` (its own helper for this creates the folder)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        import torch
+        from torch.utils.cpp_extension import get_default_build_root
 
-        build_dir = _get_build_directory(name, False)
-    except Exception:  # noqa: BLE001 - a private helper of torch: if it moves, announce the build anyway
-        return False
-    return os.path.exists(os.path.join(build_dir, f"{name}.so"))
+        if torch.version.hip is not None:
+            accelerator = f"rocm{torch.version.hip.replace('.', '')}"
+        elif torch.version.cuda is not None:
+            accelerator = f"cu{torch.version.cuda.replace('.', '')}"
+        else:
+            accelerator = "cpu"
+        python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(get_default_build_root(), f"{python}_{accelerator}")
+    return os.path.join(root, name)
+
+
+def is_cached(name: str) -> bool:
+    """Whether torch.utils.cpp_extension already has a built `name` (then loading takes about a second)."""
+    return os.path.exists(os.path.join(build_dir(name), f"{name}.so"))
 
 
 def _speaks() -> bool:

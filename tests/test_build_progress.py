@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from normlab_kernels.build_progress import BuildProgress, is_cached
+from normlab_kernels.build_progress import BuildProgress, build_dir, is_cached
 
 
 def _build(seconds, announce_now, fail=False, **timing):
@@ -43,5 +43,15 @@ def test_only_the_first_local_process_speaks(monkeypatch):
     assert _build(0.01, announce_now=True) == []
 
 
-def test_an_extension_never_built_is_not_cached():
-    assert not is_cached("normlab_never_built_anywhere")
+def test_the_cache_is_where_torch_builds_and_looking_creates_nothing(tmp_path, monkeypatch):
+    import torch.utils.cpp_extension as cpp_extension
+
+    name = "normlab_never_built_anywhere"
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setattr(cpp_extension, "get_default_build_root", lambda: str(tmp_path / "default"))
+    assert build_dir(name) == cpp_extension._get_build_directory(name, False)  # (which creates the folder)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert not is_cached(name) and not (tmp_path / name).exists()
+    (tmp_path / name).mkdir()
+    (tmp_path / name / f"{name}.so").write_bytes(b"")
+    assert is_cached(name)
