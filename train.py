@@ -7,7 +7,7 @@
 Reads top to bottom: config -> run directory checks -> accelerator -> data -> model, optimizer, schedule ->
 resume -> the loop (stability logging, evaluation, checkpoints, divergence and signal handling) -> final/.
 
-The run directory (README): config.yaml, metrics.jsonl, summary.json, checkpoints/step_N/, final/, wandb/.
+The run directory (docs/training.md): config.yaml, metrics.jsonl, summary.json, checkpoints/step_N/, final/, wandb/.
 
 Exit codes: 0 when the run ended with a summary.json (status completed, diverged, or interrupted by
 SIGTERM/SIGINT after saving a checkpoint: a diverged run is a result, not a crash); 2 for bad input (config, data,

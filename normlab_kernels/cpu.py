@@ -4,7 +4,7 @@ the attention (attention_cpu.cpp), that of normlab::attention and normlab::atten
 
 Why C++: at this project's training shapes (~1000 tokens x 128 features per batch) a LayerNorm is so small that
 the ~10 separate eager ops of the reference (and their temporaries) cost more than the arithmetic; one pass per
-row in C++ measures at parity with torch.nn.LayerNorm's own kernel (README, Performance). The dropout's and the
+row in C++ measures at parity with torch.nn.LayerNorm's own kernel (docs/performance.md). The dropout's and the
 attention's reasons are in normlab_kernels/dropout.py and attention.py.
 
 torch.utils.cpp_extension builds the file once per machine (cached under TORCH_EXTENSIONS_DIR, default
