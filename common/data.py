@@ -311,13 +311,18 @@ def _check_labels(dsd, splits, col: str, num_labels: int | None, source: str, gi
 
 
 def _given_label_names(given, num_labels: int, source: str) -> list[str]:
-    """data.label_names for a dataset that does not name its classes; "0", "1", ... when it is null."""
+    """data.label_names for a dataset that does not name its classes; "0", "1", ... when it is null, or (with a
+    warning: the default names SST-2's two classes, and other data must still train) when it does not fit."""
+    ids = [str(i) for i in range(num_labels)]
     if not given:
-        return [str(i) for i in range(num_labels)]
+        return ids
     if len(given) != num_labels or len(set(given)) != len(given):
-        raise DataError(f"data.label_names={list(given)} does not name the {num_labels} classes of {source} "
-                        f"(one distinct name per class id 0..{num_labels - 1}); set data.label_names to "
-                        f"{num_labels} names, or data.label_names=null for the ids themselves")
+        import warnings
+
+        warnings.warn(f"data.label_names={list(given)} does not name the {num_labels} classes of {source} (one "
+                      f"distinct name per class id); the classes are named {', '.join(ids)}. Set data.label_names "
+                      f"to {num_labels} names, or to null", stacklevel=2)
+        return ids
     return [str(name) for name in given]
 
 

@@ -63,8 +63,8 @@ def format_summary(summary: dict, out_dir, eval_split: str, wandb_mode: str | No
     if summary.get("wandb_run_id"):
         local = offline_wandb_dir(out) if wandb_mode == "offline" else None
         if local is not None:
-            lines.append(f"  W&B:    {local}    upload: wandb sync {_q(local)}    "
-                         f"charts: python scripts/wandb_charts.py {_q(out)}")
+            lines.append(f"  W&B:    {local}    upload: wandb sync {_q(local)}")
+            lines.append(f"  charts: python scripts/wandb_charts.py {_q(out)}    (depth charts, drawn locally)")
         elif wandb_url:
             lines.append(f"  W&B:    {wandb_url}")
     return "\n".join(lines)

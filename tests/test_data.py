@@ -100,8 +100,8 @@ def test_label_names_from_the_dataset_first_then_the_setting_then_the_ids(tmp_pa
     plain = [f"data.path={path}", "data.eval_split=train"]
     assert label_names(resolve_dataset(cfg_with(*plain, "data.label_names=null")), cfg_with()) == ["0", "1"]
     assert label_names(resolve_dataset(cfg_with(*plain, "data.label_names=bad,good")), cfg_with()) == ["bad", "good"]
-    with pytest.raises(DataError, match="data.label_names"):
-        resolve_dataset(cfg_with(*plain, "data.label_names=a,b,c"))
+    with pytest.warns(UserWarning, match="data.label_names"):  # names that do not fit: the ids, and a warning
+        assert label_names(resolve_dataset(cfg_with(*plain, "data.label_names=a,b,c")), cfg_with()) == ["0", "1"]
 
     # a dataset that names its classes (a ClassLabel feature, as on the Hub) keeps its own names
     named = Dataset.from_pandas(train, preserve_index=False).cast_column("label", ClassLabel(names=["neg", "pos"]))
@@ -243,7 +243,8 @@ def test_num_labels_from_config_or_inferred(tmp_path, sst2_rows):
     write(train, tmp_path / "train.parquet", "parquet")
     write(train, tmp_path / "validation.parquet", "parquet")
     assert len(label_names(resolve_dataset(cfg_with(f"data.path={tmp_path}")), cfg_with())) == 2
-    assert len(label_names(resolve_dataset(cfg_with(f"data.path={tmp_path}", "data.num_labels=5")), cfg_with())) == 5
+    assert len(label_names(resolve_dataset(cfg_with(f"data.path={tmp_path}", "data.num_labels=5",
+                                                     "data.label_names=null")), cfg_with())) == 5
 
 
 # ----------------------------------------------------------------------------------------------------------

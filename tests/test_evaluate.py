@@ -174,7 +174,8 @@ def test_labels_outside_the_models_label_set(run_dir, tmp_path, capsys):
     path = tmp_path / "three.csv"
     pd.DataFrame({"sentence": ["good", "bad", "meh", "odd"], "label": [1, 0, 2, -1]}).to_csv(path, index=False)
     code, _, err = run_main(capsys, run_dir, "--data", path)
-    assert code == 2 and "2 rows of" in err and "outside the model's label set {0, 1}: -1, 2 (first: row 2)" in err
+    assert code == 2 and "2 rows of" in err
+    assert "outside the model's label set {0 (negative), 1 (positive)}: -1, 2 (first: row 2)" in err
 
 
 def test_vocabulary_mismatch(run_dir, tmp_path, capsys):

@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from train_utils import REPO, env
 
 
@@ -14,6 +16,7 @@ def run_check(out, **extra_env):
                           capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow  # the script's training runs, launched for real
 def test_cpu_mode_runs_the_checks_and_writes_the_numbers(tmp_path):
     out = tmp_path / "report"
     proc = run_check(out, GPU_CHECK_STEPS="kernels steps epoch", GPU_CHECK_VARIANTS="powernorm",

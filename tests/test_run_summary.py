@@ -24,12 +24,12 @@ def _run_dir(tmp_path, rates=(1000.0, 14671.0, 15000.0)):
 def test_completed_run_names_accuracy_time_model_and_wandb(tmp_path):
     out = _run_dir(tmp_path)
     text = format_summary(COMPLETED, out, "validation", wandb_mode="offline")
-    first, model, wandb = text.splitlines()
+    first, model, wandb, charts = text.splitlines()
     assert first == ("completed in 67 s (14,671 tokens/s): validation accuracy 0.810 (best 0.812 at step 2000), "
                      "loss 0.440")
     assert "runs/default/final" in model and f"python scripts/evaluate.py {out}" in model
     newest = out / "wandb" / "offline-run-20260102_000000-ab12cd34"
-    assert f"wandb sync {newest}" in wandb and f"scripts/wandb_charts.py {out}" in wandb
+    assert f"wandb sync {newest}" in wandb and f"python scripts/wandb_charts.py {out}" in charts
 
 
 def test_best_is_not_repeated_when_the_final_step_is_the_best(tmp_path):
@@ -56,7 +56,7 @@ def test_a_real_run_ends_with_the_summary_and_names_its_labels(tmp_path, capsys)
     out = tmp_path / "run"
     assert run_here(out, "train.max_steps=6", "train.eval_steps=3", "train.kernels=reference",
                     "wandb.mode=offline", "wandb.log_model=false") == 0
-    lines = capsys.readouterr().out.strip().splitlines()[-3:]
+    lines = capsys.readouterr().out.strip().splitlines()[-4:]
     assert lines[0].startswith("completed in ") and "tokens/s): validation accuracy " in lines[0]
     assert f"model:  {out / 'final'}" in lines[1]
     wandb_dir = next((out / "wandb").glob("offline-run-*"))
