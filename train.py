@@ -47,8 +47,9 @@ from common.data import build_dataloaders, get_tokenizer, label_names, resolve_d
 from common.evaluation import evaluate
 from common.io import atomic_write_json, atomic_write_text, read_json, read_yaml
 from common.metrics import MetricsWriter, StabilityProbe
-from common.run_summary import format_summary
+from common.model_card import model_card
 from common.optim import adamw
+from common.run_summary import format_summary
 from common.stability import LossSpikeDetector
 from common.step import train_step
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
@@ -179,50 +180,6 @@ class StopSignal:
         finally:
             for s, handler in self._previous.items():
                 signal.signal(s, handler)
-
-
-def model_card(cfg: dict, summary: dict, id2label: dict | None = None) -> str:
-    import yaml
-
-    m = cfg["model"]
-    labels = ", ".join(f"{i} = {name}" for i, name in sorted((id2label or {}).items()))
-    results = "\n".join(f"| {k} | {v:.4f} |" for k, v in (summary.get("final") or {}).items()
-                        if isinstance(v, float))
-    return f"""---
-library_name: transformers
-tags: [normlab, {m['norm']}, {m['norm_placement']}-norm]
-datasets: [{cfg['data']['name'] or cfg['data']['path']}]
----
-# NormLab encoder: `{m['norm']}`, {m['norm_placement']} placement
-
-Trained from scratch with NormLab's `train.py` ({cfg['task']}) for {summary['step']} optimizer steps.
-The model code travels with the weights:
-
-```python
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
-model = AutoModelForSequenceClassification.from_pretrained("PATH", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)
-
-from transformers import pipeline
-pipeline("text-classification", model="PATH", trust_remote_code=True)("a gorgeous film")  # [{{'label': ..., 'score': ...}}]
-```
-
-Labels: {labels or "none (masked language model)"}.
-
-## Results (eval split `{cfg['data']['eval_split']}`, final step)
-
-| metric | value |
-|---|---|
-{results}
-
-Best: {summary.get('best')}. Loss spikes during training: {summary.get('loss_spikes')}.
-
-## Config
-
-```yaml
-{yaml.safe_dump(cfg, sort_keys=False).strip()}
-```
-"""
 
 
 def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
