@@ -46,8 +46,11 @@ class BuildProgress:
     """Context manager around a build. `announce_now`: say so at once (no cached build); otherwise only if loading
     takes longer than `grace` seconds (a source changed: torch rebuilds). Elapsed time every `every` seconds."""
 
-    def __init__(self, announce_now: bool, stream=None, grace: float = 5.0, every: float = 20.0):
+    def __init__(self, announce_now: bool, stream=None, grace: float = 5.0, every: float = 20.0, lock=None):
         self.announce_now, self.grace, self.every = announce_now, grace, every
+        # torch's build lock, already there before this load: another process builds, or one that was killed
+        # while building left it behind (then every load waits for good until it is deleted)
+        self.waits_on = lock if lock is not None and os.path.exists(lock) else None
         self.stream = stream or sys.stderr
         self.announced = False
         self._done = threading.Event()
@@ -70,7 +73,11 @@ class BuildProgress:
                 return
             self._announce()
         while not self._done.wait(self.every):
-            self._say(f"normlab_kernels: still building ({self._elapsed():.0f} s)")
+            if self.waits_on and os.path.exists(self.waits_on):
+                self._say(f"normlab_kernels: waiting {self._elapsed():.0f} s for another process's build (its lock "
+                          f"file {self.waits_on}; if no build runs, delete it)")
+            else:
+                self._say(f"normlab_kernels: still building ({self._elapsed():.0f} s)")
 
     def __enter__(self):
         self._start = time.monotonic()

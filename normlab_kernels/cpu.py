@@ -53,11 +53,12 @@ def load():
     if _extension is None:
         from torch.utils.cpp_extension import load as build_and_load
 
-        from .build_progress import BuildProgress, is_cached
+        from .build_progress import BuildProgress, build_dir, is_cached
 
         name, threads = f"normlab_cpu_{_cpu_digest()}", torch.get_num_threads()
         try:
-            with torch.random.fork_rng(devices=[]), BuildProgress(announce_now=not is_cached(name)):
+            progress = BuildProgress(announce_now=not is_cached(name), lock=os.path.join(build_dir(name), "lock"))
+            with torch.random.fork_rng(devices=[]), progress:
                 # (fork_rng: no CUDA state is touched by a CPU build)
                 _extension = build_and_load(name=name, sources=SOURCES, extra_cflags=FLAGS)
         finally:

@@ -55,3 +55,16 @@ def test_the_cache_is_where_torch_builds_and_looking_creates_nothing(tmp_path, m
     (tmp_path / name).mkdir()
     (tmp_path / name / f"{name}.so").write_bytes(b"")
     assert is_cached(name)
+
+
+def test_a_lock_left_behind_is_named_while_waiting(tmp_path):
+    lock = tmp_path / "lock"
+    lock.write_text("")  # there before the load: another process's build, or a killed one's leftover
+    stream = io.StringIO()
+    with BuildProgress(announce_now=True, stream=stream, every=0.1, lock=str(lock)):
+        time.sleep(0.35)
+    assert f"for another process's build (its lock file {lock}; if no build runs, delete it)" in stream.getvalue()
+    quiet = io.StringIO()
+    with BuildProgress(announce_now=True, stream=quiet, every=0.1, lock=str(tmp_path / "absent")):
+        time.sleep(0.25)
+    assert "still building" in quiet.getvalue() and "lock" not in quiet.getvalue()
