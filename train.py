@@ -7,13 +7,14 @@
 Reads top to bottom: config -> run directory checks -> accelerator -> data -> model, optimizer, schedule ->
 resume -> the loop (stability logging, evaluation, checkpoints, divergence and signal handling) -> final/.
 
-The run directory (README): config.yaml, metrics.jsonl, summary.json, checkpoints/step_N/, final/, wandb/.
+The run directory (docs/training.md): config.yaml, metrics.jsonl, summary.json, checkpoints/step_N/, final/, wandb/.
 
 Exit codes: 0 when the run ended with a summary.json (status completed, diverged, or interrupted by
 SIGTERM/SIGINT after saving a checkpoint: a diverged run is a result, not a crash); 2 for bad input (config, data,
 checkpoint, run directory: one line on stderr, nothing deleted; `--debug` shows the traceback); 3 for a write the
 filesystem refused (full disk, no permission, read-only: one line saying what, where, why and what to do; the last
 complete checkpoint is intact and `train.resume=auto` continues once the cause is fixed); 1 for a crash.
+Under `accelerate launch` every non-zero exit becomes the launcher's 1, after its own traceback (`-q` drops it).
 """
 
 import math
@@ -49,7 +50,9 @@ from common.data import build_dataloaders, get_tokenizer, label_names, resolve_d
 from common.evaluation import evaluate
 from common.io import atomic_write_json, atomic_write_text, read_json, read_yaml
 from common.metrics import MetricsWriter, StabilityProbe
+from common.model_card import model_card
 from common.optim import adamw
+from common.run_summary import format_summary
 from common.stability import LossSpikeDetector
 from common.step import train_step
 from common.writes import WriteError, check_writable_dir, guarded_write
@@ -60,7 +63,7 @@ EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT, EXIT_WRITE_FAILED = 0, 1, 2, 3
 # Keys that may change when a run is resumed; any other difference from the checkpoint's config is an error.
 RESUMABLE_CHANGES = ("train.resume", "train.max_steps", "train.epochs", "train.eval_steps", "train.save_steps",
                      "train.log_steps", "train.save_total_limit", "train.compile", "train.cpu_threads",
-                     "train.tf32", "train.kernels", "wandb.")
+                     "train.tf32", "train.kernels", "data.label_names", "wandb.")
 
 
 def main(argv=None) -> int:
@@ -103,8 +106,9 @@ def check_output_dir(cfg: dict) -> None:
         diff = [k for k in config_diff(previous, cfg) if k != "train.resume"] if isinstance(previous, dict) else []
         what = f"a different config (differs in: {', '.join(diff[:6])})" if diff else "this config"
         raise ConfigError(
-            f"output_dir={out} already holds a finished run of {what}; pick another output_dir "
-            f"(a finished run is never overwritten), or pass train.resume=auto to continue it"
+            f"output_dir={out} already holds a finished run of {what} ({summary.get('step')} steps), which is never "
+            f"overwritten; for a new run pick another output_dir (e.g. output_dir={out}-2) or delete {out}; to train "
+            f"this one further pass train.resume=auto with a larger train.max_steps or train.epochs"
         )
     if summary is not None or list_checkpoints(out):
         what = f"status {status}" if status else "checkpoints"
@@ -187,44 +191,6 @@ class StopSignal:
                 signal.signal(s, handler)
 
 
-def model_card(cfg: dict, summary: dict) -> str:
-    import yaml
-
-    m = cfg["model"]
-    results = "\n".join(f"| {k} | {v:.4f} |" for k, v in (summary.get("final") or {}).items()
-                        if isinstance(v, float))
-    return f"""---
-library_name: transformers
-tags: [normlab, {m['norm']}, {m['norm_placement']}-norm]
-datasets: [{cfg['data']['name'] or cfg['data']['path']}]
----
-# NormLab encoder: `{m['norm']}`, {m['norm_placement']} placement
-
-Trained from scratch with NormLab's `train.py` ({cfg['task']}) for {summary['step']} optimizer steps.
-The model code travels with the weights:
-
-```python
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
-model = AutoModelForSequenceClassification.from_pretrained("PATH", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)
-```
-
-## Results (eval split `{cfg['data']['eval_split']}`, final step)
-
-| metric | value |
-|---|---|
-{results}
-
-Best: {summary.get('best')}. Loss spikes during training: {summary.get('loss_spikes')}.
-
-## Config
-
-```yaml
-{yaml.safe_dump(cfg, sort_keys=False).strip()}
-```
-"""
-
-
 def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
     """output_dir/final: an HF directory (config, safetensors, tokenizer, model card), written to a temporary
     folder and renamed, so `final` only ever exists complete. Collective (get_state_dict gathers under FSDP)."""
@@ -235,7 +201,8 @@ def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
         with atomic_dir(final, "the final model") as tmp:
             accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict)
             tokenizer.save_pretrained(tmp)
-            atomic_write_text(tmp / "README.md", model_card(cfg, summary))
+            id2label = accelerator.unwrap_model(model).config.id2label if cfg["task"] == "classification" else None
+            atomic_write_text(tmp / "README.md", model_card(cfg, summary, id2label))
     accelerator.wait_for_everyone()
     return final
 
@@ -312,8 +279,8 @@ def train(cfg: dict, variant: str | None = None) -> int:
         with StopSignal().installed() as stop:
             status = train_loop(run, stop)
         run.progress.close()
-        finish(run, status)
-        return EXIT_OK
+        summary = finish(run, status)
+        wandb_url = getattr(run.wb, "url", None) if wandb_mode == "online" else None
     except WriteError as err:  # summary.json says so if it still can; the error names the last complete checkpoint
         if run is not None:
             run.progress.close()
@@ -321,7 +288,9 @@ def train(cfg: dict, variant: str | None = None) -> int:
             record_write_failure(cfg["output_dir"], err, **({"step": run.state.step} if run else {}))
         raise
     finally:
-        accelerator.end_training()
+        accelerator.end_training()  # closes the offline W&B run: its folder is complete before it is named
+    accelerator.print(format_summary(summary, cfg["output_dir"], cfg["data"]["eval_split"], wandb_mode, wandb_url))
+    return EXIT_OK
 
 
 def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
@@ -346,6 +315,8 @@ def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
     os.environ.setdefault("WANDB_SILENT", "true")
     if "wandb" in trackers:
         os.environ["WANDB_MODE"] = wandb_mode  # offline: wandb never touches the network
+        if wandb_mode == "offline":
+            wandb_run.keep_offline_files_in(out)
     return resume_path, notices, trackers, wandb_mode
 
 
@@ -631,8 +602,9 @@ def save(run: Run) -> None:
         wandb_run.log_checkpoint(run.wb, path, st.step)
 
 
-def finish(run: Run, status: str) -> None:
-    """The end: evaluate and checkpoint what the loop did not, final/ (completed runs only), summary.json."""
+def finish(run: Run, status: str) -> dict:
+    """The end: evaluate and checkpoint what the loop did not, final/ (completed runs only), summary.json;
+    returns the summary."""
     acc, st, cfg, out = run.accelerator, run.state, run.cfg, Path(run.cfg["output_dir"])
     if status == "completed" and run.evaluated_at != st.step:  # resumed a run that had already finished its steps
         run_eval(run)
@@ -663,8 +635,7 @@ def finish(run: Run, status: str) -> None:
     write_summary(acc, cfg, summary, run.wandb_on)
     if run.writer is not None:
         run.writer.close()
-    if status != "completed":
-        acc.print(f"run {status} at step {st.step}; state kept in {summary['last_checkpoint']}", file=sys.stderr)
+    return summary
 
 
 def _init_trackers(accelerator, cfg: dict, wandb_mode: str, run_id: str, variant: str | None) -> bool:

@@ -81,6 +81,7 @@ class DataSection:
     text_column: str = _key(nonempty=True)
     label_column: str = _key(nonempty=True)
     num_labels: typing.Optional[int] = _key(ge=2)
+    label_names: typing.Optional[typing.List[str]] = _key()
     train_split: str = _key(nonempty=True)
     eval_split: str = _key(nonempty=True)
     max_length: int = _key(ge=1)

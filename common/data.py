@@ -251,9 +251,10 @@ def _check_text(ds, split: str, col: str, source: str):
                         f"column {col!r} (first: row {bad[0]}); drop or fill those rows")
 
 
-def _check_labels(dsd, splits, col: str, num_labels: int | None, source: str):
+def _check_labels(dsd, splits, col: str, num_labels: int | None, source: str, given_names=None):
     """Labels present, integer, not null, in [0, num_labels). Returns the DatasetDict with the label column cast
-    to ClassLabel, so the number of classes and their names travel with the data (see `label_names`)."""
+    to ClassLabel, so the number of classes and their names travel with the data (see `label_names`). The names
+    are the dataset's own (a ClassLabel feature), else `given_names` (data.label_names), else "0", "1", ..."""
     from datasets import ClassLabel, Value
 
     names = None
@@ -300,12 +301,28 @@ def _check_labels(dsd, splits, col: str, num_labels: int | None, source: str):
                             f"(first: row {bad[0]}, label {values[bad[0]]}); fix the labels, set data.num_labels, "
                             f"or pick a labeled data.eval_split")
     if names is None or len(names) != num_labels:
-        names = [str(i) for i in range(num_labels)]
+        names = _given_label_names(given_names, num_labels, source)
     label_feature = ClassLabel(names=names)
     for split in splits:
         if dsd[split].features[col] != label_feature:
             dsd[split] = dsd[split].cast_column(col, label_feature)
     return dsd
+
+
+def _given_label_names(given, num_labels: int, source: str) -> list[str]:
+    """data.label_names for a dataset that does not name its classes; "0", "1", ... when it is null, or (with a
+    warning: the default names SST-2's two classes, and other data must still train) when it does not fit."""
+    ids = [str(i) for i in range(num_labels)]
+    if not given:
+        return ids
+    if len(given) != num_labels or len(set(given)) != len(given):
+        import warnings
+
+        warnings.warn(f"data.label_names={list(given)} does not name the {num_labels} classes of {source} (one "
+                      f"distinct name per class id); the classes are named {', '.join(ids)}. Set data.label_names "
+                      f"to {num_labels} names, or to null", stacklevel=2)
+        return ids
+    return [str(name) for name in given]
 
 
 def resolve_dataset(cfg: dict, task: str | None = None):
@@ -341,7 +358,7 @@ def resolve_dataset(cfg: dict, task: str | None = None):
         _check_text(ds, split, d["text_column"], source)
         out[split] = ds
     if task == "classification":
-        out = _check_labels(out, splits, d["label_column"], d.get("num_labels"), source)
+        out = _check_labels(out, splits, d["label_column"], d.get("num_labels"), source, d.get("label_names"))
     return out
 
 

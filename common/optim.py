@@ -8,7 +8,7 @@ def adamw(model, t: dict) -> torch.optim.AdamW:
     every other 1-D parameter are not decayed (decaying a norm's gain towards 0 fights the normalization).
     `t` is the config's `train` section (lr, weight_decay, adam_beta1, adam_beta2).
     fused=True: one kernel over all parameters instead of ~10 ops per parameter (torch >= 2.4 on CPU and CUDA);
-    the same update up to float rounding, and a much shorter step (README: Performance)."""
+    the same update up to float rounding, and a much shorter step (docs/performance.md)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
     groups = [{"params": decay, "weight_decay": t["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]

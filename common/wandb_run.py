@@ -61,6 +61,17 @@ def resolve_mode(setting: str) -> str:
     return setting
 
 
+def keep_offline_files_in(out_dir, env=os.environ) -> dict:
+    """An offline run's staged files inside its run directory: wandb copies every logged artifact and table to a
+    staging folder ($WANDB_DATA_DIR, default ~/.local/share/wandb) to wait for `wandb sync`, and keeps a cache
+    ($WANDB_CACHE_DIR, default ~/.cache/wandb). Under RUN_DIR/wandb/ instead, copying RUN_DIR keeps them with the run.
+    Sets them in `env`; returns what it set."""
+    root = Path(out_dir).resolve() / "wandb"
+    dirs = {"WANDB_DATA_DIR": str(root / "data"), "WANDB_CACHE_DIR": str(root / "cache")}
+    env.update(dirs)
+    return dirs
+
+
 def run_tags(cfg: dict, variant: str | None = None) -> list[str]:
     """Tags to filter a study by in the UI: norm, placement, task, lr=, warmup=, seed=, the variant (config file)
     and the user's wandb.tags."""
@@ -171,6 +182,6 @@ def log_checkpoint(run, checkpoint_dir, step: int) -> None:
     run.log_artifact(artifact, aliases=[f"step_{step}"])
 
 
-__all__ = ["DEPTH_CHARTS", "CHART_POINTS", "api_key_present", "resolve_mode", "run_tags", "init_kwargs",
+__all__ = ["DEPTH_CHARTS", "CHART_POINTS", "api_key_present", "resolve_mode", "keep_offline_files_in", "run_tags", "init_kwargs",
            "define_metrics", "depth_series", "depth_charts", "log_depth_charts", "write_summary", "log_model",
            "log_checkpoint"]

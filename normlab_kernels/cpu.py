@@ -4,12 +4,12 @@ the attention (attention_cpu.cpp), that of normlab::attention and normlab::atten
 
 Why C++: at this project's training shapes (~1000 tokens x 128 features per batch) a LayerNorm is so small that
 the ~10 separate eager ops of the reference (and their temporaries) cost more than the arithmetic; one pass per
-row in C++ measures at parity with torch.nn.LayerNorm's own kernel (README, Performance). The dropout's and the
+row in C++ measures at parity with torch.nn.LayerNorm's own kernel (docs/performance.md). The dropout's and the
 attention's reasons are in normlab_kernels/dropout.py and attention.py.
 
 torch.utils.cpp_extension builds the file once per machine (cached under TORCH_EXTENSIONS_DIR, default
 ~/.cache/torch_extensions) and loads the cached build afterwards; build_cache.py checks a cached build before
-loading it and rebuilds a damaged one.
+loading it and rebuilds a damaged one; build_progress.py says on stderr that a build runs, and for how long so far.
 -march=native tunes the loops to this CPU, so the extension's name carries a digest of the CPU's model and flags:
 a cache shared by different machines never hands one of them the other's build. -ffp-contract=off keeps each
 multiply and add separately rounded, as in the reference ops (fused multiply-adds made the exactly-zero gradient
@@ -54,12 +54,14 @@ def load():
         from torch.utils.cpp_extension import load as build_and_load
 
         from .build_cache import load_checked
+        from .build_progress import BuildProgress, build_dir, is_cached
 
-        threads = torch.get_num_threads()
+        name, threads = f"normlab_cpu_{_cpu_digest()}", torch.get_num_threads()
         try:
-            with torch.random.fork_rng(devices=[]):  # (no CUDA state is touched by a CPU build)
-                _extension = load_checked(build_and_load, name=f"normlab_cpu_{_cpu_digest()}", sources=SOURCES,
-                                          extra_cflags=FLAGS)  # a damaged cached build is rebuilt
+            progress = BuildProgress(announce_now=not is_cached(name), lock=os.path.join(build_dir(name), "lock"))
+            with torch.random.fork_rng(devices=[]), progress:
+                # (fork_rng: no CUDA state is touched by a CPU build); a damaged cached build is rebuilt
+                _extension = load_checked(build_and_load, name=name, sources=SOURCES, extra_cflags=FLAGS)
         finally:
             torch.set_num_threads(threads)
     return _extension

@@ -2,8 +2,8 @@
 place of a model's nn.Dropout when the C++ CPU backend is in use).
 
 Why: torch's CPU dropout draws one Mersenne-Twister number per element, one after the other (the generator is
-shared), which at NormLab's training shapes makes dropout a large part of a CPU training step (README,
-Performance). This dropout's mask is a keyed hash of each element's flat index instead: computed in parallel,
+shared), which at NormLab's training shapes makes dropout a large part of a CPU training step
+(docs/performance.md). This dropout's mask is a keyed hash of each element's flat index instead: computed in parallel,
 vectorized, and a pure function of (seed, index), so the backward regenerates it rather than saving it.
 
     normlab::dropout(x, seed, p) = x * mask(seed) / (1 - p),   mask_i = [h(seed, i) >= round(p * 2**32)]

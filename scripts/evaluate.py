@@ -35,7 +35,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # for common.data (the run's dataset), as train.py finds it
 
 from common.io import read_json, read_yaml  # noqa: E402
-from common.wandb_run import resolve_mode  # noqa: E402
+from common.wandb_run import keep_offline_files_in, resolve_mode  # noqa: E402
 
 
 
@@ -368,6 +368,8 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
     config = {"checkpoint": str(checkpoint), "train_run_id": trained.get("wandb_run_id"),
               "model_artifact": result.get("artifact"), "dataset": result.get("dataset"),
               "norm": result["norm"], "norm_placement": result["norm_placement"]}
+    if in_run and mode == "offline":
+        keep_offline_files_in(checkpoint.parent)  # the predictions table stays with the run, as train.py's files
     run = wandb.init(project=project, group=group, job_type="eval", name=name, mode=mode, config=config,
                      tags=[t for t in (result["norm"], result["norm_placement"], "eval") if t],
                      dir=str(checkpoint.parent) if in_run else None, reinit="finish_previous",

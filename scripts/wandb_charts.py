@@ -1,8 +1,9 @@
-"""Draw training runs' W&B depth charts locally, from what each run logged to wandb (its offline run under
-RUN_DIR/wandb): one row per run, one panel per per-layer quantity (`depth/*`), one line per layer: the data of the
-run's `depth/*` panels in the W&B workspace, without uploading anything.
+"""Look at training runs side by side without uploading anything: their W&B depth charts, drawn locally from what
+each run logged offline (RUN_DIR/wandb): one row per run, one panel per per-layer quantity (`depth/*`), one line
+per layer: the data of the runs' `depth/*` panels in the W&B workspace, in one PNG.
 
-    python scripts/wandb_charts.py runs/post_ln runs/pre_ln --out depth.png [--linear]
+    python scripts/wandb_charts.py runs/post_ln runs/pre_ln          # writes depth-charts.png
+    python scripts/wandb_charts.py runs/default --out default.png --linear
 """
 
 import argparse
@@ -78,7 +79,8 @@ def draw(runs, out: Path, log_y: bool = True) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, help="train.py output directories (with wandb/)")
-    parser.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    parser.add_argument("--out", type=Path, default=Path("depth-charts.png"),
+                        help="the PNG to write (default: depth-charts.png)")
     parser.add_argument("--linear", action="store_true", help="linear y axes (default: log where all values > 0)")
     args = parser.parse_args(argv)
     try:

@@ -56,8 +56,19 @@ def cpp():
 
 
 def pytest_configure(config):
-    """The marks transformers' own common tests carry (tests/test_hf_common.py runs them); registered so pytest does
-    not warn about them. They select test groups in transformers' CI; here every test runs unless it skips."""
-    for mark in ("slow", "accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
+    """`slow`: this suite's heavy tests (training runs, launched processes, builds), which the quick tier
+    `pytest -m "not slow"` leaves out; transformers' own slow group carries it too. The other marks are those
+    transformers' common tests carry (tests/test_hf_common.py runs them), registered so pytest does not warn about
+    them: they select test groups in transformers' CI; here every test runs unless it skips."""
+    config.addinivalue_line("markers", "slow: a heavy test, left out of the quick tier (pytest -m 'not slow')")
+    for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
                  "torch_compile_test"):
         config.addinivalue_line("markers", f"{mark}: a test group of transformers' CI")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The quick tier does not even import tests/test_hf_common.py: importing it fetches transformers' test files
+    from the package registry (once; cached in .cache/)."""
+    if collection_path.name == "test_hf_common.py" and "not slow" in (config.option.markexpr or ""):
+        return True
+    return None

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # the benchmark script, run for real
+
 REPO = Path(__file__).resolve().parent.parent
 
 

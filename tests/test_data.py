@@ -88,7 +88,27 @@ def test_mirror_found_from_the_repo_location_whatever_the_cwd(small, tmp_path, m
     assert set(dsd) == {"train", "validation"}
     assert (len(dsd["train"]), len(dsd["validation"])) == (300, 60)  # max_*_samples: the first N rows
     assert dsd["train"][0]["sentence"] == pd.read_parquet(MIRROR / "train.parquet").sentence[0]
-    assert label_names(dsd, cfg) == ["0", "1"]
+    assert label_names(dsd, cfg) == ["negative", "positive"]  # data.label_names: the parquet files name none
+
+
+def test_label_names_from_the_dataset_first_then_the_setting_then_the_ids(tmp_path, sst2_rows):
+    from datasets import ClassLabel, Dataset, DatasetDict
+
+    train, validation = sst2_rows
+    path = tmp_path / "sst2.csv"
+    write(pd.concat([train, validation]), path, "csv")
+    plain = [f"data.path={path}", "data.eval_split=train"]
+    assert label_names(resolve_dataset(cfg_with(*plain, "data.label_names=null")), cfg_with()) == ["0", "1"]
+    assert label_names(resolve_dataset(cfg_with(*plain, "data.label_names=bad,good")), cfg_with()) == ["bad", "good"]
+    with pytest.warns(UserWarning, match="data.label_names"):  # names that do not fit: the ids, and a warning
+        assert label_names(resolve_dataset(cfg_with(*plain, "data.label_names=a,b,c")), cfg_with()) == ["0", "1"]
+
+    # a dataset that names its classes (a ClassLabel feature, as on the Hub) keeps its own names
+    named = Dataset.from_pandas(train, preserve_index=False).cast_column("label", ClassLabel(names=["neg", "pos"]))
+    saved = tmp_path / "named"
+    DatasetDict(train=named, validation=named).save_to_disk(saved)
+    got = resolve_dataset(cfg_with(f"data.path={saved}"))
+    assert label_names(got, cfg_with()) == ["neg", "pos"]
 
 
 def test_normlab_data_dir_comes_before_the_shared_mirror(tmp_path, monkeypatch, sst2_rows):
@@ -223,7 +243,8 @@ def test_num_labels_from_config_or_inferred(tmp_path, sst2_rows):
     write(train, tmp_path / "train.parquet", "parquet")
     write(train, tmp_path / "validation.parquet", "parquet")
     assert len(label_names(resolve_dataset(cfg_with(f"data.path={tmp_path}")), cfg_with())) == 2
-    assert len(label_names(resolve_dataset(cfg_with(f"data.path={tmp_path}", "data.num_labels=5")), cfg_with())) == 5
+    assert len(label_names(resolve_dataset(cfg_with(f"data.path={tmp_path}", "data.num_labels=5",
+                                                     "data.label_names=null")), cfg_with())) == 5
 
 
 # ----------------------------------------------------------------------------------------------------------

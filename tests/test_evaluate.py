@@ -75,7 +75,7 @@ def test_json_on_the_runs_split_in_a_fresh_process(run_dir):
     assert result["checkpoint"] == str(run_dir / "final")
     assert result["dataset"]["split"] == "validation"
     assert result["num_examples"] == len(pd.read_parquet(VALIDATION))  # the whole split, not the run's 96 rows
-    assert result["labels"] == ["0", "1"]
+    assert result["labels"] == ["negative", "positive"]
     cm = result["confusion_matrix"]
     assert sum(map(sum, cm)) == result["num_examples"]
     accuracy, macro_f1 = hand_metrics(cm)
@@ -105,7 +105,7 @@ def test_table_output_and_other_column_names(run_dir, tmp_path, capsys):
     assert code == 0, err
     assert "accuracy" in out and "macro-F1" in out and "confusion matrix (rows: true label" in out
     matrix = out.split("columns: predicted label)\n")[1].splitlines()
-    assert matrix[0].split() == ["0", "1"]
+    assert matrix[0].split() == ["negative", "positive"]
     counts = [list(map(int, line.split()[1:])) for line in matrix[1:3]]
     assert sum(map(sum, counts)) == 20
     assert [sum(row) for row in counts] == [int((frame.stars == 0).sum()), int((frame.stars == 1).sum())]
@@ -123,7 +123,7 @@ def test_text_predictions(run_dir, capsys):
         assert sum(p["probabilities"].values()) == pytest.approx(1.0)
         assert p["label"] == max(p["probabilities"], key=p["probabilities"].get)
         assert p["probability"] == pytest.approx(p["probabilities"][p["label"]])
-        assert p["label_id"] == ["0", "1"].index(p["label"])
+        assert p["label_id"] == ["negative", "positive"].index(p["label"])
     code, out, _ = run_main(capsys, run_dir, "--text", texts[0])
     assert code == 0 and out.splitlines()[1].endswith("\t" + texts[0])
 
@@ -174,7 +174,8 @@ def test_labels_outside_the_models_label_set(run_dir, tmp_path, capsys):
     path = tmp_path / "three.csv"
     pd.DataFrame({"sentence": ["good", "bad", "meh", "odd"], "label": [1, 0, 2, -1]}).to_csv(path, index=False)
     code, _, err = run_main(capsys, run_dir, "--data", path)
-    assert code == 2 and "2 rows of" in err and "outside the model's label set {0, 1}: -1, 2 (first: row 2)" in err
+    assert code == 2 and "2 rows of" in err
+    assert "outside the model's label set {0 (negative), 1 (positive)}: -1, 2 (first: row 2)" in err
 
 
 def test_vocabulary_mismatch(run_dir, tmp_path, capsys):

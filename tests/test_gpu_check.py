@@ -5,6 +5,8 @@ import json
 import subprocess
 import tarfile
 
+import pytest
+
 import gpu_image_env
 import gpu_prepare
 from train_utils import REPO, env
@@ -39,6 +41,7 @@ def test_prepare_carries_exactly_what_the_image_lacks():
     assert sorted(a.split("==")[0] for a in cmd if "==" in a) == sorted(CARRIED)  # one version each
 
 
+@pytest.mark.slow  # runs the check script for real
 def test_rehearsal_under_the_image_package_set(tmp_path):
     proc = run_check(tmp_path, with_wheels=True, GPU_CHECK_SECTIONS="triton ln-bench kernels steps epoch")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -63,6 +66,7 @@ def test_rehearsal_under_the_image_package_set(tmp_path):
     assert " passed" in report(tmp_path, "logs/triton.log")
 
 
+@pytest.mark.slow  # runs the check script for real
 def test_without_the_wheels_the_kernel_sections_still_run(tmp_path):
     """The image alone (no omegaconf, no datasets): the training steps fail, the LayerNorm sections before them do
     not, and the report still comes back."""
@@ -79,6 +83,7 @@ def test_without_the_wheels_the_kernel_sections_still_run(tmp_path):
     assert json.loads(bench.stdout)["layernorm"]["rows"]
 
 
+@pytest.mark.slow  # runs the check script for real
 def test_a_failing_step_is_reported_and_fails_the_check(tmp_path):
     proc = run_check(tmp_path, with_wheels=True, GPU_CHECK_SECTIONS="kernels", PYTHON="false")
     assert proc.returncode == 1

@@ -19,6 +19,8 @@ from model import NormLabConfig, NormLabForMaskedLM, NormLabForSequenceClassific
 
 from hf_common import transformers_tests
 
+pytestmark = pytest.mark.slow  # transformers' common model tests (and a package-registry fetch on first use)
+
 try:
     _pkg = transformers_tests()
 except (RuntimeError, OSError, subprocess.SubprocessError) as err:

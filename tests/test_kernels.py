@@ -140,6 +140,7 @@ print(json.dumps({"backends": backends, "losses": losses}))
 """
 
 
+@pytest.mark.slow  # a C++ build from scratch: minutes
 def test_same_losses_whether_or_not_the_kernels_had_to_be_built(tmp_path):
     """The first run in a fresh extension cache builds the C++ kernels (tens of seconds), the second loads them:
     both train identically."""

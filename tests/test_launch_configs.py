@@ -13,7 +13,7 @@ from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu
 
 import train
 from model import modeling_normlab
-from train_utils import run_here
+from train_utils import accelerate_cmd, run_cmd, run_here
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -80,3 +80,15 @@ def test_train_py_refuses_deepspeed_with_one_line(tmp_path, monkeypatch, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "DeepSpeed" in err[0] and "fsdp.yaml" in err[0]
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.slow  # two launcher processes
+def test_the_quickstart_launch_config_gives_no_launcher_warning_and_its_exit_codes(tmp_path):
+    """configs/accelerate/cpu.yaml (the README's Quickstart): none of the launcher's lines about defaults. A bad input
+    exits 2 from train.py, which the launcher turns into 1 (with its own traceback unless -q), as the README says."""
+    launch = ("--config_file", str(CONFIG_DIR / "cpu.yaml"))
+    result = run_cmd(accelerate_cmd(tmp_path / "x", "model.nrom=rmsnorm", launch_args=launch), timeout=180)
+    assert result.returncode == 1 and "exit status 2" in result.stderr
+    assert "defaults used instead" not in result.stderr and "error: unknown config key 'model.nrom'" in result.stderr
+    quiet = run_cmd(accelerate_cmd(tmp_path / "x", "model.nrom=rmsnorm", launch_args=("-q", *launch)), timeout=180)
+    assert quiet.returncode == 1 and quiet.stderr.startswith("error: ") and quiet.stderr.strip().count("\n") == 0

@@ -14,6 +14,8 @@ from train_utils import (
     assert_same_weights, env, final_weights, losses, python_cmd, rows, run_cmd, run_here, summary,
 )
 
+pytestmark = pytest.mark.slow  # killed and resumed training runs in subprocesses
+
 # 40 steps over 19 batches per epoch: resumes land mid-epoch and in the second epoch. Dropout is on (RNG state
 # restored on resume).
 REFERENCE = ["train.max_steps=40", "train.save_steps=10", "train.eval_steps=20"]
@@ -161,7 +163,9 @@ def test_bad_input_is_one_line_and_deletes_nothing(reference, tmp_path, capsys):
     assert {p: p.stat().st_mtime_ns for p in reference.rglob("*")} == before
     # ...and the same config without train.resume is refused too (never overwritten)
     assert run_here(reference, *REFERENCE) == 2
-    assert "finished run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "finished run" in err and f"output_dir={reference}-2" in err and "train.resume=auto" in err
+    assert "train.max_steps" in err  # continuing a finished run means training it further
 
 
 def _write_csv(path, rows_, header="sentence,label"):

@@ -21,6 +21,8 @@ sys.path.insert(0, str(REPO_ROOT / "scripts"))
 import engines  # noqa: E402
 import study  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a study on a local Ray instance
+
 TINY = {"model.hidden_size": 32, "model.num_hidden_layers": 2, "model.num_attention_heads": 2,
         "model.intermediate_size": 64, "model.vocab_size": 1000, "data.max_train_samples": 300,
         "data.max_eval_samples": 96, "train.batch_size": 16, "train.cpu_threads": 1, "wandb.mode": "disabled"}

@@ -6,10 +6,14 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 
 import study  # noqa: E402
+
+pytestmark = pytest.mark.slow  # a whole tiny study, for real
 
 TINY = """
 name: smoke

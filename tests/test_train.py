@@ -18,6 +18,8 @@ from train_utils import (
     REPO, accelerate_cmd, env, free_port, losses, rows, run_cmd, run_here, summary, train_rows,
 )
 
+pytestmark = pytest.mark.slow  # accelerate launch end to end, several processes, compile: full training runs
+
 LAYER_KEYS = ("grad_norm", "act_rms", "attn_logit_max", "update_ratio")
 TRAIN_KEYS = ("train/loss", "train/lr", "train/grad_norm", "train/pad_fraction", "train/tokens_per_s",
               "events/loss_spike", "events/nonfinite")

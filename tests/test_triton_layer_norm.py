@@ -22,6 +22,8 @@ import torch
 
 from tests.triton_interpreter import CASES
 
+pytestmark = pytest.mark.slow  # Triton's interpreter and an sm_90 compile
+
 triton = pytest.importorskip("triton", reason="triton is not installed: the CUDA LayerNorm backend cannot be tested")
 
 REPO = Path(__file__).resolve().parent.parent

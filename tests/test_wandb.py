@@ -96,8 +96,9 @@ def test_final_and_checkpoints_are_artifacts(trained, wandb_home):
     assert len(model) == 1 and model[0]["name"] == f"model-{run.id}"
     assert {"final", "step_6"} <= set(model[0]["aliases"])
     assert set(model[0]["files"]) == {p.name for p in (out / "final").iterdir()}
-    staged = Path(model[0]["files"]["model.safetensors"])  # copied for a later `wandb sync`
-    assert staged.is_relative_to(wandb_home)  # $WANDB_DATA_DIR (conftest.py)
+    staged = Path(model[0]["files"]["model.safetensors"])  # copied for a later `wandb sync`...
+    assert staged.is_relative_to(out.resolve() / "wandb" / "data")  # ...inside the run directory
+    assert not any((wandb_home / "data").rglob("*.safetensors"))  # nothing in the user's staging area
     assert staged.read_bytes() == (out / "final" / "model.safetensors").read_bytes()
     assert model[0]["metadata"]["final"]["eval/accuracy"] == summary(out)["final"]["eval/accuracy"]
     checkpoints = [a for a in run.artifacts if a["type"] == "checkpoint"]
@@ -235,7 +236,7 @@ def test_records_reader_checks_the_format(trained, tmp_path):
         list(read_records(tmp_path / "x.wandb"))
 
 
-def test_wandb_charts_draws_the_logged_depth_charts(trained, tmp_path, capsys):
+def test_wandb_charts_draws_the_logged_depth_charts(trained, tmp_path, capsys, monkeypatch):
     import wandb_charts
     from PIL import Image
 
@@ -245,5 +246,13 @@ def test_wandb_charts_draws_the_logged_depth_charts(trained, tmp_path, capsys):
     assert wandb_charts.training_run(out).id == run.id  # the training run, not the evaluation run
     width, height = Image.open(png).size
     assert width > height > 0  # two rows of four panels
+    # a copied run directory is enough (its offline run and staged files are inside it); the PNG's default name
+    copy = tmp_path / "copied" / "run"
+    shutil.copytree(out, copy)
+    monkeypatch.chdir(tmp_path)
+    assert wandb_charts.main([str(copy)]) == 0 and (tmp_path / "depth-charts.png").is_file()
+    (model,) = [a for a in run.artifacts if a["type"] == "model"]
+    staged = Path(model["files"]["model.safetensors"]).relative_to(out.resolve())
+    assert (copy / staged).read_bytes() == (out / "final" / "model.safetensors").read_bytes()
     assert wandb_charts.main([str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
     assert "no offline wandb training run with depth charts" in capsys.readouterr().err

@@ -1,0 +1,47 @@
+"""final/README.md: the model card train.py writes next to a finished run's weights: what was trained, how to load
+it (also as a pipeline), its class names, its results and the whole config."""
+
+import yaml
+
+
+def model_card(cfg: dict, summary: dict, id2label: dict | None = None) -> str:
+    """The card's Markdown for a run of `cfg` that ended with `summary`; `id2label`: the classifier's class names."""
+    m = cfg["model"]
+    labels = ", ".join(f"{i} = {name}" for i, name in sorted((id2label or {}).items()))
+    results = "\n".join(f"| {k} | {v:.4f} |" for k, v in (summary.get("final") or {}).items()
+                        if isinstance(v, float))
+    return f"""---
+library_name: transformers
+tags: [normlab, {m['norm']}, {m['norm_placement']}-norm]
+datasets: [{cfg['data']['name'] or cfg['data']['path']}]
+---
+# NormLab encoder: `{m['norm']}`, {m['norm_placement']} placement
+
+Trained from scratch with NormLab's `train.py` ({cfg['task']}) for {summary['step']} optimizer steps.
+The model code travels with the weights:
+
+```python
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+model = AutoModelForSequenceClassification.from_pretrained("PATH", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)
+
+from transformers import pipeline
+pipeline("text-classification", model="PATH", trust_remote_code=True)("a gorgeous film")  # [{{'label': ..., 'score': ...}}]
+```
+
+Labels: {labels or "none (masked language model)"}.
+
+## Results (eval split `{cfg['data']['eval_split']}`, final step)
+
+| metric | value |
+|---|---|
+{results}
+
+Best: {summary.get('best')}. Loss spikes during training: {summary.get('loss_spikes')}.
+
+## Config
+
+```yaml
+{yaml.safe_dump(cfg, sort_keys=False).strip()}
+```
+"""

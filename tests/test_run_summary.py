@@ -1,0 +1,71 @@
+"""The lines train.py prints when a run ends (common/run_summary.py), alone and at the end of a real tiny run."""
+
+import json
+
+from common.run_summary import format_summary, tokens_per_s
+from train_utils import run_here
+
+COMPLETED = {"status": "completed", "step": 2105, "total_steps": 2105, "wall_time_s": 67.4,
+             "final": {"eval/loss": 0.4399, "eval/accuracy": 0.8096},
+             "best": {"step": 2000, "eval/accuracy": 0.8119, "eval/loss": 0.45},
+             "final_model": "runs/default/final", "last_checkpoint": "runs/default/checkpoints/step_2105",
+             "wandb_run_id": "ab12cd34"}
+
+
+def _run_dir(tmp_path, rates=(1000.0, 14671.0, 15000.0)):
+    out = tmp_path / "default"
+    (out / "wandb" / "offline-run-20260101_000000-ab12cd34").mkdir(parents=True)
+    (out / "wandb" / "offline-run-20260102_000000-ab12cd34").mkdir()  # resumed later: the newer one is named
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "train/tokens_per_s": r}) + "\n"
+                                               for i, r in enumerate(rates)))
+    return out
+
+
+def test_completed_run_names_accuracy_time_model_and_wandb(tmp_path):
+    out = _run_dir(tmp_path)
+    text = format_summary(COMPLETED, out, "validation", wandb_mode="offline")
+    first, model, wandb, charts = text.splitlines()
+    assert first == ("completed in 67 s (14,671 tokens/s): validation accuracy 0.810 (best 0.812 at step 2000), "
+                     "loss 0.440")
+    assert "runs/default/final" in model and f"python scripts/evaluate.py {out}" in model
+    newest = out / "wandb" / "offline-run-20260102_000000-ab12cd34"
+    assert f"wandb sync {newest}" in wandb and f"python scripts/wandb_charts.py {out}" in charts
+
+
+def test_best_is_not_repeated_when_the_final_step_is_the_best(tmp_path):
+    s = {**COMPLETED, "best": {"step": 2105, "eval/accuracy": 0.8096}}
+    assert "best" not in format_summary(s, _run_dir(tmp_path), "validation").splitlines()[0]
+
+
+def test_interrupted_and_diverged_runs_say_what_to_do(tmp_path):
+    out = _run_dir(tmp_path)
+    base = {**COMPLETED, "final_model": None, "wandb_run_id": None, "step": 700}
+    interrupted = format_summary({**base, "status": "interrupted"}, out, "validation")
+    assert interrupted.startswith("interrupted at step 700 of 2105 in 67 s")
+    assert f"python train.py output_dir={out} train.resume=auto" in interrupted
+    diverged = format_summary({**base, "status": "diverged", "final": None, "best": None}, out, "validation")
+    assert diverged.startswith("diverged at step 700 of 2105") and "train.lr" in diverged
+
+
+def test_throughput_is_the_median_of_the_logged_rates(tmp_path):
+    assert tokens_per_s(_run_dir(tmp_path, rates=(10.0, 500.0, 700.0, 20000.0)) / "metrics.jsonl") == 600.0
+    assert tokens_per_s(tmp_path / "nothing.jsonl") is None
+
+
+def test_a_real_run_ends_with_the_summary_and_names_its_labels(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run_here(out, "train.max_steps=6", "train.eval_steps=3", "train.kernels=reference",
+                    "wandb.mode=offline", "wandb.log_model=false") == 0
+    lines = capsys.readouterr().out.strip().splitlines()[-4:]
+    assert lines[0].startswith("completed in ") and "tokens/s): validation accuracy " in lines[0]
+    assert f"model:  {out / 'final'}" in lines[1]
+    wandb_dir = next((out / "wandb").glob("offline-run-*"))
+    assert f"wandb sync {wandb_dir}" in lines[2]
+    # SST-2's classes by name (data.label_names): config.json, the model card and a pipeline's output
+    config = json.loads((out / "final" / "config.json").read_text())
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+    assert "Labels: 0 = negative, 1 = positive." in (out / "final" / "README.md").read_text()
+    from transformers import pipeline
+
+    classify = pipeline("text-classification", model=str(out / "final"), trust_remote_code=True, device="cpu")
+    assert classify("a gorgeous film")[0]["label"] in ("negative", "positive")
