@@ -99,6 +99,7 @@ def test_powernorm_recomputes_only_its_latest_forward():
         loss.backward()
 
 
+@pytest.mark.slow  # two accelerate processes, launched for real
 def test_two_processes_keep_checkpointed_statistics_in_sync(tmp_path):
     """DDP via accelerate (2 CPU processes, no buffer broadcast): on each process the checkpointed steps equal the
     plain ones, and the synced running statistics are the same on both processes."""

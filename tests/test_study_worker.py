@@ -4,12 +4,16 @@ that run's."""
 import json
 import sys
 
+import pytest
+
 from train_utils import REPO, env, python_cmd
 
 sys.path.insert(0, str(REPO / "scripts"))
 
 from engines import subprocess_runner  # noqa: E402
 from normlab_study.worker import WarmRunner, is_train_command  # noqa: E402
+
+pytestmark = pytest.mark.slow  # trains in fresh and warm processes
 
 STEPS = ["train.max_steps=6", "train.eval_steps=6", "train.save_steps=6"]
 

@@ -102,6 +102,7 @@ FAULTS = [
 
 
 @pytest.mark.parametrize("fault,what,reason,kept,recorded", FAULTS, ids=[f[0].__name__ for f in FAULTS])
+@pytest.mark.slow  # trains, fails, resumes and retrains for reference
 def test_a_refused_write_is_one_line_and_the_run_resumes(fault, what, reason, kept, recorded, reference, tmp_path,
                                                          capsys):
     out = tmp_path / "run"
