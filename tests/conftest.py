@@ -33,6 +33,16 @@ def _register_cpu(backend: str) -> bool:
     return got["normlab::layer_norm"] == backend
 
 
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """One uninterrupted tiny run (train_utils.REFERENCE) that the resume tests compare their resumed runs with."""
+    from train_utils import REFERENCE, run_here
+
+    out = tmp_path_factory.mktemp("reference") / "run"
+    assert run_here(out, *REFERENCE) == 0
+    return out
+
+
 @pytest.fixture(params=["reference", "cpp"])
 def backend(request):
     """The test runs on each CPU implementation of NormLab's operators: their reference math and normlab_kernels'

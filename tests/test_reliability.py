@@ -11,21 +11,13 @@ from pathlib import Path
 import pytest
 
 from train_utils import (
-    assert_same_weights, env, final_weights, losses, python_cmd, rows, run_cmd, run_here, summary,
+    REFERENCE, assert_same_weights, env, final_weights, losses, python_cmd, rows, run_cmd, run_here, summary,
 )
 
 pytestmark = pytest.mark.slow  # killed and resumed training runs in subprocesses
 
-# 40 steps over 19 batches per epoch: resumes land mid-epoch and in the second epoch. Dropout is on (RNG state
-# restored on resume).
-REFERENCE = ["train.max_steps=40", "train.save_steps=10", "train.eval_steps=20"]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("reference") / "run"
-    assert run_here(out, *REFERENCE) == 0
-    return out
+# Resumed runs are compared with the `reference` fixture's uninterrupted run (conftest.py; train_utils.REFERENCE).
+# Dropout is on (RNG state restored on resume).
 
 
 def start(out, *overrides) -> subprocess.Popen:

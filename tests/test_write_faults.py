@@ -16,16 +16,8 @@ import train
 from common.checkpointing import validate_checkpoint
 from common.metrics import MetricsWriter
 from common.writes import WriteError, guarded_write
-from train_utils import assert_same_weights, final_weights, losses, run_here, summary
+from train_utils import REFERENCE, assert_same_weights, final_weights, losses, run_here, summary
 
-REFERENCE = ["train.max_steps=40", "train.save_steps=10", "train.eval_steps=20"]
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("reference") / "run"
-    assert run_here(out, *REFERENCE) == 0
-    return out
 
 
 def refuse(code: int, path) -> OSError:

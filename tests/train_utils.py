@@ -22,6 +22,10 @@ TINY = [
 ]
 
 
+# 40 steps over 19 batches per epoch: resumes land mid-epoch and in the second epoch (the `reference` fixture's run)
+REFERENCE = ["train.max_steps=40", "train.save_steps=10", "train.eval_steps=20"]
+
+
 def env() -> dict:
     e = dict(os.environ)
     e.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true",
