@@ -1,18 +1,13 @@
-"""scripts/study.py's grid, experiments, narrowing, skipping and failure recording, with a fake runner (no training
+"""The study runner's (normlab_study/runner.py, grid.py) grid, experiments, narrowing, skipping and failure recording, with a fake runner (no training
 here; tests/test_study_smoke.py trains a tiny study end to end)."""
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
-
-import study  # noqa: E402
+from normlab_study import runner as study
 
 GRID = """
 name: tiny

@@ -3,15 +3,10 @@ sweep, the choice on dev, runs at the chosen LRs and the A/A arm, in warm worker
 scores every final model (score_runs.py) and writes the report."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
-
-import study  # noqa: E402
+from normlab_study import runner as study
 
 pytestmark = pytest.mark.slow  # a whole tiny study, for real
 

@@ -6,12 +6,9 @@ import sys
 
 import pytest
 
+from normlab_study.engines import subprocess_runner
+from normlab_study.worker import WarmRunner, is_train_command
 from train_utils import REPO, env, python_cmd
-
-sys.path.insert(0, str(REPO / "scripts"))
-
-from engines import subprocess_runner  # noqa: E402
-from normlab_study.worker import WarmRunner, is_train_command  # noqa: E402
 
 pytestmark = pytest.mark.slow  # trains in fresh and warm processes
 

@@ -1,4 +1,4 @@
-"""How scripts/study.py runs a study's runs: on this machine (LocalEngine) or as Ray tasks (RayEngine).
+"""How a study (normlab_study/runner.py) runs a study's runs: on this machine (LocalEngine) or as Ray tasks (RayEngine).
 
 An engine is handed a list of Jobs -- one train.py command each, with its run directory, log file and what it
 needs -- and runs every one to its end, calling `started(job)` when a job begins and `finished(job, outcome)` when it
@@ -22,12 +22,10 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from common.io import read_json
+from normlab_study.worker import WarmRunner
 
-from common.io import read_json  # noqa: E402
-from normlab_study.worker import WarmRunner  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 FINISHED = ("completed", "diverged")  # a run with this summary.json status is never trained again
 DEFAULT_RETRIES = 2

@@ -1,0 +1,118 @@
+"""E1 of the norm study: gradients at initialization and the first Adam updates, per placement and depth.
+
+    python scripts/init_study.py studies/quick            # the `init` block of STUDY/study.json
+    python scripts/init_study.py studies/quick --preset quick
+
+No training run: for every placement (post, pre, deepnorm), depth and seed this builds a fresh classifier
+(torch's LayerNorm, dropout off) and, on the same fixed SST-2 batches for every model,
+1. takes one loss and backward pass at initialization and records each block's gradient norm (Xiong et al.
+   2020: post-LN's gradients grow toward the output at init, pre-LN's do not);
+2. takes `adam_steps` Adam steps (no warmup, no clipping: the update the optimizer takes on its own) and records,
+   after each, the relative change of the encoder's output on a held-out batch, ||F(theta_t) - F(theta_0)|| /
+   ||F(theta_0)|| over real tokens (Wang et al. 2022, DeepNet: post-LN's early model update grows with depth,
+   DeepNorm bounds it).
+Writes STUDY/e1.jsonl, one record per (placement, depth, seed).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from common.data import get_tokenizer, resolve_dataset
+from common.io import read_json, read_yaml, write_jsonl
+from common.metrics import block_parameters
+from model import NormLabConfig, NormLabForSequenceClassification
+
+DATA = {"name": "stanfordnlp/sst2", "path": None, "text_column": "sentence", "label_column": "label",
+        "num_labels": None, "train_split": "train", "eval_split": "validation", "max_train_samples": None,
+        "max_eval_samples": None, "tokenizer": None}
+
+
+def fixed_batches(init: dict, vocab_size: int, tokenizer_rows: int):
+    """adam_steps + 1 training batches (rows 0.. of train) and one probe batch (validation), shared by all models."""
+    cfg = {"task": "classification", "model": {"vocab_size": vocab_size},
+           "data": {**DATA, "max_length": init["max_length"], "max_train_samples": tokenizer_rows}}
+    dsd = resolve_dataset(cfg)
+    tokenizer = get_tokenizer(cfg, dsd["train"])  # the study runs' tokenizer (same rows, same size: cached)
+
+    def encode(rows):
+        enc = tokenizer(rows["sentence"], truncation=True, max_length=init["max_length"], padding=True,
+                        return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
+                "labels": torch.tensor(rows["label"])}
+
+    bs = init["batch_size"]
+    train = [encode(dsd["train"][i * bs:(i + 1) * bs]) for i in range(init["adam_steps"] + 1)]
+    return train, encode(dsd["validation"][:bs]), len(tokenizer)
+
+
+def build(placement: str, depth: int, init: dict, vocab_size: int, seed: int):
+    torch.manual_seed(seed)
+    config = NormLabConfig(norm="layernorm", norm_placement=placement, num_hidden_layers=depth,
+                           hidden_size=init["hidden_size"], num_attention_heads=init["num_attention_heads"],
+                           intermediate_size=init["intermediate_size"], vocab_size=vocab_size, num_labels=2,
+                           max_position_embeddings=128, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return NormLabForSequenceClassification(config)
+
+
+def output_of(model, probe) -> torch.Tensor:
+    """(T, D) encoder output at the probe batch's real tokens."""
+    with torch.no_grad():
+        hidden = model.base_model(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"])[0]
+    return hidden[probe["attention_mask"].bool()]
+
+
+def measure(placement: str, depth: int, seed: int, init: dict, train, probe, vocab_size: int) -> dict:
+    model = build(placement, depth, init, vocab_size, seed)
+    loss = model(**train[0]).loss
+    loss.backward()
+    grad_norms = [torch.sqrt(sum((p.grad.float() ** 2).sum() for p in group)).item()
+                  for group in block_parameters(model)]
+    model.zero_grad(set_to_none=True)
+    start = output_of(model, probe)
+    optimizer = torch.optim.Adam(model.parameters(), lr=init["lr"], betas=(0.9, 0.98), eps=1e-8)
+    changes = []
+    for batch in train[1:]:
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        changes.append(((output_of(model, probe) - start).norm() / start.norm()).item())
+    return {"placement": placement, "depth": depth, "seed": seed, "loss_at_init": round(loss.item(), 6),
+            "grad_norm": [float(f"{g:.5g}") for g in grad_norms], "output_change": [float(f"{c:.5g}") for c in changes]}
+
+
+def run(init: dict, out: Path, tokenizer_rows: int, vocab_size: int) -> list[dict]:
+    train, probe, vocab = fixed_batches(init, vocab_size, tokenizer_rows)
+    rows = []
+    for placement in init["placements"]:
+        for depth in init["depths"]:
+            for seed in init["seeds"]:
+                rows.append(measure(placement, depth, seed, init, train, probe, vocab))
+                r = rows[-1]
+                print(f"e1 {placement} depth {depth} seed {seed}: grad last/first "
+                      f"{r['grad_norm'][-1] / r['grad_norm'][0]:.3g}, output change {r['output_change'][-1]:.3g}",
+                      flush=True)
+    write_jsonl(out, rows)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="E1: per-layer gradient norms at init and early Adam updates.")
+    parser.add_argument("study_dir", type=Path)
+    parser.add_argument("--preset", type=Path, default=None, help="a study YAML (default: STUDY/study.json)")
+    args = parser.parse_args(argv)
+    source = (read_yaml(args.preset) if args.preset
+              else read_json(args.study_dir / "study.json"))
+    if not source.get("init"):
+        print("init_study.py: error: the study has no `init` block (E1 settings)", file=sys.stderr)
+        return 2
+    overrides = source.get("overrides") or {}
+    if isinstance(overrides, list):  # study.json keeps them as key=value strings
+        overrides = dict(o.split("=", 1) for o in overrides)
+    torch.set_num_threads(1)  # tiny models: one thread is as fast and leaves the other core to the study
+    run(source["init"], args.study_dir / "e1.jsonl", int(overrides.get("data.max_train_samples", 5120)),
+        int(overrides.get("model.vocab_size", 4000)))
+    return 0
+

@@ -1,0 +1,373 @@
+"""Run a norm study (scripts/study.py is the entry point): the grid's runs, stage by stage, then E1, the records and
+the report.
+
+    python scripts/study.py --preset quick --parallel 2         # configs/study/quick.yaml
+    python scripts/study.py --preset quick --only variant=post_ln,pre_ln --only seed=0
+    python scripts/study.py --preset full --study-dir studies/full-a100 train.max_steps=2000
+    python scripts/study.py --preset quick --dry-run            # print the runs, train nothing
+
+The grid is data (configs/study/<preset>.yaml, documented there; normlab_study/grid.py reads it). LR sweeps train
+first; each arm's LR is then chosen on the dev split (selection.py) and the runs it unlocks train next. Each run is
+one `train.py` command (in a warm worker on this machine, worker.py):
+    python train.py --config <variant file> <study overrides> <variant overrides> train.lr=.. train.warmup_steps=..
+        seed=.. output_dir=STUDY/runs/<run> wandb.group=<study name> <command-line overrides>
+writing STUDY/runs/<run>/ and its log to STUDY/logs/<run>.log. With several GPUs, one run per GPU at a time
+(`accelerate launch` with CUDA_VISIBLE_DEVICES=<gpu>); otherwise one run after another. `--engine ray` runs every
+run as a Ray task instead, here or on a cluster (normlab_study/engines.py; docs/studies.md).
+
+STUDY/study.json records the grid, the command and every run's status. A run that diverges or crashes is
+recorded there and the study goes on; running the same command again skips runs whose summary.json says
+completed or diverged (and resumes interrupted ones from their last checkpoint). At the end the report is
+written (scripts/report.py) unless --no-report.
+"""
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+from common.io import atomic_write_json, read_json
+from normlab_study.engines import FINISHED, EngineError, Job, LocalEngine, make_engine, read_status, subprocess_runner
+from normlab_study.grid import (  # (re-exported: the grid is what a study runs)
+    AXES, STUDY_CONFIG_DIR, StudyError, expand, format_override, load_grid, lr_grid, narrow, parse_only,
+    pending_selections, resolve_preset, run_name,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def train_command(grid, run, study_dir: Path, extra: list[str], launcher: list[str]) -> list[str]:
+    exp = grid["experiments"][run["experiment"]]
+    spec = exp["variants"][run["variant"]]
+    cmd = list(launcher) + [str(REPO_ROOT / "train.py")]
+    if spec["config"]:
+        cmd += ["--config", spec["config"]]
+    warmup_steps = exp["warmup"][run["warmup"]]
+    cmd += (grid["overrides"] + exp["overrides"] + spec["overrides"]
+            + [f"train.lr={run['lr']:g}", f"seed={run['seed']}"])
+    if warmup_steps is not None:
+        cmd.append(f"train.warmup_steps={warmup_steps}")
+    cmd += [f"output_dir={study_dir / 'runs' / run['name']}", f"wandb.group={grid['name']}",
+            format_override("wandb.tags", [t for t in (grid["name"], run["experiment"], run["variant"],
+                                                         f"warmup-{run['warmup']}") if t]),
+            "train.resume=auto"]  # an interrupted run continues from its last checkpoint
+    if grid.get("wandb_project"):
+        cmd.append(f"wandb.project={grid['wandb_project']}")
+    return cmd + list(extra)
+
+
+def validate_commands(grid, runs, extra):
+    """Check every run's config with train.py's own loader before training anything (a typo costs seconds)."""
+    from common.config import ConfigError, load_config
+
+    seen = set()
+    for run in runs:
+        exp = grid["experiments"][run["experiment"]]
+        spec = exp["variants"][run["variant"]]
+        key = (run["experiment"], run["variant"], run["warmup"])
+        if key in seen:
+            continue
+        seen.add(key)
+        overrides = grid["overrides"] + exp["overrides"] + spec["overrides"] + list(extra) + [f"train.lr={run['lr']:g}"]
+        config = str(REPO_ROOT / spec["config"]) if spec["config"] else None
+        try:
+            load_config(config, overrides)
+        except ConfigError as err:
+            raise StudyError(f"{run['experiment'] + ' ' if run['experiment'] else ''}variant {run['variant']}: {err}") from None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running
+
+
+def _tail(path: Path, n=3) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])[-500:]
+
+
+class Study:
+    """study.json, kept current after every run (safe to read while the study runs)."""
+
+    def __init__(self, study_dir: Path, grid: dict, grid_file: Path, command: str):
+        self.dir = study_dir
+        self.path = study_dir / "study.json"
+        self.lock = threading.Lock()
+        old = read_json(self.path, {})
+        if old.get("name") not in (None, grid["name"]):
+            raise StudyError(f"{study_dir} holds study {old['name']!r}, not {grid['name']!r}; pick another --study-dir")
+        self.data = {"name": grid["name"], "description": grid["description"], "grid_file": str(grid_file),
+                     "experiments": grid["experiments"], "init": grid["init"], "score": grid["score"],
+                     "common_overrides": grid["overrides"], "comparisons": grid["comparisons"],
+                     "wandb_project": grid["wandb_project"], "command": command,
+                     # every invocation that trained into this directory (a study may be built in pieces)
+                     "commands": [c for c in old.get("commands", []) if c != command] + [command],
+                     "runs": old.get("runs", {})}
+
+    def record(self, name, fresh=False, **fields):
+        """Update a run's entry (fresh: start it over, dropping what an earlier attempt recorded)."""
+        with self.lock:
+            if fresh:
+                self.data["runs"][name] = {}
+            self.data["runs"].setdefault(name, {}).update(fields)
+            atomic_write_json(self.path, self.data, indent=1)
+
+
+def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
+    """A run as the engine takes it: its train.py command, run directory, log and resources."""
+    cmd = train_command(grid, run, study_dir, extra, launcher)
+    env, threads = {}, engine.threads_per_run
+    if threads:
+        # several CPU runs share the cores: tell each its share, as train.cpu_threads (under accelerate launch
+        # train.py cannot tell a 1 in OMP_NUM_THREADS from accelerate's default) and as OMP_NUM_THREADS
+        env["OMP_NUM_THREADS"] = str(threads)
+        given = [c.split("=", 1)[1] for c in cmd if c.startswith("train.cpu_threads=")]
+        if not given:
+            cmd.append(f"train.cpu_threads={threads}")
+        elif given[-1].isdigit():  # the run's own thread count is what a Ray task reserves
+            threads = int(given[-1])
+    return Job(run["name"], cmd, study_dir / "runs" / run["name"], study_dir / "logs" / f"{run['name']}.log",
+               gpus=engine.gpus_per_run, cpus=threads or 1, env=env)
+
+
+def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runner=subprocess_runner,
+              parallel=1, gpus=0, print_fn=print, engine=None) -> dict:
+    """Train every run not finished yet; returns {run name: status}. Never raises for a run's failure.
+    `engine` (engines.py) runs them; default: LocalEngine(parallel, gpus, runner)."""
+    engine = engine or LocalEngine(parallel=parallel, gpus=gpus, runner=runner)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    (study_dir / "logs").mkdir(exist_ok=True)
+    study = Study(study_dir, grid, grid_file, command)
+    launcher = [sys.executable]
+    if engine.gpus_per_run:  # one process per GPU, given its GPU by the engine
+        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"]
+    statuses, todo = {}, []
+    for run in runs:
+        status = read_status(study_dir / "runs" / run["name"])
+        base = {k: run[k] for k in ("experiment", "experiments", "variant", "lr", "warmup", "seed") if k in run}
+        if status in FINISHED:
+            statuses[run["name"]] = status
+            study.record(run["name"], **base, status=status)
+        else:
+            todo.append(study_job(grid, run, study_dir, extra, launcher, engine))
+            study.record(run["name"], fresh=True, **base, status="pending", command=shlex.join(todo[-1].cmd))
+    print_fn(f"study {grid['name']}: {len(runs)} runs selected, {len(runs) - len(todo)} already finished, "
+             f"{len(todo)} to train -> {study_dir}")
+    counter = iter(range(1, len(todo) + 1))
+
+    where = {"commit": git_commit(), "machine": machine()}
+
+    def started(job):
+        study.record(job.name, status="running", log=str(job.log.relative_to(study_dir)), **where,
+                     started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+    def finished(job, outcome):
+        status = read_status(job.run_dir)
+        if status is None or (outcome.returncode != 0 and status not in FINISHED):
+            status = "failed"
+        fields = dict(status=status, returncode=outcome.returncode, duration_s=outcome.duration_s,
+                      attempts=outcome.attempts, host=outcome.host)
+        if status == "failed":
+            fields["error"] = outcome.error or _tail(job.log)
+        study.record(job.name, **fields)
+        statuses[job.name] = status
+        took = f" in {outcome.duration_s:.0f}s" if outcome.duration_s is not None else ""
+        print_fn(f"[{next(counter)}/{len(todo)}] {job.name}: {status}{took}"
+                 + (f" (exit {outcome.returncode}; see {job.log})" if status == "failed" else ""))
+
+    engine.run_all(todo, started, finished)
+    counts = {}
+    for status in statuses.values():
+        counts[status] = counts.get(status, 0) + 1
+    print_fn(f"study {grid['name']} done: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return statuses
+
+
+def machine() -> str:
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, {os.cpu_count()} CPU cores"
+    except ImportError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPU cores, no GPU"
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, with "+dirty" when tracked files differ from it (the runs then are not that commit's)."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or None
+    return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def record_invocation(study_dir: Path, command: str, started: float) -> None:
+    """Append this command's commit, machine, wall time and CPU time (of the runs it started) to study.json."""
+    path = study_dir / "study.json"
+    data = read_json(path)
+    commit = git_commit()
+    times = os.times()
+    data.setdefault("invocations", []).append({
+        "command": command, "commit": commit, "machine": machine(), "started": time.strftime(
+            "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 1),
+        "cpu_s": round(times.children_user + times.children_system, 1)})
+    atomic_write_json(path, data, indent=1)
+
+
+def wants_e1(grid: dict, only: dict) -> bool:
+    """E1 (normlab_study/init_exp.py) runs when the study has an `init` block and --only experiment=... names e1 or
+    no experiment; `e1` is then taken out of the experiment filter (it has no training runs)."""
+    if not grid.get("init"):
+        return False
+    wanted = only.get("experiment")
+    if wanted is None:
+        return "seed" not in only and "variant" not in only and "lr" not in only and "warmup" not in only
+    if "e1" not in wanted:
+        return False
+    wanted.discard("e1")
+    return True
+
+
+def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool) -> None:
+    """E1, then the per-run records (scores of every final model), then the report: each a script of its own. A
+    study file without a `score` block gets neither records nor report (the report reads only the records)."""
+    scripts = REPO_ROOT / "scripts"
+    if run_e1:
+        subprocess.run([sys.executable, str(scripts / "init_study.py"), str(study_dir)], cwd=REPO_ROOT, check=True)
+    if not score:
+        return
+    subprocess.run([sys.executable, str(scripts / "score_runs.py"), str(study_dir)], cwd=REPO_ROOT, check=True)
+    if report:
+        subprocess.run([sys.executable, str(scripts / "report.py"), str(study_dir)], cwd=REPO_ROOT)
+
+
+def selected_runs(grid, only: dict, selection: dict) -> list[dict]:
+    """The runs --only asks for among those whose LR is known; a value that names nothing is an error only once
+    every chosen-LR experiment can expand (before that, it may name a run the selection will create)."""
+    if only.get("experiment", {None}) == set():  # only e1 was asked for
+        return []
+    return narrow(expand(grid, selection), only, strict=not pending_selections(grid, selection))
+
+
+def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str, engine) -> None:
+    """Train what can be trained; when an LR sweep has finished, choose its LRs on dev and train what they
+    unlock; repeat until nothing more can run (a narrowed study may leave choices for a later invocation)."""
+    from normlab_study.selection import select
+
+    selection = read_json(study_dir / "selection.json", {}) or {}
+    while True:
+        runs = selected_runs(grid, only, selection)
+        sweeps = {experiment for experiment, _, _ in pending_selections(grid, selection).values()}
+        first = [r for r in runs if sweeps & set(r["experiments"])]  # the sweeps that choose LRs go first
+        run_study(grid, grid_file, study_dir, first or runs, extra, command=command, engine=engine)
+        ready = {}
+        for key, (experiment, variant, warmup) in pending_selections(grid, selection).items():
+            sweep = [r for r in expand(grid, selection) if experiment in r["experiments"]
+                     and r["variant"] == variant and r["warmup"] == warmup]
+            if all(read_status(study_dir / "runs" / r["name"]) in FINISHED for r in sweep):
+                ready[key] = {}
+                for r in sweep:
+                    ready[key].setdefault(r["lr"], []).append(r["name"])
+        if ready:
+            print(f"choosing the LR of {len(ready)} arm(s) on the dev split")
+            selection = select(study_dir, ready, grid["score"])
+            continue
+        if first:  # a narrowed sweep left choices open: train the rest that can run
+            run_study(grid, grid_file, study_dir, [r for r in runs if r not in first], extra, command=command,
+                      engine=engine)
+        return
+
+
+def dry_run(grid, runs, study_dir: Path, overrides) -> int:
+    """Print each run's command and whether a rerun would train or skip it; write nothing."""
+    for run in runs:
+        status = read_status(study_dir / "runs" / run["name"])
+        action = f"skip ({status})" if status in FINISHED else "train"
+        print(f"{action:18s} {shlex.join(train_command(grid, run, study_dir, overrides, [sys.executable]))}")
+    print(f"{len(runs)} runs ({sum(read_status(study_dir / 'runs' / r['name']) not in FINISHED for r in runs)} to train)"
+          f" in {study_dir}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (see the module docstring).",
+        usage="study.py --preset quick|full|FILE.yaml [--only key=value,...] [--study-dir DIR] [--dry-run] "
+              "[--engine local|ray [--address A] [--max-retries N]] [key=value ...]")
+    parser.add_argument("--preset", required=True, help="quick, full (configs/study/<name>.yaml) or a study YAML file")
+    parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="narrow the grid: keys experiment (e1 too), variant, lr, warmup (on/off), seed; e.g. "
+                             "--only variant=post_ln,pre_ln --only seed=0 (repeat a key for alternatives)")
+    parser.add_argument("--study-dir", type=Path, default=None, help="default: studies/<study name>")
+    parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
+    parser.add_argument("--parallel", type=int, default=None,
+                        help="runs at once (default: one per visible GPU, 1 on CPU; on CPU the cores are split "
+                             "between them: train.cpu_threads and OMP_NUM_THREADS)")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local",
+                        help="local: this machine's GPUs or cores (default); ray: every run a Ray task, on a new "
+                             "local Ray instance or the cluster at --address (docs/studies.md)")
+    parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
+                        help="--engine ray: an existing Ray cluster (auto: the one `ray start` runs on this node)")
+    parser.add_argument("--max-retries", type=int, default=None,
+                        help="--engine ray: attempts after the first for a run whose worker died or whose train.py "
+                             "was killed, each resuming from its last checkpoint (default 2)")
+    parser.add_argument("--process-per-run", action="store_true",
+                        help="local engine: start a fresh Python process for every run instead of reusing one warm "
+                             "worker per parallel slot (slower; the same numbers)")
+    parser.add_argument("--no-report", action="store_true", help="do not run scripts/report.py at the end")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py overrides for every run")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        bad = [o for o in args.overrides if "=" not in o]
+        if bad:
+            raise StudyError(f"unexpected argument {bad[0]!r}: extra train.py overrides are key=value")
+        grid_file = resolve_preset(args.preset)
+        grid = load_grid(grid_file)
+        only = parse_only(args.only)
+        run_e1 = wants_e1(grid, only)
+        study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
+        runs = selected_runs(grid, only, read_json(study_dir / "selection.json", {}) or {})
+        validate_commands(grid, runs, args.overrides)
+    except StudyError as err:
+        print(f"study.py: error: {err}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        return dry_run(grid, runs, study_dir, args.overrides)
+    command = shlex.join(["python", "scripts/study.py", *(argv if argv is not None else sys.argv[1:])])
+    started = time.time()
+    try:
+        engine = make_engine(args.engine, parallel=args.parallel, address=args.address, max_retries=args.max_retries,
+                             warm=not args.process_per_run)
+    except EngineError as err:
+        print(f"study.py: error: {err}", file=sys.stderr)
+        return 2
+    print(engine.describe())
+    try:
+        with engine:
+            run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine)
+    except StudyError as err:
+        print(f"study.py: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nstudy interrupted; run the same command again to continue (finished runs are skipped, "
+              "interrupted ones resume from their last checkpoint)", file=sys.stderr)
+        return 130
+    record_invocation(study_dir, command, started)
+    after_training(study_dir, run_e1, bool(grid["score"]), not args.no_report)
+    return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed
+
