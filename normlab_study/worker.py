@@ -77,8 +77,7 @@ def run_job(job: dict) -> int:
 
 def serve() -> int:
     replies = os.fdopen(os.dup(1), "w", buffering=1)  # our own channel: fd 1 is lent to each run's log
-    os.chdir(REPO_ROOT)
-    sys.path.insert(0, str(REPO_ROOT))
+    os.chdir(REPO_ROOT)  # train.py's relative paths (configs/) are the repo's; `-m` from there put it on the path
     for line in sys.stdin:
         replies.write(json.dumps({"returncode": run_job(json.loads(line))}) + "\n")
     return 0
