@@ -190,13 +190,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Score a study's final models; write its per-run records.")
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="default: STUDY/runs.jsonl")
+    parser.add_argument("--shard", default="0/1", metavar="K/N",
+                        help="score every N-th run from the K-th (0-based) into OUT: N processes share the cores; "
+                             "concatenate their OUT files afterwards")
     args = parser.parse_args(argv)
+    k, n = (int(x) for x in args.shard.split("/"))
     study = read_json(args.study_dir / "study.json")
     score = {"dev_rows": 2000, "batch_size": 32, **(study.get("score") or {})}
     torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
     sets, out = None, args.out or args.study_dir / "runs.jsonl"
     rows = []
-    for name, entry in sorted(study["runs"].items()):
+    for name, entry in sorted(study["runs"].items())[k::n]:
         if sets is None and (args.study_dir / "runs" / name / "config.yaml").is_file():
             cfg = read_yaml(args.study_dir / "runs" / name / "config.yaml")
             sets = score_sets(cfg, score["dev_rows"])
