@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 from normlab_study import outcomes as oc  # noqa: E402
 from normlab_study.analysis import Records, leaderboard, outcome_grid  # noqa: E402
 
-LABELS = {"ln_pre": "LayerNorm", "ln_post": "LayerNorm post-LN", "custom_ln": "hand-written LN", "rmsnorm": "RMSNorm",
+LABELS = {"ln_pre": "LayerNorm (pre-LN)", "ln_post": "LayerNorm post-LN", "custom_ln": "hand-written LN", "rmsnorm": "RMSNorm",
           "dyt": "DyT", "batchnorm": "BatchNorm (naive)", "masked_batchnorm": "BatchNorm (masked)",
           "powernorm": "PowerNorm", "no_norm": "no norm"}
 
@@ -38,6 +38,9 @@ def plot_answer(rec: Records, path: Path) -> None:
         if pts:
             right.plot(*zip(*pts), style, label=f"{'post' if variant == 'ln_post' else 'pre'}-LN, warmup {warmup}")
     right.set_xscale("log")
+    lrs = sorted({g["lr"] for g in grid})
+    right.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+    right.minorticks_off()
     right.set_xlabel("peak learning rate")
     right.set_ylabel("share of seeds that learn")
     right.legend(fontsize=8)

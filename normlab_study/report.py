@@ -16,8 +16,10 @@ from scipy import stats
 from common.io import atomic_write_json, read_json
 from normlab_study import outcomes as oc
 from normlab_study import plots
-from normlab_study.analysis import BATCH_STAT, DEV, Records, leaderboard, outcome_grid, outcome_of, value
+from normlab_study.analysis import (BATCH_STAT, DEV, Records, by_seed, leaderboard, outcome_grid, outcome_of, paired,
+                                    value)
 from normlab_study.hypotheses import flip_table, verdicts
+from normlab_study.seedstats import paired_test
 
 RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
 
@@ -134,6 +136,21 @@ def batching_lines(rec: Records) -> list[str]:
             + _table(["norm", "all layers", "first layer"], gaps))
 
 
+EXPLORATORY = (("batchnorm", "ln_post"), ("masked_batchnorm", "ln_post"), ("no_norm", "ln_post"), ("ln_post", "ln_pre"))
+
+
+def exploratory_lines(rec: Records, test: str) -> list[str]:
+    """Comparisons no prediction named, added after the runs to read the leaderboard: exploratory, uncorrected."""
+    rows = []
+    for a, b in EXPLORATORY:
+        diffs = paired(by_seed(rec.arm("leaderboard", a), value), by_seed(rec.arm("leaderboard", b), value))
+        rows.append([f"{plots.LABELS.get(a, a)} - {plots.LABELS.get(b, b)}", paired_test(diffs, test).fmt()])
+    return ["## Exploratory: which difference is the norm's?", "",
+            "Not predicted; added after the runs to read the leaderboard (uncorrected p values). Validation accuracy, "
+            "paired over the 10 leaderboard seeds, each arm at its own LR:", ""] + \
+        _table(["comparison", "estimate [95% CI] (p, n, test)"], rows)
+
+
 def write_markdown(rec: Records, meta: dict) -> str:
     aa, hyps = verdicts(rec)
     calls = meta.get("invocations", [])
@@ -153,7 +170,8 @@ def write_markdown(rec: Records, meta: dict) -> str:
         lines.append(f"- **Not trained** (the study was stopped before them, or they crashed): {len(rec.unfinished)} "
                      "runs, " + ", ".join(f"{e} {n}" for e, n in sorted(missing.items())) + "; they are left out")
     lines += ["", "![answer](answer.png)", ""]
-    lines += verdict_lines(aa, hyps) + leaderboard_lines(rec) + placement_lines(rec) + batching_lines(rec)
+    lines += verdict_lines(aa, hyps) + leaderboard_lines(rec) + exploratory_lines(rec, aa["test"]) \
+        + placement_lines(rec) + batching_lines(rec)
     return "\n".join(lines + SCALE) + "\n"
 
 

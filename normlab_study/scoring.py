@@ -200,11 +200,15 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
     sets, out = None, args.out or args.study_dir / "runs.jsonl"
     rows = []
+    sweeps = {e["best_of"] for e in (study.get("experiments") or {}).values() if e.get("best_of")}
     for name, entry in sorted(study["runs"].items())[k::n]:
         if sets is None and (args.study_dir / "runs" / name / "config.yaml").is_file():
             cfg = read_yaml(args.study_dir / "runs" / name / "config.yaml")
             sets = score_sets(cfg, score["dev_rows"])
-        rows.append(record(args.study_dir, name, entry, sets, score["batch_size"]))
+        # the dev rows choose LRs: a study with LR sweeps scores them for its sweeps' runs only
+        needs_dev = not sweeps or bool(sweeps & set(entry.get("experiments", [entry.get("experiment")])))
+        run_sets = sets if needs_dev or sets is None else {k: v for k, v in sets.items() if k != "dev"}
+        rows.append(record(args.study_dir, name, entry, run_sets, score["batch_size"]))
         print(f"scored {name}: {rows[-1]['status']}", flush=True)
     write_jsonl(out, rows)
     if sets is not None:  # the gold labels, once: the report scores the saved predictions against them
