@@ -41,6 +41,8 @@ def ray_instance():
     with pytest.MonkeyPatch.context() as mp:
         for key, value in ENV.items():
             mp.setenv(key, value)
+        # processes earlier tests left to this one (e.g. the wandb-core service of an in-process W&B run) are not Ray's
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
         ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=80 * 2**20,
                  log_to_driver=False)
         children = psutil.Process().children(recursive=True)
@@ -49,7 +51,8 @@ def ray_instance():
         finally:
             ray.shutdown()
             # everything Ray started for these tests (raylet, workers, their train.py) is gone
-            _, alive = psutil.wait_procs(children + psutil.Process().children(recursive=True), timeout=20)
+            started = [p for p in children + psutil.Process().children(recursive=True) if p.pid not in before]
+            _, alive = psutil.wait_procs(started, timeout=20)
             assert not alive, [p.info if hasattr(p, "info") else p for p in alive]
 
 

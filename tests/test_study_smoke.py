@@ -67,9 +67,11 @@ def test_tiny_study_trains_scores_and_reports(tmp_path):
     for r in runs:
         assert r["status"] == "completed" and len(r["curves"]["loss"]) == 4  # one epoch of 64 rows in 16s
         assert all(len(s["pred"]) == len(labels[k.split("/")[0]]) for k, s in r["scores"].items())
-    bn = next(r for r in runs if r["norm"] == "batchnorm")
+    bn = next(r for r in runs if r["norm"] == "batchnorm" and r["seed"] == 100)  # a sweep run: scored on dev too
     assert set(bn["scores"]) == {f"val/{h}/{m}" for h in ("sorted", "shuffled", "fixed")
                                  for m in ("running", "batch")} | {"dev/sorted/running"}
+    # dev chooses LRs: the runs at the chosen LRs are not scored on it
+    assert not any(k.startswith("dev/") for r in runs if r["seed"] == 0 for k in r["scores"])
     assert "stat_drift" in bn["curves"]
     # 2 blocks x 2 norms + the final norm; LN runs have no running statistics
     assert [len(bn["running_stats"][k]) for k in ("mean_gap", "log_var_ratio")] == [5, 5]
