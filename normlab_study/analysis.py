@@ -5,13 +5,11 @@ and checks the horizon rule before naming an outcome.
 """
 
 import math
-from pathlib import Path
 
 import numpy as np
 
-from common.io import read_json, read_jsonl
 from normlab_study import outcomes as oc
-from normlab_study.seedstats import Paired, false_positive_rate, paired_test
+from normlab_study.seedstats import false_positive_rate, paired_test
 
 VAL, DEV = "val/sorted/running", "dev/sorted/running"
 ALPHA = 0.05
@@ -31,15 +29,6 @@ class Records:
         self.runs = [r for r in runs if r["status"] in FINISHED]
         self.unfinished = [r for r in runs if r["status"] not in FINISHED]
         self.selection, self.e1 = selection, list(e1)
-
-    @classmethod
-    def load(cls, folder: Path) -> "Records":
-        folder = Path(folder)
-        if not (folder / "runs.jsonl").is_file():
-            raise FileNotFoundError(f"{folder}/runs.jsonl not found: score the study first "
-                                    f"(python scripts/score_runs.py {folder})")
-        return cls(read_jsonl(folder / "runs.jsonl"), read_json(folder / "selection.json", {}) or {},
-                   read_jsonl(folder / "e1.jsonl") if (folder / "e1.jsonl").is_file() else [])
 
     def arm(self, experiment: str, variant: str, warmup: str = "on", lr: float | None = None) -> list[dict]:
         rows = [r for r in self.runs if experiment in r.get("experiments", [r["experiment"]])

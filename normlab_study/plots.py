@@ -1,6 +1,5 @@
 """Study v3's figures, from the records alone. `answer.png` is the one the README opens with."""
 
-import math
 from pathlib import Path
 
 import matplotlib
@@ -11,6 +10,7 @@ import numpy as np  # noqa: E402
 
 from normlab_study import outcomes as oc  # noqa: E402
 from normlab_study.analysis import Records, leaderboard, outcome_grid  # noqa: E402
+from normlab_study.seedstats import t_interval  # noqa: E402
 
 LABELS = {"ln_pre": "LayerNorm (pre-LN)", "ln_post": "LayerNorm post-LN", "custom_ln": "hand-written LN", "rmsnorm": "RMSNorm",
           "dyt": "DyT", "batchnorm": "BatchNorm (naive)", "masked_batchnorm": "BatchNorm (masked)",
@@ -26,8 +26,8 @@ def plot_answer(rec: Records, path: Path) -> None:
         acc = row["accuracy"][np.isfinite(row["accuracy"])]
         left.scatter(acc, np.full(len(acc), i) + np.linspace(-0.15, 0.15, len(acc)), s=10, alpha=0.6)
         if len(acc) > 1:
-            half = 2.26 * acc.std(ddof=1) / math.sqrt(len(acc))
-            left.errorbar(acc.mean(), i, xerr=half, fmt="ko", ms=4, capsize=3)
+            lo, hi = t_interval(acc)
+            left.errorbar(acc.mean(), i, xerr=(hi - lo) / 2, fmt="ko", ms=4, capsize=3)
     left.set_yticks(range(len(rows)), [f"{LABELS.get(r['variant'], r['variant'])} (LR {r['lr']:g})" for r in rows])
     left.axvline(0.509, color="grey", ls=":", lw=1)
     left.set_xlabel("SST-2 validation accuracy (each norm at its own LR, chosen on dev)")

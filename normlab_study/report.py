@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from common.io import atomic_write_json, read_json
 from normlab_study import outcomes as oc
@@ -19,7 +18,7 @@ from normlab_study import plots
 from normlab_study.analysis import (BATCH_STAT, DEV, Records, by_seed, leaderboard, outcome_grid, outcome_of, paired,
                                     value)
 from normlab_study.hypotheses import flip_table, verdicts
-from normlab_study.seedstats import paired_test
+from normlab_study.seedstats import paired_test, t_interval
 
 RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
 
@@ -56,11 +55,12 @@ def load(folder: Path) -> Records:
 
 
 def _ci(values) -> str:
+    """Mean ± 95% t half-width over seeds."""
     x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     if len(x) < 2:
         return "n/a"
-    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
-    return f"{x.mean():.3f} ± {half:.3f}"
+    lo, hi = t_interval(x)
+    return f"{x.mean():.3f} ± {(hi - lo) / 2:.3f}"
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:

@@ -33,9 +33,8 @@ from pathlib import Path
 
 from common.io import atomic_write_json, read_json
 from normlab_study.engines import FINISHED, EngineError, Job, LocalEngine, make_engine, read_status, subprocess_runner
-from normlab_study.grid import (  # (re-exported: the grid is what a study runs)
-    AXES, STUDY_CONFIG_DIR, StudyError, expand, format_override, load_grid, lr_grid, narrow, parse_only,
-    pending_selections, resolve_preset, run_name,
+from normlab_study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
+    StudyError, expand, format_override, load_grid, lr_grid, narrow, parse_only, pending_selections, resolve_preset,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
