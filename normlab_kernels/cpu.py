@@ -11,7 +11,9 @@ torch.utils.cpp_extension builds the file once per machine (cached under TORCH_E
 ~/.cache/torch_extensions) and loads the cached build afterwards; build_cache.py checks a cached build before
 loading it and rebuilds a damaged one; build_progress.py says on stderr that a build runs, and for how long so far.
 -march=native tunes the loops to this CPU, so the extension's name carries a digest of the CPU's model and flags:
-a cache shared by different machines never hands one of them the other's build. -ffp-contract=off keeps each
+a cache shared by different machines never hands one of them the other's build. The name also carries a digest of
+this checkout's folder: torch's build file names the sources by absolute path, so two checkouts sharing one name
+would each rebuild the other's build on every switch. -ffp-contract=off keeps each
 multiply and add separately rounded, as in the reference ops (fused multiply-adds made the exactly-zero gradient
 of a one-element LayerNorm row come out as rounding noise).
 
@@ -44,6 +46,11 @@ def _cpu_digest() -> str:
     return hashlib.sha1(ident.encode()).hexdigest()[:10]
 
 
+def extension_name() -> str:
+    """The extension's cache name: this CPU and this checkout (see the module's docstring)."""
+    return f"normlab_cpu_{_cpu_digest()}_{hashlib.sha1(_HERE.encode()).hexdigest()[:8]}"
+
+
 _extension = None  # the loaded module, once built
 
 
@@ -56,7 +63,7 @@ def load():
         from .build_cache import load_checked
         from .build_progress import BuildProgress, build_dir, is_cached
 
-        name, threads = f"normlab_cpu_{_cpu_digest()}", torch.get_num_threads()
+        name, threads = extension_name(), torch.get_num_threads()
         try:
             progress = BuildProgress(announce_now=not is_cached(name), lock=os.path.join(build_dir(name), "lock"))
             with torch.random.fork_rng(devices=[]), progress:

@@ -19,7 +19,7 @@ AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narr
 # FINISHED (engines.py): a rerun skips these statuses; anything else (failed, interrupted) is run again
 GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project",
              "experiments", "init", "score", "share_runs"}
-VARIANT_KEYS = {"config", "overrides", "warmup", "tune", "lr_scale"}
+VARIANT_KEYS = {"config", "overrides", "warmup", "tune", "lr_scale", "seeds"}
 EXPERIMENT_KEYS = {"description", "overrides", "variants", "lr", "warmup", "seeds"}
 
 
@@ -95,8 +95,12 @@ def _load_variants(where, variants_spec, warmup) -> dict:
         scale = spec.get("lr_scale", 1.0)
         if not (isinstance(scale, (int, float)) and scale > 0):
             raise StudyError(f"{where}: variant {name}: lr_scale {scale!r} must be a positive number")
+        seeds = spec.get("seeds")
+        if seeds is not None and not (isinstance(seeds, list) and seeds and all(isinstance(x, int) for x in seeds)):
+            raise StudyError(f"{where}: variant {name}: seeds must be a non-empty list of integers")
         variants[name] = {"config": config, "overrides": _overrides(spec.get("overrides"), f"variant {name} overrides"),
-                          "warmup": list(settings), "tune": str(spec.get("tune", name)), "lr_scale": float(scale)}
+                          "warmup": list(settings), "tune": str(spec.get("tune", name)), "lr_scale": float(scale),
+                          "seeds": seeds}
     return variants
 
 
@@ -220,7 +224,7 @@ def expand(grid: dict, selection: dict | None = None) -> list[dict]:
         for variant, spec in exp["variants"].items():
             for lr in run_lrs(grid, experiment, variant, selection or {}):
                 for warmup in spec["warmup"]:
-                    for seed in exp["seeds"]:
+                    for seed in spec["seeds"] or exp["seeds"]:
                         name = run_name(variant, lr, warmup, seed, "" if grid.get("share_runs") else experiment)
                         if name in by_name:
                             by_name[name]["experiments"].append(experiment)

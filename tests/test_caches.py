@@ -128,7 +128,7 @@ def load_kernels(extensions) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("recorded", [True, False], ids=["recorded build", "unrecorded build"])
 def test_a_truncated_kernel_build_is_relinked_with_one_warning(recorded, cpp, tmp_path):
     """What a build killed while linking leaves: loading it would crash the process (SIGBUS)."""
-    name = f"normlab_cpu_{normlab_kernels.cpu._cpu_digest()}"
+    name = normlab_kernels.cpu.extension_name()
     folder = tmp_path / "extensions" / name
     shutil.copytree(build_dir(name), folder)  # this checkout's build (the `cpp` fixture loaded it): no recompile
     if not recorded:  # killed before its first load

@@ -228,7 +228,7 @@ experiments:
     warmup: {on: 2}
     seeds: [100]
   final:
-    variants: {a: {config: pre_ln}, b: {config: post_ln}, a_half: {config: pre_ln, tune: a, lr_scale: 0.5}}
+    variants: {a: {config: pre_ln}, b: {config: post_ln}, a_half: {config: pre_ln, tune: a, lr_scale: 0.5, seeds: [1]}}
     lr: {best_of: sweep}
     warmup: {on: 2}
     seeds: [0, 1]
@@ -251,7 +251,8 @@ def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, mon
     chosen = {"sweep/a/wuon": {"lr": 0.01}, "sweep/b/wuon": {"lr": 0.001}}
     runs = {r["name"]: r for r in study.expand(g, chosen)}
     assert runs["a-lr0.01-wuon-s0"]["experiments"] == ["final", "fixed"]  # trained once, used by both
-    assert "a_half-lr0.005-wuon-s1" in runs and "b-lr0.001-wuon-s1" in runs and len(runs) == 4 + 6
+    assert "a_half-lr0.005-wuon-s1" in runs and "b-lr0.001-wuon-s1" in runs and len(runs) == 4 + 5
+    assert "a_half-lr0.005-wuon-s0" not in runs  # a variant's own seeds replace the experiment's
 
     def fake_runner(cmd, log, env):
         out = Path(next(c.split("=", 1)[1] for c in cmd if c.startswith("output_dir=")))
