@@ -109,6 +109,46 @@ def placement_lines(rec: Records) -> list[str]:
         _table(["arm", "warmup"] + [f"{lr:g}" for lr in sorted(lrs)], table)
 
 
+def peak_logit(run: dict) -> float | None:
+    """The largest attention logit any layer produced over the run's training steps."""
+    seen = [x for x in run.get("curves", {}).get("attn_logit_max", []) if x is not None]
+    return max(seen) if seen else None
+
+
+def logit_lines(rec: Records) -> list[str]:
+    """Wortsman et al. (2023)'s attention-logit growth, measured on the placement runs: not a prediction."""
+    rows, lrs = [], sorted(set(rec.lrs("placement")) | set(rec.lrs("placement_more")))
+    for exp in ("placement", "placement_more"):
+        for variant in sorted({r["variant"] for r in rec.runs if exp in r.get("experiments", [r["experiment"]])}):
+            for warmup in ("off", "on"):
+                cells = []
+                for lr in lrs:
+                    peaks = [p for p in map(peak_logit, rec.arm(exp, variant, warmup, lr)) if p is not None]
+                    cells.append(f"{np.median(peaks):.0f}" if peaks else "")
+                if any(cells):
+                    rows.append([plots.LABELS.get(variant, variant), warmup] + cells)
+    hi = [r for lr in lrs[-2:] for w in ("on", "off") for r in rec.arm("placement", "ln_pre", w, lr)]
+    split = {o: [p for p in (peak_logit(r) for r in hi if outcome_of(r) == o) if p is not None]
+             for o in (oc.LEARNED, oc.NEVER_LEARNED)}
+    return (["## Attention logits: growth with the LR (measured, not predicted)", "",
+            "Median over seeds of the largest attention logit any layer produced during training, per LR "
+            "(`curves.attn_logit_max`). qk_norm bounds the logits by construction; the question S8a asks is "
+            "whether that buys a larger LR (the placement table above).", ""]
+            + _table(["arm", "warmup"] + [f"{lr:g}" for lr in lrs], rows)
+            + [logit_reading(split), ""])
+
+
+def logit_reading(split: dict) -> str:
+    failed, learned = (np.median(split[o]) if split[o] else float("nan") for o in (oc.NEVER_LEARNED, oc.LEARNED))
+    if not (math.isfinite(failed) and math.isfinite(learned)):
+        return "Pre-LN learned at both of its largest LRs, or at neither: no comparison of peaks."
+    higher = failed > learned
+    return (f"At pre-LN's two largest LRs the runs that never learned peaked {'higher' if higher else 'no higher'} "
+            f"than those that learned (median {failed:.0f} over {len(split[oc.NEVER_LEARNED])} runs vs {learned:.0f} "
+            f"over {len(split[oc.LEARNED])})" + ("." if higher else ": at this scale large logits come with a large "
+                                                 "LR, but do not by themselves mark the runs that fail."))
+
+
 def batching_lines(rec: Records) -> list[str]:
     rows = []
     for norm in ("ln_pre",) + BATCH_STAT:
@@ -171,7 +211,7 @@ def write_markdown(rec: Records, meta: dict) -> str:
                      "runs, " + ", ".join(f"{e} {n}" for e, n in sorted(missing.items())) + "; they are left out")
     lines += ["", "![answer](answer.png)", ""]
     lines += verdict_lines(aa, hyps) + leaderboard_lines(rec) + exploratory_lines(rec, aa["test"]) \
-        + placement_lines(rec) + batching_lines(rec)
+        + placement_lines(rec) + logit_lines(rec) + batching_lines(rec)
     return "\n".join(lines + SCALE) + "\n"
 
 

@@ -22,6 +22,7 @@ written (scripts/report.py) unless --no-report.
 """
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 
 
-from common.io import atomic_write_json, read_json
+from common.io import atomic_write_json, atomic_write_text, read_json
 from normlab_study.engines import FINISHED, EngineError, Job, LocalEngine, make_engine, read_status, subprocess_runner
 from normlab_study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
     StudyError, expand, format_override, load_grid, lr_grid, narrow, parse_only, pending_selections, resolve_preset,
@@ -238,17 +239,38 @@ def wants_e1(grid: dict, only: dict) -> bool:
     return True
 
 
-def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool) -> None:
-    """E1, then the per-run records (scores of every final model), then the report: each a script of its own. A
-    study file without a `score` block gets neither records nor report (the report reads only the records)."""
+def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool, shards: int = 1) -> None:
+    """E1, then the per-run records (scores of every final model, in `shards` processes), then the report: each a
+    script of its own. A study file without a `score` block gets neither records nor report (the report reads only
+    the records)."""
     scripts = REPO_ROOT / "scripts"
     if run_e1:
         subprocess.run([sys.executable, str(scripts / "init_study.py"), str(study_dir)], cwd=REPO_ROOT, check=True)
     if not score:
         return
-    subprocess.run([sys.executable, str(scripts / "score_runs.py"), str(study_dir)], cwd=REPO_ROOT, check=True)
+    score_study(study_dir, shards)
     if report:
         subprocess.run([sys.executable, str(scripts / "report.py"), str(study_dir)], cwd=REPO_ROOT)
+
+
+def score_study(study_dir: Path, shards: int) -> None:
+    """STUDY/runs.jsonl, scored by `shards` processes at once (the cores training used), in run-name order: the
+    same file one process writes."""
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "score_runs.py"), str(study_dir)]
+    if shards <= 1:
+        subprocess.run(command, cwd=REPO_ROOT, check=True)
+        return
+    parts = [study_dir / f"runs.part{k}.jsonl" for k in range(shards)]
+    procs = [subprocess.Popen(command + ["--shard", f"{k}/{shards}", "--out", str(part)], cwd=REPO_ROOT)
+             for k, part in enumerate(parts)]
+    failed = [p.args for p in procs if p.wait() != 0]
+    if failed:
+        raise subprocess.CalledProcessError(1, failed[0])
+    rows = sorted((line for part in parts for line in part.read_text().splitlines()),
+                  key=lambda line: json.loads(line)["name"])
+    atomic_write_text(study_dir / "runs.jsonl", "".join(row + "\n" for row in rows))
+    for part in parts:
+        part.unlink()
 
 
 def selected_runs(grid, only: dict, selection: dict) -> list[dict]:
@@ -367,6 +389,6 @@ def main(argv=None) -> int:
               "interrupted ones resume from their last checkpoint)", file=sys.stderr)
         return 130
     record_invocation(study_dir, command, started)
-    after_training(study_dir, run_e1, bool(grid["score"]), not args.no_report)
+    after_training(study_dir, run_e1, bool(grid["score"]), not args.no_report, shards=args.parallel or 1)
     return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed
 

@@ -112,3 +112,12 @@ def test_runs_that_never_ended_are_left_out_and_counted():
     assert v["S8a"] == "no data" and v["P1"] == "confirmed"
     assert "**Not trained** (the study was stopped before them, or they crashed): 75 runs, placement_more 75" \
         in report.write_markdown(rec, {})
+
+
+def test_attention_logit_peaks_are_read_from_the_curves_and_the_reading_follows_the_numbers():
+    assert report.peak_logit({"curves": {"attn_logit_max": [None, 3.0, 40.0, 7.5]}}) == 40.0
+    assert report.peak_logit({"curves": {}}) is None
+    calm = report.logit_reading({"learned": [500.0, 600.0], "never learned": [200.0, 300.0]})
+    assert "no higher" in calm and "median 250 over 2 runs vs 550 over 2" in calm
+    assert "peaked higher" in report.logit_reading({"learned": [10.0], "never learned": [900.0]})
+    assert "no comparison" in report.logit_reading({"learned": [10.0], "never learned": []})

@@ -55,6 +55,8 @@ def test_tiny_study_trains_scores_and_reports(tmp_path):
     study_dir = tmp_path / "st"
     assert study.main(["--preset", str(preset), "--study-dir", str(study_dir), "--parallel", "2"]) == 0
     runs = [json.loads(x) for x in (study_dir / "runs.jsonl").read_text().splitlines()]
+    # scored in two shards, merged in run-name order as one process writes it
+    assert [r["name"] for r in runs] == sorted(r["name"] for r in runs) and not list(study_dir.glob("runs.part*"))
     selection = json.loads((study_dir / "selection.json").read_text())
     assert set(selection) == {"tune/ln_pre/wuon", "tune/batchnorm/wuon"}
     best = {k.split("/")[1]: f"{v['lr']:g}" for k, v in selection.items()}
