@@ -5,6 +5,7 @@
 """
 
 import gzip
+import hashlib
 import json
 import math
 import shutil
@@ -44,6 +45,26 @@ def copy_records(study_dir: Path, out: Path) -> None:
             shutil.copyfile(study_dir / name, out / name)
     calls = study.get("invocations", [])
     atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": calls}, indent=1)
+
+
+def record_digest(record: dict) -> str:
+    """A digest of what a run measured (scores without dev predictions, curves, running statistics, status): equal
+    digests mean a retrained run reproduced the committed one exactly."""
+    scores = {key: {f: v for f, v in score.items() if not (key.startswith("dev/") and f == "pred")}
+              for key, score in (record.get("scores") or {}).items()}
+    body = {"scores": scores, "curves": record.get("curves"), "running_stats": record.get("running_stats"),
+            "status": record.get("status")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def rerun_matches(folder: Path, rerun: str = "rerun") -> tuple[int, int]:
+    """(runs of FOLDER/RERUN whose record digest equals the committed record's, runs of the rerun)."""
+    folder = Path(folder)
+    with gzip.open(folder / RECORDS, "rt") as f:
+        committed = {r["name"]: record_digest(r) for r in map(json.loads, f)}
+    with gzip.open(folder / rerun / RECORDS, "rt") as f:
+        rows = [json.loads(line) for line in f]
+    return sum(committed.get(r["name"]) == r["record_sha256"] for r in rows), len(rows)
 
 
 def load(folder: Path) -> Records:

@@ -121,3 +121,13 @@ def test_attention_logit_peaks_are_read_from_the_curves_and_the_reading_follows_
     assert "no higher" in calm and "median 250 over 2 runs vs 550 over 2" in calm
     assert "peaked higher" in report.logit_reading({"learned": [10.0], "never learned": [900.0]})
     assert "no comparison" in report.logit_reading({"learned": [10.0], "never learned": []})
+
+
+def test_a_record_digest_sees_every_measurement_but_not_the_dropped_dev_predictions():
+    run = record("tune", "ln_pre", 1e-3, "on", 100)
+    run["scores"]["dev/sorted/running"] = {"loss": 0.5, "accuracy": 0.8, "pred": "0101"}
+    kept = json.loads(json.dumps(run))
+    kept["scores"]["dev/sorted/running"].pop("pred")  # what the committed records keep of dev
+    assert report.record_digest(run) == report.record_digest(kept)
+    kept["curves"]["loss"][-1] += 1e-5
+    assert report.record_digest(run) != report.record_digest(kept)
