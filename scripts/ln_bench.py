@@ -15,7 +15,6 @@ and the JSON file is rewritten after every row: a run cut short keeps what it me
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common.io import atomic_write_json  # noqa: E402
+from normlab_bench.timer import timed  # noqa: E402
 
 SHAPES = ((16384, 1024), (16384, 4096), (8192, 8192))  # (rows, hidden): each tensor well over the H200's 60 MB L2
 QUICK_SHAPES = ((64, 128), (32, 1000))
@@ -32,18 +32,13 @@ COPY_BYTES = 2**30
 
 
 def median_seconds(fn, device, quick: bool) -> float:
-    """Median time of fn(): CUDA events through triton.testing.do_bench; on CPU the wall clock."""
+    """Median time of fn(): CUDA events through triton.testing.do_bench; on CPU the bench's wall-clock sample."""
     if device.type == "cuda":
         from triton.testing import do_bench
 
         return do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
     fn()
-    times = []
-    for _ in range(3 if quick else 20):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median([timed(fn, device) for _ in range(3 if quick else 20)])
 
 
 def copy_bandwidth(device, quick: bool) -> float:

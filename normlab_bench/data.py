@@ -1,0 +1,35 @@
+"""The real SST-2 batches the benchmarks run on: the tokenized data, and batches from training's loader."""
+
+from __future__ import annotations
+
+from common.step import MODEL_INPUTS
+
+
+def load_data(cfg):
+    from common.data import build_dataloaders, get_tokenizer, label_names, resolve_dataset, tokenize_splits
+
+    d = cfg["data"]
+    dsd = resolve_dataset(cfg)
+    tokenizer = get_tokenizer(cfg, dsd[d["train_split"]][d["text_column"]])
+    tokenized = tokenize_splits(dsd, tokenizer, cfg)
+    num_labels = len(label_names(dsd, cfg))
+    return tokenizer, tokenized, num_labels, build_dataloaders
+
+
+def loader_for(cfg, tokenizer, tokenized, build_dataloaders, group_by_length: bool):
+    """Training's loader of `cfg`, with or without length grouping, at epoch 0."""
+    c = {**cfg, "data": {**cfg["data"], "group_by_length": group_by_length}}
+    train_loader, _ = build_dataloaders(c, tokenizer, tokenized)
+    train_loader.batch_sampler.set_epoch(0)
+    return train_loader
+
+
+def take_batches(cfg, tokenizer, tokenized, build_dataloaders, n: int, device) -> list[dict]:
+    """The first `n` batches training would take (the model's inputs only), on `device`."""
+    loader = loader_for(cfg, tokenizer, tokenized, build_dataloaders, cfg["data"]["group_by_length"])
+    batches = []
+    for batch in loader:
+        batches.append({k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS})
+        if len(batches) == n:
+            break
+    return batches
