@@ -46,7 +46,7 @@ from common.checkpointing import (
     validate_checkpoint,
 )
 from common.config import ConfigError, flatten_config, load_config, model_config_from, parse_cli, save_config
-from common.data import build_dataloaders, get_tokenizer, label_names, resolve_dataset, tokenize_splits
+from common.data import build_dataloaders, label_names, load_tokenized
 from common.evaluation import evaluate
 from common.io import atomic_write_json, atomic_write_text, read_json, read_yaml
 from common.metrics import MetricsWriter, StabilityProbe
@@ -442,11 +442,8 @@ def setup(cfg, accelerator, resume_path, wandb_mode, variant, kernels) -> Run:
 def build_data(cfg: dict, accelerator):
     """(tokenizer, raw DatasetDict, train loader, eval loader). The main process builds (and caches) the tokenizer
     and tokenized splits first, then the others load them."""
-    d = cfg["data"]
     with accelerator.main_process_first():
-        dsd = resolve_dataset(cfg)
-        tokenizer = get_tokenizer(cfg, dsd[d["train_split"]][d["text_column"]])
-        tokenized = tokenize_splits(dsd, tokenizer, cfg)
+        dsd, tokenizer, tokenized = load_tokenized(cfg)
     low_precision = accelerator.mixed_precision in ("bf16", "fp16")
     train_loader, eval_loader = build_dataloaders(cfg, tokenizer, tokenized,
                                                   pad_to_multiple_of=8 if low_precision else None)
