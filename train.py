@@ -57,7 +57,7 @@ from common.stability import LossSpikeDetector
 from common.step import train_step
 from common.writes import WriteError, check_writable_dir, guarded_write
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
-from model.norms import BatchStatNorm, set_batch_stats_in_eval
+from model.norms import BatchStatNorm
 
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT, EXIT_WRITE_FAILED = 0, 1, 2, 3
 # Keys that may change when a run is resumed; any other difference from the checkpoint's config is an error.
@@ -575,9 +575,8 @@ def run_eval(run: Run) -> None:
     acc, st, task, seed = run.accelerator, run.state, run.cfg["task"], run.cfg["seed"]
     metrics = evaluate(acc, run.model, run.eval_loader, task, seed)
     if run.uses_bn:
-        set_batch_stats_in_eval(run.unwrapped, True)
-        metrics["eval/accuracy_batch_stats"] = evaluate(acc, run.model, run.eval_loader, task, seed)["eval/accuracy"]
-        set_batch_stats_in_eval(run.unwrapped, False)
+        metrics["eval/accuracy_batch_stats"] = evaluate(acc, run.model, run.eval_loader, task, seed,
+                                                        batch_stats=True)["eval/accuracy"]
     if st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]:
         st.best = {"step": st.step, **metrics}
     st.last_eval, run.evaluated_at = metrics, st.step
