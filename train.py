@@ -50,7 +50,7 @@ from common.data import build_dataloaders, label_names, load_tokenized
 from common.evaluation import evaluate
 from common.io import atomic_write_json, atomic_write_text, read_json, read_yaml
 from common.metrics import MetricsWriter, StabilityProbe
-from common.model_card import model_card
+from common.model_card import RUN_CONFIG_FILE, model_card
 from common.optim import adamw
 from common.run_summary import format_summary
 from common.stability import LossSpikeDetector
@@ -192,8 +192,9 @@ class StopSignal:
 
 
 def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
-    """output_dir/final: an HF directory (config, safetensors, tokenizer, model card), written to a temporary
-    folder and renamed, so `final` only ever exists complete. Collective (get_state_dict gathers under FSDP)."""
+    """output_dir/final: an HF directory (config, safetensors, tokenizer, model card, run config), written to a
+    temporary folder and renamed, so `final` only ever exists complete. Collective (get_state_dict gathers under
+    FSDP)."""
     out = Path(cfg["output_dir"])
     final = out / "final"
     state_dict = accelerator.get_state_dict(model)
@@ -203,6 +204,7 @@ def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
             tokenizer.save_pretrained(tmp)
             id2label = accelerator.unwrap_model(model).config.id2label if cfg["task"] == "classification" else None
             atomic_write_text(tmp / "README.md", model_card(cfg, summary, id2label))
+            save_config(cfg, tmp / RUN_CONFIG_FILE)  # the run config as data, for scripts/evaluate.py
     accelerator.wait_for_everyone()
     return final
 
