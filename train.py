@@ -46,18 +46,18 @@ from common.checkpointing import (
     validate_checkpoint,
 )
 from common.config import ConfigError, flatten_config, load_config, model_config_from, parse_cli, save_config
-from common.data import build_dataloaders, get_tokenizer, label_names, resolve_dataset, tokenize_splits
+from common.data import build_dataloaders, label_names, load_tokenized
 from common.evaluation import evaluate
 from common.io import atomic_write_json, atomic_write_text, read_json, read_yaml
 from common.metrics import MetricsWriter, StabilityProbe
-from common.model_card import model_card
+from common.model_card import RUN_CONFIG_FILE, model_card
 from common.optim import adamw
 from common.run_summary import format_summary
 from common.stability import LossSpikeDetector
 from common.step import train_step
 from common.writes import WriteError, check_writable_dir, guarded_write
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
-from model.norms import BatchStatNorm, set_batch_stats_in_eval
+from model.norms import BatchStatNorm
 
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT, EXIT_WRITE_FAILED = 0, 1, 2, 3
 # Keys that may change when a run is resumed; any other difference from the checkpoint's config is an error.
@@ -192,8 +192,9 @@ class StopSignal:
 
 
 def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
-    """output_dir/final: an HF directory (config, safetensors, tokenizer, model card), written to a temporary
-    folder and renamed, so `final` only ever exists complete. Collective (get_state_dict gathers under FSDP)."""
+    """output_dir/final: an HF directory (config, safetensors, tokenizer, model card, run config), written to a
+    temporary folder and renamed, so `final` only ever exists complete. Collective (get_state_dict gathers under
+    FSDP)."""
     out = Path(cfg["output_dir"])
     final = out / "final"
     state_dict = accelerator.get_state_dict(model)
@@ -203,6 +204,7 @@ def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
             tokenizer.save_pretrained(tmp)
             id2label = accelerator.unwrap_model(model).config.id2label if cfg["task"] == "classification" else None
             atomic_write_text(tmp / "README.md", model_card(cfg, summary, id2label))
+            save_config(cfg, tmp / RUN_CONFIG_FILE)  # the run config as data, for scripts/evaluate.py
     accelerator.wait_for_everyone()
     return final
 
@@ -442,11 +444,8 @@ def setup(cfg, accelerator, resume_path, wandb_mode, variant, kernels) -> Run:
 def build_data(cfg: dict, accelerator):
     """(tokenizer, raw DatasetDict, train loader, eval loader). The main process builds (and caches) the tokenizer
     and tokenized splits first, then the others load them."""
-    d = cfg["data"]
     with accelerator.main_process_first():
-        dsd = resolve_dataset(cfg)
-        tokenizer = get_tokenizer(cfg, dsd[d["train_split"]][d["text_column"]])
-        tokenized = tokenize_splits(dsd, tokenizer, cfg)
+        dsd, tokenizer, tokenized = load_tokenized(cfg)
     low_precision = accelerator.mixed_precision in ("bf16", "fp16")
     train_loader, eval_loader = build_dataloaders(cfg, tokenizer, tokenized,
                                                   pad_to_multiple_of=8 if low_precision else None)
@@ -578,9 +577,8 @@ def run_eval(run: Run) -> None:
     acc, st, task, seed = run.accelerator, run.state, run.cfg["task"], run.cfg["seed"]
     metrics = evaluate(acc, run.model, run.eval_loader, task, seed)
     if run.uses_bn:
-        set_batch_stats_in_eval(run.unwrapped, True)
-        metrics["eval/accuracy_batch_stats"] = evaluate(acc, run.model, run.eval_loader, task, seed)["eval/accuracy"]
-        set_batch_stats_in_eval(run.unwrapped, False)
+        metrics["eval/accuracy_batch_stats"] = evaluate(acc, run.model, run.eval_loader, task, seed,
+                                                        batch_stats=True)["eval/accuracy"]
     if st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]:
         st.best = {"step": st.step, **metrics}
     st.last_eval, run.evaluated_at = metrics, st.step

@@ -3,11 +3,16 @@
     resolve_dataset(cfg)            data.path -> local mirror -> Hub; checked; first N rows if asked
     get_tokenizer(cfg, texts)       BPE trained on the training text (cached on disk), or a Hub tokenizer
     tokenize_splits(dsd, tok, cfg)  input_ids, attention_mask, token_type_ids, labels, length
+    load_tokenized(cfg)             the three above in order: what training and scripts/bench.py batch from
     build_dataloaders(cfg, tok, t)  length-grouped shuffled training batches, length-sorted eval batches
+    encode_rows(tok, texts, n)      texts (and labels) -> rows that remember their index
+    row_batches(rows, bs, pad_id)   rows -> padded batches: as given, length-sorted or in a fixed shuffled order;
+                                    padded to each batch's longest row or to a fixed width (every evaluation)
 
 Every problem with the data is a DataError (a ValueError) whose one-line message names the problem and the fix.
 """
 
+import functools
 import hashlib
 import os
 import re
@@ -501,6 +506,25 @@ def tokenize_splits(dsd, tokenizer, cfg: dict):
     return datasets.DatasetDict(out)
 
 
+def load_tokenized(cfg: dict):
+    """(raw DatasetDict, tokenizer, tokenized splits) of a run config: resolve, tokenizer, tokenize."""
+    d = cfg["data"]
+    dsd = resolve_dataset(cfg)
+    tokenizer = get_tokenizer(cfg, dsd[d["train_split"]][d["text_column"]])
+    return dsd, tokenizer, tokenize_splits(dsd, tokenizer, cfg)
+
+
+def encode_rows(tokenizer, texts, max_length: int, labels=None) -> list[dict]:
+    """One row per text: its input_ids (truncated to max_length), its `index` in `texts` (scores computed in
+    another order go back to this one by it) and, given `labels`, its label. No token_type_ids: one sentence per
+    row is type 0 throughout, which the model assumes when they are absent."""
+    ids = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
+    rows = [{"input_ids": row, "index": i} for i, row in enumerate(ids)]
+    for row, label in zip(rows, labels if labels is not None else []):
+        row["labels"] = int(label)
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------------------
 # batching
 
@@ -595,8 +619,65 @@ def pad_fraction(attention_mask) -> float:
     return 1.0 - float(mask.sum()) / max(mask.numel(), 1)
 
 
+ROW_ORDERS = ("given", "sorted", "shuffled")
+
+
+def pad_rows(rows, pad_id: int, width: int | None = None, multiple_of: int | None = None) -> dict:
+    """Collate rows into right-padded (B, width) tensors: input_ids (pad_id at pads), attention_mask (1 = real
+    token) and token_type_ids (0 at pads) when the rows have them; `labels` and `index` as (B,) when present; any
+    other key is dropped. width: default the longest row, rounded up to a multiple of `multiple_of` if given."""
+    longest = max(len(row["input_ids"]) for row in rows)
+    if width is None:
+        width = -(-longest // multiple_of) * multiple_of if multiple_of else longest
+    if width < longest:
+        raise ValueError(f"cannot pad to width {width}: a row has {longest} tokens")
+    batch = {"input_ids": torch.full((len(rows), width), pad_id, dtype=torch.long)}
+    if "token_type_ids" in rows[0]:
+        batch["token_type_ids"] = torch.zeros(len(rows), width, dtype=torch.long)
+    batch["attention_mask"] = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        batch["input_ids"][i, :n] = torch.tensor(row["input_ids"])
+        batch["attention_mask"][i, :n] = 1
+        if "token_type_ids" in batch:
+            batch["token_type_ids"][i, :n] = torch.tensor(row["token_type_ids"])
+    for key in ("labels", "index"):
+        if key in rows[0]:
+            batch[key] = torch.tensor([row[key] for row in rows])
+    return batch
+
+
+def row_order(lengths, order: str, seed: int = 0) -> list[int]:
+    """Row indices in the order batches take them: `given`; `sorted` by length (stable: equal lengths keep their
+    order), which leaves little padding; `shuffled`, one permutation fixed by `seed`."""
+    if order not in ROW_ORDERS:
+        raise ValueError(f"order={order!r} is not valid; choose one of: {', '.join(ROW_ORDERS)}")
+    if order == "sorted":
+        return np.argsort(lengths, kind="stable").tolist()
+    if order == "shuffled":
+        return np.random.default_rng(seed).permutation(len(lengths)).tolist()
+    return list(range(len(lengths)))
+
+
+def row_batches(rows, batch_size: int, pad_id: int, order: str = "given", width: int | None = None,
+                multiple_of: int | None = None, seed: int = 0, collate=None) -> DataLoader:
+    """A DataLoader of padded batches of `rows` (dicts with input_ids, as encode_rows makes them, or a tokenized
+    Dataset) taken in `order` (row_order) `batch_size` at a time and collated by pad_rows (to `width`, else each
+    batch's longest row); `collate` replaces pad_rows (the MLM collator, which also masks). Ready for
+    accelerator.prepare, which shards the batches over processes."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1")
+    is_dataset = hasattr(rows, "column_names")
+    lengths = [len(ids) for ids in (_column(rows, "input_ids") if is_dataset else (r["input_ids"] for r in rows))]
+    idx = row_order(lengths, order, seed)
+    ordered = rows.select(idx) if is_dataset else [rows[i] for i in idx]
+    collate = collate or functools.partial(pad_rows, pad_id=pad_id, width=width, multiple_of=multiple_of)
+    return DataLoader(ordered, batch_size=batch_size, shuffle=False, collate_fn=collate)
+
+
 def _collator(cfg: dict, tokenizer, pad_to_multiple_of):
-    from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding
+    """pad_rows for classification; for mlm HF's collator, which pads the same way and masks 15% of the tokens."""
+    from transformers import DataCollatorForLanguageModeling
 
     if cfg["task"] == "mlm":
         if tokenizer.mask_token is None:
@@ -604,7 +685,7 @@ def _collator(cfg: dict, tokenizer, pad_to_multiple_of):
                             f"(set data.tokenizer=null to train one)")
         return DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=MLM_PROBABILITY,
                                                pad_to_multiple_of=pad_to_multiple_of)
-    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+    return functools.partial(pad_rows, pad_id=tokenizer.pad_token_id, multiple_of=pad_to_multiple_of)
 
 
 def build_dataloaders(cfg: dict, tokenizer, tokenized, pad_to_multiple_of: int | None = None):
@@ -613,27 +694,26 @@ def build_dataloaders(cfg: dict, tokenizer, tokenized, pad_to_multiple_of: int |
     Train: batches of train.batch_size from LengthGroupedBatchSampler (data.group_by_length) or
     RandomBatchSampler, seeded by cfg.seed. Each epoch reshuffles once told its number: accelerate's prepared
     loader does it (`loader.set_epoch(e)`, also called by its own iteration count); an unprepared loader needs
-    `train_loader.batch_sampler.set_epoch(e)`. Eval: sorted by length, not shuffled (fast, and deterministic).
+    `train_loader.batch_sampler.set_epoch(e)`. Eval: row_batches, sorted by length (fast, and deterministic).
     Padding is dynamic per batch (to a multiple of pad_to_multiple_of under mixed precision, e.g. 8)."""
     d = cfg["data"]
     bs, seed = cfg["train"]["batch_size"], cfg["seed"]
-    train, evals = tokenized[d["train_split"]], tokenized[d["eval_split"]]
-    lengths = _column(train, "length")
+    # `length` only serves the samplers; the model must not receive it
+    train, evals = (tokenized[d[split]].remove_columns("length") for split in ("train_split", "eval_split"))
+    lengths = _column(tokenized[d["train_split"]], "length")
     if d["group_by_length"]:
         batch_sampler = LengthGroupedBatchSampler(lengths, bs, seed=seed)
     else:
         batch_sampler = RandomBatchSampler(len(lengths), bs, seed=seed)
     collate = _collator(cfg, tokenizer, pad_to_multiple_of)
-    # `length` only serves the samplers; the model must not receive it
-    train_loader = DataLoader(train.remove_columns("length"), batch_sampler=batch_sampler, collate_fn=collate)
-    order = np.argsort(_column(evals, "length"), kind="stable")
-    evals = evals.select(order).remove_columns("length")
-    eval_loader = DataLoader(evals, batch_size=bs, shuffle=False, collate_fn=collate)
+    train_loader = DataLoader(train, batch_sampler=batch_sampler, collate_fn=collate)
+    eval_loader = row_batches(evals, bs, tokenizer.pad_token_id, order="sorted", collate=collate)
     return train_loader, eval_loader
 
 
 __all__ = [
     "DataError", "read_data_file", "resolve_dataset", "label_names", "mirror_candidates", "get_tokenizer", "tokenize_splits",
-    "tokenizer_cache_key", "RandomBatchSampler", "LengthGroupedBatchSampler", "build_dataloaders", "pad_fraction",
-    "cache_dir", "MLM_PROBABILITY",
+    "tokenizer_cache_key", "load_tokenized", "encode_rows", "RandomBatchSampler", "LengthGroupedBatchSampler",
+    "build_dataloaders", "pad_fraction", "ROW_ORDERS", "pad_rows", "row_order", "row_batches", "cache_dir",
+    "MLM_PROBABILITY",
 ]

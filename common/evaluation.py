@@ -1,4 +1,5 @@
-"""The evaluation pass of train.py and scripts/evaluate.py: per-example loss, targets and hits over a loader."""
+"""The one scorer: batches in, per-example loss, prediction, confidence, label and index out. Training's evaluation
+(train.py), scripts/evaluate.py and the study's scoring (normlab_study) all score through it."""
 
 import torch
 import torch.nn.functional as F
@@ -12,46 +13,77 @@ def _per_example(logits, labels, task: str) -> dict[str, torch.Tensor]:
         tok_loss = F.cross_entropy(logits.transpose(1, 2), labels.clamp_min(0), reduction="none")  # (B, L)
         return {"loss": (tok_loss * target).sum(1), "count": target.sum(1).float(),
                 "correct": ((logits.argmax(-1) == labels) & target).sum(1).float()}
-    # logits (B, C), labels (B,)
-    loss = F.cross_entropy(logits, labels, reduction="none")
+    # logits (B, C), labels (B,) or None (unlabelled rows: predictions only)
+    probabilities = logits.softmax(-1)
     prediction = logits.argmax(-1)
-    confidence = logits.softmax(-1).gather(1, prediction[:, None]).squeeze(1)  # the predicted class's probability
-    return {"loss": loss, "count": torch.ones_like(loss), "correct": (prediction == labels).float(),
-            "prediction": prediction, "confidence": confidence, "label": labels}
+    scores = {"prediction": prediction, "probabilities": probabilities,
+              "confidence": probabilities.gather(1, prediction[:, None]).squeeze(1)}  # the predicted class's
+    if labels is not None:
+        loss = F.cross_entropy(logits, labels, reduction="none")
+        scores.update(loss=loss, count=torch.ones_like(loss), correct=(prediction == labels).float(), label=labels)
+    return scores
+
+
+def _forward_scores(accelerator, model, batches, task: str) -> list[dict]:
+    device = next(model.parameters()).device  # a prepared loader's batches are there already
+    scored = []
+    for batch in batches:
+        inputs = {k: v.to(device) for k, v in model_inputs(batch).items() if k != "labels"}
+        labels = batch["labels"].to(device) if "labels" in batch else None
+        scores = _per_example(model(**inputs).logits.float(), labels, task)
+        if "index" in batch:
+            scores["index"] = batch["index"].to(device)
+        scored.append(accelerator.gather_for_metrics(scores) if accelerator is not None else scores)
+    return scored
 
 
 @torch.no_grad()
-def score_batches(accelerator, model, loader, task: str = "classification", seed: int = 0) -> list[dict]:
-    """Per batch, a dict of per-example tensors gathered over processes: `loss` (summed over the example's
-    targets), `count` (its targets: 1, or its masked tokens for mlm), `correct`; for classification also
-    `prediction`, `confidence`, `label`; and the batch's `index` when it has one. gather_for_metrics drops the
-    duplicates that pad the last batch across processes, so every example counts once.
+def score_batches(accelerator, model, batches, task: str = "classification", seed: int = 0,
+                  batch_stats: bool = False) -> list[dict]:
+    """Per batch, a dict of per-example tensors: `loss` (summed over the example's targets), `count` (its targets:
+    1, or its masked tokens for mlm), `correct`; for classification also `prediction`, `confidence` (the
+    predicted class's probability), `probabilities` and `label` (rows without labels get only the predictions);
+    and the batch's `index` when it has one (in_row_order puts the examples back in their rows' order).
+
+    `accelerator`: gathered over processes with gather_for_metrics, which drops the duplicates that pad the last
+    batch across processes, so every example counts once; None: this process's batches as they are.
+    `batch_stats`: the batch-statistics norms normalize each batch with its own statistics instead of their
+    running ones (the BN family's train/eval gap); a model without such norms is an error.
 
     Runs in eval mode under a forked RNG seeded with `seed`: MLM masks are the same at every evaluation, and the
     caller's RNG stream (dropout) is untouched, so evaluating never changes training."""
+    core = accelerator.unwrap_model(model) if accelerator is not None else model
+    if batch_stats and not core.batch_stats_in_eval(True):
+        raise ValueError(f"batch_stats=True: the {core.config.norm} model has no batch-statistics norms")
     was_training = model.training
     model.eval()
-    batches = []
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        for batch in loader:
-            inputs = {k: v for k, v in model_inputs(batch).items() if k != "labels"}
-            scores = _per_example(model(**inputs).logits.float(), batch["labels"], task)
-            if "index" in batch:
-                scores["index"] = batch["index"]
-            batches.append(accelerator.gather_for_metrics(scores))
-    model.train(was_training)
-    return batches
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            return _forward_scores(accelerator, model, batches, task)
+    finally:
+        model.train(was_training)
+        if batch_stats:
+            core.batch_stats_in_eval(False)
 
 
-def evaluate(accelerator, model, loader, task: str, seed: int) -> dict:
+def in_row_order(batches: list[dict], keys) -> dict[str, torch.Tensor]:
+    """score_batches' per-batch dicts (each with `index`) -> {key: one CPU tensor over all rows, in row order}."""
+    if not batches:
+        return {k: torch.zeros(0) for k in keys}
+    every = {k: torch.cat([b[k].cpu() for b in batches]) for k in ("index", *keys)}
+    order = every["index"].argsort()
+    return {k: every[k][order] for k in keys}
+
+
+def evaluate(accelerator, model, loader, task: str, seed: int, batch_stats: bool = False) -> dict:
     """Loss and accuracy over the whole loader (classification: per example; mlm: per masked token)."""
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, targets, correct
-    for scores in score_batches(accelerator, model, loader, task, seed):
+    for scores in score_batches(accelerator, model, loader, task, seed, batch_stats):
         totals += torch.stack([scores["loss"], scores["count"], scores["correct"]], dim=1).sum(0).double().cpu()
     loss_sum, n, correct = totals.tolist()
     return {"eval/loss": loss_sum / max(n, 1), "eval/accuracy": correct / max(n, 1)}
 
 
-__all__ = ["score_batches", "evaluate"]
+__all__ = ["score_batches", "in_row_order", "evaluate"]

@@ -1,7 +1,10 @@
 """final/README.md: the model card train.py writes next to a finished run's weights: what was trained, how to load
-it (also as a pipeline), its class names, its results and the whole config."""
+it (also as a pipeline), its class names, its results and the whole config (for people to read: what programs read
+is final/normlab_run.yaml, RUN_CONFIG_FILE, which train.py writes beside it)."""
 
 import yaml
+
+RUN_CONFIG_FILE = "normlab_run.yaml"  # final/'s copy of the run config, so final/ copied elsewhere keeps its dataset
 
 
 def model_card(cfg: dict, summary: dict, id2label: dict | None = None) -> str:
@@ -40,6 +43,8 @@ Labels: {labels or "none (masked language model)"}.
 Best: {summary.get('best')}. Loss spikes during training: {summary.get('loss_spikes')}.
 
 ## Config
+
+The same config as a file for programs: `{RUN_CONFIG_FILE}`.
 
 ```yaml
 {yaml.safe_dump(cfg, sort_keys=False).strip()}

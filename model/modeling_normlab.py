@@ -30,7 +30,7 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_normlab import NormLabConfig
-from .norms import NORM_REGISTRY, Norm, build_norm
+from .norms import NORM_REGISTRY, Norm, build_norm, set_batch_stats_in_eval
 
 # Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
 PLACEMENTS_WITH_FINAL_NORM = ("pre", "sandwich")
@@ -385,6 +385,13 @@ class NormLabPreTrainedModel(PreTrainedModel):
             encoder.last_act_sumsq = None
             for layer in encoder.layers:
                 layer.attention.last_logit_max = None
+
+    def batch_stats_in_eval(self, flag: bool = True) -> int:
+        """In eval, normalize each batch with its own statistics (True) or with the running ones (False, as after
+        loading) in every batch-statistics norm; returns how many norms were switched (0: the model has none).
+        A method, so a model loaded with trust_remote_code (whose norm classes are the checkpoint's copies, not
+        model.norms') switches its own norms."""
+        return set_batch_stats_in_eval(self, flag)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         if self._auto_class is not None:

@@ -22,7 +22,7 @@ import torch.nn as nn
 from torch import Tensor
 
 
-def _real_token_mask(x, mask):
+def real_token_mask(x, mask):
     """mask (B, L) of 1/True for real tokens -> bool (B*L,) aligned with x.reshape(-1, D); None = all real."""
     if mask is None:
         return torch.ones(x.shape[:-1].numel(), dtype=torch.bool, device=x.device)
@@ -475,7 +475,7 @@ class MaskedBatchNorm(_MeanVarBatchNorm):
     name = "masked_batchnorm"
 
     def _real(self, x, mask):
-        return _real_token_mask(x, mask)
+        return real_token_mask(x, mask)
 
 
 class _PowerFunction(torch.autograd.Function):
@@ -562,7 +562,7 @@ class PowerNorm(BatchStatNorm):
         if not self._uses_batch_stats():
             y = x2d * torch.rsqrt(self.running_psi2 + self.eps) * self.weight + self.bias
             return y.reshape(shape).to(x.dtype)
-        real = _real_token_mask(x, mask)
+        real = real_token_mask(x, mask)
         with torch.no_grad():  # psi^2 is a constant for autograd: PowerNorm's backward handles it
             xr = torch.where(real.unsqueeze(-1), x2d, torch.zeros((), dtype=x2d.dtype, device=x2d.device))
             stats = torch.cat([xr.pow(2).sum(dim=0), real.sum().to(x2d.dtype).reshape(1)])  # (D + 1,)
@@ -640,7 +640,7 @@ def build_norm(config, dim=None) -> nn.Module:
 
 
 __all__ = [
-    "NORM_REGISTRY", "NORM_TYPES", "BATCH_STAT_NORMS", "Norm", "build_norm", "BatchStatNorm", "set_batch_stats_in_eval", "CustomLayerNorm", "LayerNorm",
+    "NORM_REGISTRY", "NORM_TYPES", "BATCH_STAT_NORMS", "Norm", "build_norm", "BatchStatNorm", "set_batch_stats_in_eval", "real_token_mask", "CustomLayerNorm", "LayerNorm",
     "RMSNorm", "NaiveBatchNorm", "MaskedBatchNorm", "PowerNorm", "DyT", "Identity", "layer_norm_reference",
     "layer_norm_backward_reference",
 ]

@@ -6,14 +6,11 @@ from common.step import MODEL_INPUTS
 
 
 def load_data(cfg):
-    from common.data import build_dataloaders, get_tokenizer, label_names, resolve_dataset, tokenize_splits
+    """(tokenizer, tokenized splits, number of labels, build_dataloaders): training's data, as train.py loads it."""
+    from common.data import build_dataloaders, label_names, load_tokenized
 
-    d = cfg["data"]
-    dsd = resolve_dataset(cfg)
-    tokenizer = get_tokenizer(cfg, dsd[d["train_split"]][d["text_column"]])
-    tokenized = tokenize_splits(dsd, tokenizer, cfg)
-    num_labels = len(label_names(dsd, cfg))
-    return tokenizer, tokenized, num_labels, build_dataloaders
+    dsd, tokenizer, tokenized = load_tokenized(cfg)
+    return tokenizer, tokenized, len(label_names(dsd, cfg)), build_dataloaders
 
 
 def loader_for(cfg, tokenizer, tokenized, build_dataloaders, group_by_length: bool):

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
-from common.data import get_tokenizer, resolve_dataset
+from common.data import encode_rows, get_tokenizer, resolve_dataset, row_batches
 from common.io import read_json, read_yaml, write_jsonl
 from common.metrics import block_parameters
+from common.step import model_inputs
 from model import NormLabConfig, NormLabForSequenceClassification
 
 DATA = {"name": "stanfordnlp/sst2", "path": None, "text_column": "sentence", "label_column": "label",
@@ -37,15 +38,14 @@ def fixed_batches(init: dict, vocab_size: int, tokenizer_rows: int):
     dsd = resolve_dataset(cfg)
     tokenizer = get_tokenizer(cfg, dsd["train"])  # the study runs' tokenizer (same rows, same size: cached)
 
-    def encode(rows):
-        enc = tokenizer(rows["sentence"], truncation=True, max_length=init["max_length"], padding=True,
-                        return_tensors="pt")
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-                "labels": torch.tensor(rows["label"])}
-
     bs = init["batch_size"]
-    train = [encode(dsd["train"][i * bs:(i + 1) * bs]) for i in range(init["adam_steps"] + 1)]
-    return train, encode(dsd["validation"][:bs]), len(tokenizer)
+
+    def first_batches(split: str, n: int) -> list[dict]:
+        rows = dsd[split][:n * bs]
+        rows = encode_rows(tokenizer, rows["sentence"], init["max_length"], rows["label"])
+        return [model_inputs(batch) for batch in row_batches(rows, bs, tokenizer.pad_token_id)]
+
+    return first_batches("train", init["adam_steps"] + 1), first_batches("validation", 1)[0], len(tokenizer)
 
 
 def build(placement: str, depth: int, init: dict, vocab_size: int, seed: int):

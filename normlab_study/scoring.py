@@ -30,13 +30,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-
-from common.data import resolve_dataset  # noqa: E402
-from common.io import atomic_write_json, read_json, read_jsonl, read_yaml, write_jsonl  # noqa: E402
-from model import BATCH_STAT_NORMS, NormLabForSequenceClassification  # noqa: E402
-from model.norms import _real_token_mask, set_batch_stats_in_eval  # noqa: E402
+from common.data import encode_rows, resolve_dataset, row_batches
+from common.evaluation import in_row_order, score_batches
+from common.io import atomic_write_json, read_json, read_jsonl, read_yaml, write_jsonl
+from model import BATCH_STAT_NORMS, NormLabForSequenceClassification
+from model.norms import real_token_mask
 
 BATCHINGS = ("sorted", "shuffled", "fixed")
 SHUFFLE_SEED = 1234  # one order for every model, so their shuffled batches hold the same sentences
@@ -62,41 +61,26 @@ def curves(metrics: list[dict]) -> dict:
     return out
 
 
-def batches(lengths: list[int], how: str, batch_size: int) -> list[list[int]]:
-    order = np.argsort(lengths, kind="stable")
-    if how == "shuffled":
-        order = np.random.default_rng(SHUFFLE_SEED).permutation(len(lengths))
-    return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+def batchings(rows: list[dict], how: str, batch_size: int, max_length: int, pad_id: int):
+    """The padded batches of one batching (see the module docstring) of encode_rows' rows."""
+    order = "shuffled" if how == "shuffled" else "sorted"
+    width = max_length if how == "fixed" else None
+    return row_batches(rows, batch_size, pad_id, order=order, width=width, seed=SHUFFLE_SEED)
 
 
-def padded(encoded, idx: list[int], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask), both (len(idx), width), of the examples `idx` padded on the right."""
-    ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(idx), width, dtype=torch.long)
-    for row, i in enumerate(idx):
-        ids[row, :len(encoded[i])] = torch.tensor(encoded[i])
-        mask[row, :len(encoded[i])] = 1
-    return ids, mask
-
-
-@torch.no_grad()
-def predict(model, encoded, labels, how: str, batch_size: int, max_length: int, pad_id: int) -> dict:
-    """Mean loss, accuracy and the predicted class of every example (in dataset order) under one batching."""
-    n = len(labels)
-    preds, losses = np.zeros(n, dtype=np.int64), np.zeros(n)
-    for idx in batches([len(e) for e in encoded], how, batch_size):
-        width = max_length if how == "fixed" else max(len(encoded[i]) for i in idx)
-        ids, mask = padded(encoded, idx, width, pad_id)
-        logits = model(input_ids=ids, attention_mask=mask).logits.float()  # (B, C)
-        y = torch.tensor([labels[i] for i in idx])
-        losses[idx] = F.cross_entropy(logits, y, reduction="none").numpy()
-        preds[idx] = logits.argmax(-1).numpy()
-    return {"loss": _sig(losses.mean()), "accuracy": _sig(float((preds == np.array(labels)).mean())),
+def predict(model, rows: list[dict], how: str, batch_size: int, max_length: int, pad_id: int,
+            batch_stats: bool = False) -> dict:
+    """Mean loss, accuracy and the predicted class of every example (in dataset order) under one batching, with
+    running statistics or (batch_stats) each batch's own."""
+    batches = score_batches(None, model, batchings(rows, how, batch_size, max_length, pad_id), batch_stats=batch_stats)
+    scores = in_row_order(batches, ("loss", "prediction", "label"))
+    losses, preds = scores["loss"].numpy().astype(np.float64), scores["prediction"].numpy()
+    return {"loss": _sig(losses.mean()), "accuracy": _sig(float((preds == scores["label"].numpy()).mean())),
             "pred": "".join(map(str, preds.tolist()))}
 
 
 @torch.no_grad()
-def running_stat_gap(model, encoded, batch_size: int, pad_id: int) -> dict | None:
+def running_stat_gap(model, rows: list[dict], batch_size: int, pad_id: int) -> dict | None:
     """Per norm layer with running statistics (in model order), in the eval the report states (running statistics,
     sorted batches): the mean over features of |running mean - real mean| / real std, and of
     |log(running var / real var)|, where "real" is over the real (non-pad) tokens entering that layer on the
@@ -108,15 +92,13 @@ def running_stat_gap(model, encoded, batch_size: int, pad_id: int) -> dict | Non
 
     def record(module, args, kwargs):
         x, mask = args[0], (args[1] if len(args) > 1 else kwargs.get("mask"))
-        real = _real_token_mask(x, mask)  # (N,) bool
+        real = real_token_mask(x, mask)  # (N,) bool
         xr = x.reshape(-1, module.num_features)[real].double()  # (n_real, D)
         sums[id(module)] += torch.stack([torch.full_like(xr[0], len(xr)), xr.sum(0), (xr ** 2).sum(0)])
 
     hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in norms]
     try:
-        for idx in batches([len(e) for e in encoded], "sorted", batch_size):
-            ids, mask = padded(encoded, idx, max(len(encoded[i]) for i in idx), pad_id)
-            model(input_ids=ids, attention_mask=mask)
+        score_batches(None, model, row_batches(rows, batch_size, pad_id, order="sorted"))
     finally:
         for h in hooks:
             h.remove()
@@ -151,19 +133,17 @@ def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) 
     max_length = cfg["data"]["max_length"]
     model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
-    out, encoded = {}, {}
+    out, rows = {}, {}
     for split, (texts, labels) in sets.items():
-        encoded[split] = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
+        rows[split] = encode_rows(tokenizer, texts, max_length, labels)
         full = full_batchings and split == "val"
         hows = BATCHINGS if full else ("sorted",)
         modes = ("running", "batch") if (full and cfg["model"]["norm"] in BATCH_STAT_NORMS) else ("running",)
         for mode in modes:
-            set_batch_stats_in_eval(model, mode == "batch")
             for how in hows:
-                out[f"{split}/{how}/{mode}"] = predict(model, encoded[split], list(labels), how, batch_size,
-                                                       max_length, tokenizer.pad_token_id)
-        set_batch_stats_in_eval(model, False)
-    return out, running_stat_gap(model, encoded["val"], batch_size, tokenizer.pad_token_id)
+                out[f"{split}/{how}/{mode}"] = predict(model, rows[split], how, batch_size, max_length,
+                                                       tokenizer.pad_token_id, batch_stats=mode == "batch")
+    return out, running_stat_gap(model, rows["val"], batch_size, tokenizer.pad_token_id)
 
 
 def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> dict:

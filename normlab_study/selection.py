@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.data import encode_rows
 from common.io import atomic_write_json, read_json, read_yaml
 from model import NormLabForSequenceClassification
 from normlab_study.scoring import predict, score_sets
@@ -27,11 +28,10 @@ def dev_loss(run_dir: Path, dev, batch_size: int) -> float:
     model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
     texts, labels = dev
-    encoded = tokenizer(list(texts), truncation=True, max_length=cfg["data"]["max_length"])["input_ids"]
-    with torch.no_grad():
-        loss = predict(model, encoded, list(labels), "sorted", batch_size, cfg["data"]["max_length"],
-                       tokenizer.pad_token_id)["loss"]
-    return float(loss) if math.isfinite(loss) else math.inf
+    max_length = cfg["data"]["max_length"]
+    rows = encode_rows(tokenizer, texts, max_length, labels)
+    loss = predict(model, rows, "sorted", batch_size, max_length, tokenizer.pad_token_id)["loss"]
+    return float(loss) if loss is not None else math.inf  # predict's loss is None when it is not finite
 
 
 def best_lr(dev_loss_by_lr: dict) -> float:

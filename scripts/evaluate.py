@@ -9,9 +9,10 @@
     python scripts/evaluate.py wandb:ENTITY/normlab/model-RUNID:final   # a run's model artifact (online)
 
 The model and tokenizer load from the checkpoint alone, in this fresh process (trust_remote_code: the model code
-travels inside the checkpoint). The run's dataset comes from the run's config.yaml next to final/ (or the config
-block of final/README.md when final/ was copied elsewhere). Every example is scored exactly once, also across
-processes (accelerate's gather_for_metrics drops the duplicates that even out the last batches).
+travels inside the checkpoint). The run's dataset comes from the run's config.yaml next to final/ (or from
+final/normlab_run.yaml, the copy train.py saves with the weights, when final/ was copied elsewhere). Every
+example is scored exactly once, also across processes (accelerate's gather_for_metrics drops the duplicates that
+even out the last batches); the scoring is common.evaluation's, as in training.
 
 Problems with the input (missing checkpoint, missing columns, labels the model does not know, a tokenizer
 larger than the model's vocabulary) end with one line on stderr and exit code 2.
@@ -26,7 +27,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -35,6 +35,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # for common.data (the run's dataset), as train.py finds it
 
 from common.io import read_json, read_yaml  # noqa: E402
+from common.model_card import RUN_CONFIG_FILE  # noqa: E402
 from common.wandb_run import keep_offline_files_in, resolve_mode  # noqa: E402
 
 
@@ -77,18 +78,9 @@ def resolve_checkpoint(path: str) -> Path:
 
 
 def run_config(checkpoint: Path) -> dict | None:
-    """The training config: <run>/config.yaml next to final/, else the YAML block of final/README.md."""
-    import yaml
-
+    """The training config: <run>/config.yaml next to final/, else the copy train.py saved inside final/."""
     saved = read_yaml(checkpoint.parent / "config.yaml")
-    if saved is not None:
-        return saved
-    card = checkpoint / "README.md"
-    if card.is_file():
-        match = re.search(r"## Config\s*```yaml\n(.*?)```", card.read_text(), re.S)
-        if match:
-            return yaml.safe_load(match.group(1))
-    return None
+    return saved if saved is not None else read_yaml(checkpoint / RUN_CONFIG_FILE)
 
 
 def load_model(checkpoint: Path):
@@ -111,6 +103,15 @@ def load_model(checkpoint: Path):
                         f"vocab_size is {config.vocab_size}; save the tokenizer the model was trained with")
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, trust_remote_code=True)
     return model, tokenizer
+
+
+def check_batch_stats(model, checkpoint: Path) -> None:
+    """--batch-stats needs batch-statistics norms, and model code (saved in the checkpoint) that can switch them."""
+    if not model.config.uses_batch_statistics:
+        raise EvalError(f"--batch-stats: {checkpoint} has no batch-statistics norms (norm={model.config.norm})")
+    if not hasattr(model, "batch_stats_in_eval"):
+        raise EvalError(f"--batch-stats: the model code saved in {checkpoint} predates batch_stats_in_eval; save "
+                        f"the model again with this repository's model/ (from_pretrained, then save_pretrained)")
 
 
 def label_set(model) -> list[str]:
@@ -182,8 +183,8 @@ def run_examples(checkpoint: Path, split: str, names):
     """The run's own dataset (data section of its config), split `split`, all rows."""
     cfg = run_config(checkpoint)
     if cfg is None:
-        raise EvalError(f"no run config for {checkpoint} (looked for {checkpoint.parent / 'config.yaml'} and the "
-                        f"config block of {checkpoint / 'README.md'}); evaluate a file with --data FILE")
+        raise EvalError(f"no run config for {checkpoint} (looked for {checkpoint.parent / 'config.yaml'} and "
+                        f"{checkpoint / RUN_CONFIG_FILE}); evaluate a file with --data FILE")
     from common.data import resolve_dataset
 
     d = dict(cfg["data"])
@@ -251,49 +252,34 @@ def format_table(result: dict) -> str:
 # Scoring
 
 
-def encode(tokenizer, texts, max_length):
-    enc = tokenizer(list(texts), truncation=True, max_length=max_length)
-    keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
-    return [{k: enc[k][i] for k in keys} for i in range(len(texts))]
-
-
 def max_length_of(model, tokenizer) -> int:
     limit = model.config.max_position_embeddings
     tok_max = getattr(tokenizer, "model_max_length", None)
     return min(limit, tok_max) if isinstance(tok_max, int) and tok_max > 0 else limit
 
 
-def score(accelerator, model, tokenizer, texts, labels, batch_size):
+def score(accelerator, model, tokenizer, texts, labels, batch_size, batch_stats=False):
     """Per-example lists {"loss", "prediction", "label", "confidence"} in the order of `texts`, every example once
     across processes (confidence: the softmax probability of the predicted class)."""
-    import torch
-    from torch.utils.data import DataLoader
-    from transformers import DataCollatorWithPadding
+    from common.data import encode_rows, row_batches
+    from common.evaluation import in_row_order, score_batches
 
+    rows = encode_rows(tokenizer, texts, max_length_of(model, tokenizer), labels)
+    loader = row_batches(rows, batch_size, tokenizer.pad_token_id, order="sorted")  # little padding
+    batches = score_batches(accelerator, model, accelerator.prepare(loader), batch_stats=batch_stats)
+    return {k: v.tolist() for k, v in in_row_order(batches, ("loss", "prediction", "label", "confidence")).items()}
+
+
+def predict_texts(model, tokenizer, texts, names, batch_stats=False):
+    """Every process predicts every text (a handful), as one batch; the main process prints them."""
+    from common.data import encode_rows, row_batches
     from common.evaluation import score_batches
 
-    features = encode(tokenizer, texts, max_length_of(model, tokenizer))
-    for i, (f, y) in enumerate(zip(features, labels)):
-        f["labels"], f["index"] = y, i
-    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))  # little padding
-    loader = DataLoader([features[i] for i in order], batch_size=batch_size, shuffle=False,
-                        collate_fn=DataCollatorWithPadding(tokenizer))
-    batches = score_batches(accelerator, model, accelerator.prepare(loader))
-    every = {k: torch.cat([b[k].cpu() for b in batches]) if batches else torch.zeros(0)
-             for k in ("index", "loss", "prediction", "label", "confidence")}
-    order = every["index"].argsort()  # back to the order of `texts`
-    return {k: every[k][order].tolist() for k in ("loss", "prediction", "label", "confidence")}
-
-
-def predict_texts(accelerator, model, tokenizer, texts, names):
-    import torch
-    from transformers import DataCollatorWithPadding
-
-    batch = DataCollatorWithPadding(tokenizer)(encode(tokenizer, texts, max_length_of(model, tokenizer)))
-    with torch.no_grad():
-        probs = model(**{k: v.to(accelerator.device) for k, v in batch.items()}).logits.float().softmax(-1).cpu()
+    rows = encode_rows(tokenizer, texts, max_length_of(model, tokenizer))
+    (scores,) = score_batches(None, model, row_batches(rows, len(rows), tokenizer.pad_token_id),
+                              batch_stats=batch_stats)
     out = []
-    for text, p in zip(texts, probs):
+    for text, p in zip(texts, scores["probabilities"].cpu()):
         c = int(p.argmax())
         out.append({"text": text, "label": names[c], "label_id": c, "probability": float(p[c]),
                     "probabilities": {n: float(x) for n, x in zip(names, p)}})
@@ -319,11 +305,7 @@ def evaluate(args):
     model, tokenizer = load_model(checkpoint)
     names = label_set(model)
     if args.batch_stats:  # BN family: normalize with each batch's own statistics (the train/eval gap)
-        flagged = [m for m in model.modules() if hasattr(m, "use_batch_stats_in_eval")]
-        if not flagged:
-            raise EvalError(f"--batch-stats: {checkpoint} has no batch-statistics norms (norm={model.config.norm})")
-        for m in flagged:
-            m.use_batch_stats_in_eval = True
+        check_batch_stats(model, checkpoint)
     model.eval()
     model = model.to(accelerator.device)
     result = {"checkpoint": str(checkpoint), "norm": getattr(model.config, "norm", None),
@@ -336,7 +318,7 @@ def evaluate(args):
             texts, labels, where = file_examples(Path(args.data), args.text_column, args.label_column, names)
         else:
             texts, labels, where = run_examples(checkpoint, args.split or "validation", names)
-        examples = score(accelerator, model, tokenizer, texts, labels, args.batch_size)
+        examples = score(accelerator, model, tokenizer, texts, labels, args.batch_size, args.batch_stats)
         examples["text"] = list(texts)
         result["dataset"] = {**where, "text_column": args.text_column if args.data else None,
                              "label_column": args.label_column if args.data else None}
@@ -344,7 +326,7 @@ def evaluate(args):
         losses = examples["loss"]
         result["loss"] = sum(losses) / len(losses) if losses else float("nan")
     if args.text:
-        result["predictions"] = predict_texts(accelerator, model, tokenizer, args.text, names)
+        result["predictions"] = predict_texts(model, tokenizer, args.text, names, args.batch_stats)
     result["num_processes"] = accelerator.num_processes
     return result, accelerator, examples
 

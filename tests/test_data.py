@@ -20,6 +20,7 @@ from common.data import (
     label_names,
     mirror_candidates,
     pad_fraction,
+    pad_rows,
     resolve_dataset,
     tokenize_splits,
 )
@@ -379,6 +380,22 @@ def test_build_dataloaders_classification(small):
     unsorted, _ = build_dataloaders(load_config(overrides=SMALL + ["data.group_by_length=false"]), tok, tokenized)
     assert isinstance(unsorted.batch_sampler, RandomBatchSampler)
     assert grouped < np.mean([pad_fraction(b["attention_mask"]) for b in unsorted])
+
+
+def test_pad_rows_collates_as_hf_data_collator_with_padding(small):
+    """Training's classification collate: pad_rows gives exactly the tensors of transformers' DataCollatorWithPadding
+    (the collate it replaced), with and without rounding the width up to a multiple of 8."""
+    from transformers import DataCollatorWithPadding
+
+    _, _, tok, tokenized = small
+    rows = [tokenized["train"][i] for i in range(0, 60, 7)]
+    for multiple_of in (None, 8):
+        ours = pad_rows(rows, tok.pad_token_id, multiple_of=multiple_of)
+        theirs = DataCollatorWithPadding(tok, pad_to_multiple_of=multiple_of)(
+            [{k: v for k, v in row.items() if k != "length"} for row in rows])
+        assert set(ours) == set(theirs) == {"input_ids", "attention_mask", "labels"}
+        for key in theirs:
+            assert torch.equal(ours[key], theirs[key]) and ours[key].dtype == theirs[key].dtype, key
 
 
 def test_build_dataloaders_mlm(small):

@@ -97,6 +97,28 @@ def test_data_file_reproduces_train_py_evaluation(run_dir, tmp_path, capsys):
     assert result["loss"] == pytest.approx(final["eval/loss"], rel=1e-4)
 
 
+def test_final_copied_elsewhere_reads_its_run_config_file(run_dir, tmp_path, capsys):
+    """final/ carries the run config as data (normlab_run.yaml): copied away from its run directory, and without
+    the model card, it still scores the run's own split exactly as the run directory does."""
+    import yaml
+
+    copied = tmp_path / "copied"
+    shutil.copytree(run_dir / "final", copied)
+    (copied / "README.md").unlink()  # nothing parses the card
+    saved = yaml.safe_load((copied / "normlab_run.yaml").read_text())
+    assert saved == yaml.safe_load((run_dir / "config.yaml").read_text())
+    code, out, err = run_main(capsys, copied, "--json", "--split", "validation")
+    assert code == 0, err
+    code, from_run, err = run_main(capsys, run_dir, "--json", "--split", "validation")
+    assert code == 0, err
+    a, b = json.loads(out), json.loads(from_run)
+    for key in ("dataset", "num_examples", "accuracy", "loss", "confusion_matrix"):
+        assert a[key] == b[key], key
+    (copied / "normlab_run.yaml").unlink()
+    code, _, err = run_main(capsys, copied)
+    assert code == 2 and err.count("\n") == 1 and "no run config for" in err and "normlab_run.yaml" in err
+
+
 def test_table_output_and_other_column_names(run_dir, tmp_path, capsys):
     frame = pd.read_parquet(VALIDATION).head(20).rename(columns={"sentence": "review", "label": "stars"})
     path = tmp_path / "reviews.tsv"

@@ -176,6 +176,53 @@ def test_trust_remote_code_in_a_fresh_process_without_the_project(saved, tmp_pat
         torch.testing.assert_close(result["hidden"], saved["clf"].normlab(**inputs).last_hidden_state)
 
 
+BATCH_STATS_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    from transformers import AutoModelForSequenceClassification
+    ckpt, inputs_path, out_path = sys.argv[1:4]
+    inputs = torch.load(inputs_path)
+    clf = AutoModelForSequenceClassification.from_pretrained(ckpt, trust_remote_code=True).eval()
+    flags = lambda: [m.use_batch_stats_in_eval for m in clf.modules() if hasattr(m, "use_batch_stats_in_eval")]
+    result = {"module": type(clf).__module__}
+    with torch.no_grad():
+        result["switched_on"], result["flags_on"] = clf.batch_stats_in_eval(True), flags()
+        result["batch"] = clf(**inputs).logits
+        result["switched_off"], result["flags_off"] = clf.batch_stats_in_eval(False), flags()
+        result["running"] = clf(**inputs).logits
+    torch.save(result, out_path)
+""")
+
+
+def test_batch_stats_in_eval_on_remote_code_as_on_the_class(saved, tmp_path):
+    """The switch is a model method, so it travels with the checkpoint's code: a classifier loaded with
+    trust_remote_code where the project is not importable (its norms are the checkpoint's classes, not
+    model.norms') switches its BN layers and changes a padded batch's outputs exactly as the imported class does."""
+    inputs = dict(saved["batch"])
+    assert not inputs["attention_mask"].bool().all()  # padded
+    torch.save(inputs, tmp_path / "inputs.pt")
+    (tmp_path / "load.py").write_text(BATCH_STATS_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "hf_modules"))
+    proc = subprocess.run([sys.executable, "load.py", str(saved["clf_dir"]), "inputs.pt", "out.pt"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    remote = torch.load(tmp_path / "out.pt")
+    assert remote["module"].startswith("transformers_modules"), remote["module"]
+    assert remote["switched_on"] == remote["switched_off"] == 5  # two per block and the final norm
+    assert remote["flags_on"] == [True] * 5 and remote["flags_off"] == [False] * 5
+
+    local = NormLabForSequenceClassification.from_pretrained(saved["clf_dir"]).eval()
+    with torch.no_grad():
+        running = local(**inputs).logits
+        assert local.batch_stats_in_eval(True) == 5
+        batch = local(**inputs).logits
+        local.batch_stats_in_eval(False)
+        torch.testing.assert_close(local(**inputs).logits, running, atol=0, rtol=0)  # switched back
+    assert not torch.allclose(batch, running, atol=1e-4)  # the batch's statistics are not the running ones
+    torch.testing.assert_close(remote["batch"], batch, atol=0, rtol=0)
+    torch.testing.assert_close(remote["running"], running, atol=0, rtol=0)
+
+
 def test_text_classification_pipeline(saved):
     classifier = pipeline("text-classification", model=str(saved["clf_dir"]), device="cpu")
     text = "the movie was great fun"

@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.data import pad_rows
 from model import NormLabConfig, NormLabForSequenceClassification
 from normlab_study import scoring as score_runs
 
 SENTENCES = [[2, 5, 6, 3], [2, 7, 3], [2, 8, 9, 10, 11, 3], [2, 12, 3]]  # 16 real tokens, lengths 3-6
+ROWS = [{"input_ids": ids} for ids in SENTENCES]
 
 
 def gap_after_one_batch(norm: str) -> dict:
@@ -22,9 +24,8 @@ def gap_after_one_batch(norm: str) -> dict:
                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0)
     model = NormLabForSequenceClassification(config).train()
     with torch.no_grad():
-        ids, mask = score_runs.padded(SENTENCES, list(range(len(SENTENCES))), 6, pad_id=0)
-        model(input_ids=ids, attention_mask=mask)
-    return score_runs.running_stat_gap(model.eval(), SENTENCES, batch_size=2, pad_id=0)
+        model(**pad_rows(ROWS, pad_id=0, width=6))
+    return score_runs.running_stat_gap(model.eval(), ROWS, batch_size=2, pad_id=0)
 
 
 def test_masked_batchnorm_running_statistics_are_the_real_tokens():
@@ -45,4 +46,4 @@ def test_norms_without_running_statistics_have_no_record():
     config = NormLabConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                            intermediate_size=16, norm="layernorm", pad_token_id=0)
     model = NormLabForSequenceClassification(config).eval()
-    assert score_runs.running_stat_gap(model, SENTENCES, batch_size=2, pad_id=0) is None
+    assert score_runs.running_stat_gap(model, ROWS, batch_size=2, pad_id=0) is None
