@@ -30,13 +30,9 @@ import os
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))  # for common.data (the run's dataset), as train.py finds it
-
-from common.io import read_json, read_yaml  # noqa: E402
-from common.model_card import RUN_CONFIG_FILE  # noqa: E402
-from common.wandb_run import keep_offline_files_in, resolve_mode  # noqa: E402
+from common.io import read_json, read_yaml
+from common.model_card import RUN_CONFIG_FILE
+from common.wandb_run import keep_offline_files_in, resolve_mode
 
 
 

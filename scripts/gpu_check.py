@@ -24,9 +24,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common.io import atomic_write_json, read_json, read_jsonl  # noqa: E402
+from common.io import atomic_write_json, read_json, read_jsonl
 
 # (batch, length, hidden): the default model's shapes, and one above CustomLayerNorm's threshold for compiled kernels
 LN_SHAPES = ((32, 64, 128), (64, 128, 256))

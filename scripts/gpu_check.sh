@@ -85,6 +85,7 @@ if [ ${#CARRIED[@]} -gt 0 ]; then
         --target "$WORK/site" "${CARRIED[@]}"
     export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# nothing of NormLab is pip-installed on the image: its packages (model/, common/, ...) are imported from here
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 {
     date -u +"%Y-%m-%dT%H:%M:%SZ"; git rev-parse HEAD 2>/dev/null; git status --short 2>/dev/null | head -20

@@ -97,7 +97,6 @@ def download(pins: dict[str, str], dest: Path) -> list[Path]:
 
 def copy_data(dest: Path) -> Path:
     """SST-2 from where train.py finds it here (common/data.py's lookup) into dest/sst2."""
-    sys.path.insert(0, str(REPO))
     from common.data import mirror_candidates
 
     src = next((p for p in mirror_candidates("sst2") if p.is_dir()), None)

@@ -15,15 +15,12 @@ and the JSON file is rewritten after every row: a run cut short keeps what it me
 import argparse
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common.io import atomic_write_json  # noqa: E402
-from normlab_bench.timer import timed  # noqa: E402
+from common.io import atomic_write_json
+from normlab_bench.timer import timed
 
 SHAPES = ((16384, 1024), (16384, 4096), (8192, 8192))  # (rows, hidden): each tensor well over the H200's 60 MB L2
 QUICK_SHAPES = ((64, 128), (32, 1000))

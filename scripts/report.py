@@ -13,9 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python scripts/x.py` puts scripts/, not the repo, first
-
-from normlab_study.report import make_report  # noqa: E402
+from normlab_study.report import make_report
 
 
 def main(argv=None) -> int:

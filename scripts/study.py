@@ -6,11 +6,8 @@
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python scripts/x.py` puts scripts/, not the repo, first
-
-from normlab_study.runner import main  # noqa: E402
+from normlab_study.runner import main
 
 if __name__ == "__main__":
     sys.exit(main())

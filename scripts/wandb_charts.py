@@ -15,10 +15,6 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
 from common.wandb_records import RecordsError, offline_runs  # noqa: E402
 from common.wandb_run import DEPTH_CHARTS  # noqa: E402
 

@@ -7,9 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from module_loader import SCRIPTS, load_module
 
-import gpu_prepare  # noqa: E402
+gpu_prepare = load_module("gpu_prepare", SCRIPTS / "gpu_prepare.py")
 
 BLOCKER = Path(__file__).resolve().parent / "gpu_image"
 

@@ -14,7 +14,6 @@ and this harness writes its own stand-ins for them (no transformers test code is
     arguments that ConfigTester checks a config accepts (ours below).
 """
 
-import importlib
 import os
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import tempfile
 from pathlib import Path
 
 import transformers
+
+from module_loader import load_module
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "transformers_tests"
@@ -103,9 +104,7 @@ def transformers_tests() -> str:
             except OSError:
                 if not all((pkg / name).exists() for name in SHIPPED):
                     raise
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    importlib.invalidate_caches()
+    load_module(PACKAGE, pkg)
     return PACKAGE
 
 

@@ -184,3 +184,31 @@ def test_parse_cli():
         parse_cli(["--config"])
     with pytest.raises(ConfigError, match="--config given twice"):
         parse_cli(["--config", "a", "--config", "b"])
+
+
+@pytest.mark.parametrize(
+    "override, must_contain",
+    [
+        ("wandb.tags=[a, [b]]", ["wandb.tags=['a', ['b']]", "wrong type", "expected list"]),  # merging would take it
+        ("data.label_names={a: 1}", ["data.label_names=", "expected list or null"]),
+        ("train.lr=inf", ["train.lr='inf'", "finite"]),
+        ("train.lr=.nan", ["train.lr=nan", "finite"]),
+        ("wandb.report_to=.inf", ["wandb.report_to=inf", "finite"]),
+        ("model.norm_eps=null", ["model.norm_eps may not be null", "expected float"]),
+    ],
+)
+def test_values_the_merge_would_take_or_garble_are_refused(override, must_contain):
+    with pytest.raises(ConfigError) as exc:
+        load_config(overrides=[override])
+    for part in must_contain:
+        assert part in str(exc.value), (part, str(exc.value))
+
+
+def test_a_type_error_in_a_file_names_the_file_and_a_later_layer_wins(tmp_path):
+    f = tmp_path / "v.yaml"
+    f.write_text("train: {batch_size: abc}\n")
+    with pytest.raises(ConfigError, match=r"train.batch_size='abc' has the wrong type \(in .*v.yaml\); expected int"):
+        load_config(str(f))
+    f.write_text("train: {batch_size: 8, lr: 1}\nwandb: {tags: [x]}\n")
+    cfg = load_config(str(f), ["train.batch_size=4"])
+    assert cfg["train"]["batch_size"] == 4 and cfg["train"]["lr"] == 1.0 and cfg["wandb"]["tags"] == ["x"]

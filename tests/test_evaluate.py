@@ -14,10 +14,10 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EVALUATE = REPO_ROOT / "scripts" / "evaluate.py"
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
+from module_loader import SCRIPTS, load_module
+from train_utils import free_port
 
-import evaluate  # noqa: E402
-from train_utils import free_port  # noqa: E402
+evaluate = load_module("evaluate", SCRIPTS / "evaluate.py")
 
 EVAL_ROWS = 96
 TINY = ["model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",

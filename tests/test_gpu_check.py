@@ -8,7 +8,7 @@ import tarfile
 import pytest
 
 import gpu_image_env
-import gpu_prepare
+from gpu_image_env import gpu_prepare
 from train_utils import REPO, env
 
 CARRIED = {"datasets", "dill", "multiprocess", "omegaconf"}  # what the image lacks of what the check imports

@@ -1,8 +1,6 @@
 """score_runs.py's measurement of running statistics against the real tokens', on a tiny model."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch

@@ -5,17 +5,16 @@ confusion matrix and predictions table, a diverged run, the study report run, an
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from common.wandb_records import OfflineRun, RecordsError, read_records
+from module_loader import SCRIPTS, load_module
 from train_utils import REPO, rows, run_here, summary
 
-sys.path.insert(0, str(REPO / "scripts"))
-import evaluate  # noqa: E402
+evaluate = load_module("evaluate", SCRIPTS / "evaluate.py")
 
 LAYER_CHARTS = ("grad_norm", "act_rms", "attn_logit_max", "update_ratio")
 VALIDATION = REPO.parent / "shared" / "datasets" / "sst2" / "validation.parquet"
@@ -237,7 +236,7 @@ def test_records_reader_checks_the_format(trained, tmp_path):
 
 
 def test_wandb_charts_draws_the_logged_depth_charts(trained, tmp_path, capsys, monkeypatch):
-    import wandb_charts
+    wandb_charts = load_module("wandb_charts", SCRIPTS / "wandb_charts.py")
     from PIL import Image
 
     out, run = trained

@@ -80,7 +80,6 @@ def run_case(torch, F, tln, name, eps=1e-5):
 def run_opcheck(torch, tln):
     """torch.library.opcheck with the Triton kernels registered as the operators' CPU implementation (this process
     only): fake implementations, aliasing, autograd and AOT tracing checked against the Triton backend."""
-    sys.path.insert(0, str(REPO))
     import model.norms  # noqa: F401 - defines the operators
 
     lib = torch.library.Library("normlab", "IMPL", "CPU")  # as tln.register() does for CUDA
@@ -103,7 +102,6 @@ def main():
     import torch
     import torch.nn.functional as F
 
-    sys.path.insert(0, str(REPO))
     from normlab_kernels import triton_layer_norm as tln
 
     torch.set_num_threads(1)
