@@ -133,6 +133,9 @@ def test_auto_classes(saved):
 
 REMOTE_SCRIPT = textwrap.dedent("""
     import sys, torch
+    # an editable install of this checkout (requirements-dev.txt) makes it importable everywhere; a user's
+    # fresh environment has no such finder
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
     try:
         import model  # noqa: F401
     except ModuleNotFoundError:
