@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import normlab_kernels
-from model.norms import layer_norm_reference
+from model.layer_norm_op import layer_norm_reference
 from tests.train_utils import REPO
 
 # train.kernels=reference, or auto without a backend: the reference LayerNorm, and the model's own nn.Dropout and SDPA
