@@ -2,9 +2,10 @@
 
 Importing it registers NormLab with the Auto classes (AutoConfig, AutoModel, AutoModelForSequenceClassification,
 AutoModelForMaskedLM) and marks the classes for `register_for_auto_class`, so `save_pretrained` writes an
-`auto_map` and copies configuration_normlab.py, modeling_normlab.py and norms.py next to the weights: a checkpoint
-then loads with `trust_remote_code=True` where this package is not importable. Files in this package import each
-other only relatively, because that is how they run once copied into a checkpoint.
+`auto_map` and copies configuration_normlab.py, modeling_normlab.py and the files they import relatively (norms.py,
+ops.py, layer_norm_op.py) next to the weights: a checkpoint then loads with `trust_remote_code=True` where this
+package is not importable. Files in this package import each other only relatively, because that is how they run
+once copied into a checkpoint.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification

@@ -1,10 +1,19 @@
 """NormLab: a BERT-shaped Transformer encoder whose normalization layer and its placement come from the config.
 
-Read top to bottom: embeddings -> attention -> feed-forward -> block (the four placements) -> encoder -> the
+The block is the point (`NormLabBlock`): attention, then a feed-forward, each a residual branch whose norm(s) sit
+where `config.norm_placement` puts them (post, pre, sandwich, deepnorm: the table is in NormLabBlock's docstring).
+Every norm of the model -- the blocks', the embeddings' (`config.embedding_norm`), the final one of pre and
+sandwich, the MLM head's; not the optional QK-norm, always a LayerNorm -- is `build_norm(config)`: the class that
+`config.norm` names in norms.py's `NORM_REGISTRY`. So a norm is swapped by setting `config.norm` (a new norm is
+a class in norms.py and one line in the registry), and its placement by setting `config.norm_placement`; nothing
+else in this file changes.
+
+Read top to bottom: the padding layout -> embeddings -> attention -> feed-forward -> block -> encoder -> the
 Hugging Face `PreTrainedModel` classes and the two heads.
 
 Conventions used everywhere below:
 - B = batch, L = padded sequence length, D = hidden size, H = heads, Dh = D // H, I = intermediate size.
+- Every norm is called as `norm(x, mask)`; outputs (last_hidden_state, hidden_states) are always (B, L, D).
 - Padding is handled once per forward by a `TokenLayout` shared by every module (no per-layer mask work):
   * packed (the default when a batch has padding): activations are (1, T, D), only the T real tokens. Pad
     positions are never computed (that is where NormLab's speed over HF BERT on padded batches comes from), and
@@ -13,7 +22,6 @@ Conventions used everywhere below:
   * padded: activations are (B, L, D), norms get the (B, L) bool mask (True = real). Used when there is no
     padding, for the naive `batchnorm` (whose whole point is that padding enters its statistics), under
     torch.compile (packing has data-dependent shapes), and when `NormLabModel.unpad` is set to False.
-  Every norm is called as `norm(x, mask)`; outputs (last_hidden_state, hidden_states) are always (B, L, D).
 - Pad positions hold zeros wherever a (B, L, .) tensor leaves a module (`TokenLayout.unpack`): the block inputs
   and outputs of the padded layout, and every returned hidden state, in both layouts alike (the packed layout never
   computes them). fairseq zeroes padding after the embeddings the same way.

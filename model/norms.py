@@ -10,16 +10,17 @@ Each norm class declares what the rest of NormLab needs to know about it (`Norm`
 its statistics come from the batch, whether it must see the padding, how it is built from the config and the
 values it starts from); `NORM_REGISTRY` at the end lists the classes, and everything else derives from it: the
 valid `config.norm` names (`NORM_TYPES`), the batch-statistics family (`BATCH_STAT_NORMS`), `build_norm`, the
-weight initialization and the study's reports. This module imports nothing from the rest of the package, so the
-config can read the names from it.
+weight initialization and the study's reports. This module imports only the operator files (ops.py,
+layer_norm_op.py), which import nothing else from the package, so the config can read the names from it.
 """
 
 from numbers import Integral
-from typing import Optional
 
 import torch
 import torch.nn as nn
-from torch import Tensor
+
+from .layer_norm_op import layer_norm
+from .ops import compute_dtype
 
 
 def real_token_mask(x, mask):
@@ -68,109 +69,14 @@ class LayerNorm(Norm, nn.LayerNorm):
         return super().forward(x)
 
 
-# CustomLayerNorm is one operator, `normlab::layer_norm`, defined below with torch.library the way PyTorch
-# extends itself: the readable math here is its reference implementation (what runs wherever nothing faster is
-# registered, and all a checkpoint's code carries); faster implementations for a device type are registered on the same operator from
-# outside this package (the repository's normlab_kernels/: C++ on CPU, Triton on CUDA). Its backward is a second
-# operator, `normlab::layer_norm_backward`, so a kernel can replace it too and torch.compile sees two opaque ops
-# with shape-only "fake" implementations instead of tracing into them.
-#
-# The contract every implementation keeps: x (..., M) is normalized over its last dim, in float32 for float16 /
-# bfloat16 / float32 inputs and in float64 for float64; y has x's dtype and shape (contiguous); mean and rstd =
-# 1 / sqrt(var + eps) have shape x.shape[:-1] and the compute dtype; weight and bias are (M,) or None, any float
-# dtype. The backward returns dx (x's dtype) and dweight, dbias (M,) in the compute dtype (autograd casts them to
-# the parameters' dtype).
-
-
-def layer_norm_reference(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
-                         eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """The forward as readable math: x (..., M) -> y (..., M), mean (...), rstd (...)."""
-    xf = x.to(compute_dtype(x)).contiguous()  # rows of M contiguous elements, as every kernel produces
-    mean = xf.mean(dim=-1)  # (...)
-    xc = xf - mean.unsqueeze(-1)
-    var = (xc * xc).mean(dim=-1)  # biased: divide by M, as torch.nn.LayerNorm does; two passes, no cancellation
-    rstd = torch.rsqrt(var + eps)  # eps inside the square root
-    y = xc * rstd.unsqueeze(-1)  # xhat
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y.to(x.dtype), mean, rstd
-
-
-def layer_norm_backward_reference(dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor,
-                                  rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The hand-derived backward (derivation in CustomLayerNorm's docstring): -> dx (..., M), dweight, dbias (M,)."""
-    rstd = rstd.unsqueeze(-1)  # (..., 1)
-    xhat = (x.to(mean.dtype) - mean.unsqueeze(-1)) * rstd  # recomputed: cheaper than saving an (..., M) tensor
-    dy = dy.to(mean.dtype).contiguous()
-    g = dy * weight if weight is not None else dy
-    dx = rstd * (g - g.mean(dim=-1, keepdim=True) - xhat * (g * xhat).mean(dim=-1, keepdim=True))
-    m = x.shape[-1]
-    return dx.to(x.dtype), (dy * xhat).reshape(-1, m).sum(dim=0), dy.reshape(-1, m).sum(dim=0)
-
-
-def _layer_norm_fake(x, weight, bias, eps):
-    """Shapes and dtypes only, for torch.compile and other tracers."""
-    stats = x.new_empty(x.shape[:-1], dtype=compute_dtype(x))
-    return x.new_empty(x.shape), stats, torch.empty_like(stats)
-
-
-def _layer_norm_backward_fake(dy, x, weight, mean, rstd):
-    return x.new_empty(x.shape), mean.new_empty(x.shape[-1]), mean.new_empty(x.shape[-1])
-
-
-def _layer_norm_setup_context(ctx, inputs, output):
-    x, weight, bias, _ = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.has_bias = bias is not None
-    ctx.mark_non_differentiable(mean, rstd)  # statistics for the backward, not outputs to train through
-
-
-def _layer_norm_autograd(ctx, dy, _dmean, _drstd):
-    x, weight, mean, rstd = ctx.saved_tensors
-    dx, dweight, dbias = torch.ops.normlab.layer_norm_backward(dy, x, weight, mean, rstd)
-    return dx, (dweight if weight is not None else None), (dbias if ctx.has_bias else None), None
-
-
-# A checkpoint's copy of this file (trust_remote_code) may be imported next to model/ in one process: defining the
-# operators again would drop the kernels registered on them, so the first definition stays.
-if not hasattr(torch.ops.normlab, "layer_norm"):
-    _op = torch.library.custom_op("normlab::layer_norm", layer_norm_reference, mutates_args=())
-    _op.register_fake(_layer_norm_fake)
-    _op.register_autograd(_layer_norm_autograd, setup_context=_layer_norm_setup_context)
-    _op = torch.library.custom_op("normlab::layer_norm_backward", layer_norm_backward_reference, mutates_args=())
-    _op.register_fake(_layer_norm_backward_fake)
-
-
 class CustomLayerNorm(Norm, nn.Module):
-    r"""The project's hand-written LayerNorm: same constructor, parameters and results as torch.nn.LayerNorm.
+    """The project's hand-written LayerNorm: same constructor, parameters and results as torch.nn.LayerNorm.
 
-    y = (x - mean) / sqrt(var + eps) * weight + bias, statistics over the last len(normalized_shape) dims,
-    `var` the *biased* variance (divide by M, the number of normalized elements), eps *inside* the square root.
-
-    Why not the often-copied `(x - x.mean(-1)) / (x.std(-1) + eps)`? Two differences, both real:
-      1. `torch.std` is *unbiased* (divides by M - 1), so the output is scaled by sqrt((M-1)/M) relative to
-         LayerNorm, a systematic bias of 1/(2M) relative (0.4% at M=128) that pretrained weights do not expect.
-      2. eps added to the std instead of the variance changes what eps does: with eps inside the sqrt, a
-         low-variance row (std ~ sqrt(eps)) is damped smoothly; with eps outside, the result is
-         (x - mean) / (std + eps). For std = 1e-3, eps = 1e-5 the two give xhat / sqrt(1 + 10) vs xhat / 1.01:
-         more than 3x apart. Rows of (near-)constant activations, e.g. an embedding dimension that barely
-         varies or a dead feature, are exactly where this happens (tests/test_norms.py shows the gap).
-
-    Backward (hand-derived; saves only x, mean and rstd = 1/sqrt(var + eps) per row). With xhat = (x - mean)*rstd,
-    y = weight * xhat + bias and g = dy * weight, over the M normalized elements of one row:
-        d xhat_i / d x_j = rstd * (delta_ij - 1/M - xhat_i xhat_j / M)
-    (the -1/M from the mean, the -xhat_i xhat_j / M from d rstd/d x_j = -rstd^2 xhat_j / M), so
-        dx = sum_i g_i d xhat_i / d x = rstd * (g - mean(g) - xhat * mean(g * xhat)),
-        dweight = sum over rows of dy * xhat,   dbias = sum over rows of dy.
-    xhat is recomputed from the saved x, mean and rstd instead of being saved (one (N, M) tensor less).
-
-    The math runs as the operator `torch.ops.normlab.layer_norm` (above): half-precision inputs are normalized in
-    float32 and returned in their own dtype. Whichever implementation is registered for the input's device runs it
-    (the reference above unless a kernel package registered a faster one). No double backward (create_graph=True):
-    the backward operator has no derivative of its own.
+    y = (x - mean) / sqrt(var + eps) * weight + bias over the last len(normalized_shape) dims, with the *biased*
+    variance and eps *inside* the square root, unlike the often-copied `(x - mean) / (x.std() + eps)` (docs/model.md
+    says why that matters). The math is the operator `normlab::layer_norm` (model/layer_norm_op.py): its reference
+    implementation unless a kernel package registered a faster one for the input's device. Half-precision inputs
+    are normalized in float32 and returned in their own dtype. No double backward (create_graph=True).
     """
 
     name = "custom_layernorm"
@@ -201,9 +107,9 @@ class CustomLayerNorm(Norm, nn.Module):
         if tuple(x.shape[x.dim() - nd:]) != self.normalized_shape:
             raise ValueError(f"CustomLayerNorm expects input (*, {self.normalized_shape}), got {tuple(x.shape)}")
         if nd == 1:  # the usual case: the op normalizes the last dim, no reshapes
-            return torch.ops.normlab.layer_norm(x, self.weight, self.bias, self.eps)[0]
+            return layer_norm(x, self.weight, self.bias, self.eps)[0]
         flat = lambda t: t.reshape(-1) if t is not None else None  # noqa: E731 - (M,) parameters for the op
-        y, _, _ = torch.ops.normlab.layer_norm(x.flatten(-nd), flat(self.weight), flat(self.bias), self.eps)
+        y, _, _ = layer_norm(x.flatten(-nd), flat(self.weight), flat(self.bias), self.eps)
         return y.view(x.shape)
 
 
@@ -295,12 +201,6 @@ def _recomputing() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def compute_dtype(x):
-    """The dtype NormLab's operators and statistics compute in: float32 at least (half-precision sums of squares over
-    thousands of tokens are too coarse), float64 for float64 inputs. normlab_kernels' kernels use it too."""
-    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-
-
 def _log_ratio_rms(var_b, var_r, eps):
     return torch.sqrt(torch.mean((torch.log(var_b + eps) - torch.log(var_r + eps)) ** 2))
 
@@ -327,12 +227,10 @@ class BatchStatNorm(Norm, nn.Module):
     A training forward needs at least 2 real tokens (a variance of one value is 0 and its normalization is
     undefined) and raises ValueError otherwise.
 
-    Precision: the statistics are computed in float32 (float64 for float64 inputs) whatever the input dtype, and
-    the running statistics are float32 buffers whatever the module's dtype. A running average moves by
-    momentum x (batch - running) per step; in bfloat16 (8 bits of mantissa) most of those small steps round
-    away, so the average drifts (about 1% over a few hundred steps). `model.to(torch.bfloat16)` / `.half()` leave
-    these buffers float32 (`_apply`), and a buffer that something else cast (FSDP's mixed precision casts every
-    buffer to its `buffer_dtype`) is turned back to float32 at the next training forward (`_float32_buffers`).
+    Precision: the statistics are computed in `compute_dtype`, and the running statistics stay float32 buffers
+    whatever the module's dtype, because in bfloat16 most of a running average's small steps round away
+    (docs/model.md). `model.to(torch.bfloat16)` / `.half()` leave them float32 (`_apply`), and a buffer that
+    something else cast (FSDP's mixed precision) is turned back at the next training forward (`_float32_buffers`).
     """
 
     name = "batch_stat_norm"  # each subclass has its registry name, used in error messages
@@ -640,7 +538,7 @@ def build_norm(config, dim=None) -> nn.Module:
 
 
 __all__ = [
-    "NORM_REGISTRY", "NORM_TYPES", "BATCH_STAT_NORMS", "Norm", "build_norm", "BatchStatNorm", "set_batch_stats_in_eval", "real_token_mask", "CustomLayerNorm", "LayerNorm",
-    "RMSNorm", "NaiveBatchNorm", "MaskedBatchNorm", "PowerNorm", "DyT", "Identity", "layer_norm_reference",
-    "layer_norm_backward_reference",
+    "NORM_REGISTRY", "NORM_TYPES", "BATCH_STAT_NORMS", "Norm", "build_norm", "BatchStatNorm", "set_batch_stats_in_eval",
+    "real_token_mask", "CustomLayerNorm", "LayerNorm", "RMSNorm", "NaiveBatchNorm", "MaskedBatchNorm", "PowerNorm", "DyT",
+    "Identity",
 ]

@@ -1,9 +1,9 @@
 """Fast implementations of NormLab's operators, registered on them with torch.library. model/ never imports this.
 
-model/norms.py defines the operators `normlab::layer_norm` and `normlab::layer_norm_backward` (CustomLayerNorm)
-with their reference implementation: readable PyTorch math, what runs wherever nothing else is registered and
-all that a checkpoint's code carries. This package registers faster implementations of the same operators
-for one device type:
+Every operator is defined the same way, with model/ops.py's `define_op` (a reference implementation in PyTorch
+ops, a fake, an autograd formula whose backward is an operator): the LayerNorm's in model/layer_norm_op.py, as a
+checkpoint's code needs it; the dropout's and the attention's here (dropout.py, attention.py), as only a model this
+package was applied to calls them. A backend registers faster implementations for one device type:
 
     operator                        CPU backend                        CUDA backend
     normlab::layer_norm             "cpp": layer_norm_cpu.cpp          "triton": triton_layer_norm.py
@@ -12,22 +12,19 @@ for one device type:
     normlab::attention              "cpp": attention_cpu.cpp           "torch": the model's SDPA
     normlab::attention_backward     "cpp"                              "torch"
 
-The dropout and the attention are different: model/ uses plain nn.Dropout and transformers' SDPA attention
-function, and these operators (defined in dropout.py and attention.py) only run where `apply(model, backends)`
-has put them in: the module that calls normlab::dropout in place of the model's nn.Dropout modules, and the
-attention function that calls normlab::attention as the model's attn_implementation (transformers'
-AttentionInterface, the way kernel libraries plug into Hugging Face models). It does so when the CPU backend is
-registered ("cpp"); otherwise ("torch") nn.Dropout and SDPA run. On CUDA torch's dropout is one fused kernel and
-SDPA has fused kernels with dropout: there is nothing to replace.
+model/ uses plain nn.Dropout and transformers' SDPA attention function: `apply(model, backends)` puts the dropout
+and the attention operators in where the CPU backend is registered ("cpp"), as a module that calls
+normlab::dropout in place of each nn.Dropout and an attention function that calls normlab::attention as the
+model's attn_implementation (transformers' AttentionInterface, the way kernel libraries plug into Hugging Face
+models); otherwise ("torch") nn.Dropout and SDPA run. On CUDA both are fused kernels already.
 
 `enable(mode, device)` is the one switch (train.py passes `train.kernels`):
   - "auto": the fast backend of the device's type when it can be had (C++: a compiler and ninja to build it;
     Triton: the triton package); otherwise one warning, and the reference runs;
   - "reference": the reference, also if a fast backend was registered earlier in this process.
-It returns {operator: backend} (train.py writes it to summary.json; then `apply(model, that)` once the model is
-built). Everything that can fail -- building,
-importing -- happens inside `enable`, before training; a kernel that fails while it runs (out of memory, an
-illegal address) raises like any torch op, and nothing here catches it.
+It returns {operator: backend} (train.py writes it to summary.json, and hands it to `apply` once the model is
+built). Everything that can fail -- building, importing -- happens inside `enable`, before training; a kernel
+that fails while it runs (out of memory, an illegal address) raises like any torch op, and nothing here catches it.
 """
 
 import importlib
@@ -98,7 +95,7 @@ def enable(mode: str = "auto", device="cpu") -> dict:
     if mode not in MODES:
         raise ValueError(f"kernels mode {mode!r} is not valid; choose one of: {', '.join(MODES)}")
     device_type = torch.device(device).type
-    import model.norms  # noqa: F401 - defines the operators: kernels can only be registered on existing ones
+    import model.layer_norm_op  # noqa: F401 - kernels can only be registered on operators that exist
 
     wanted = FAST_BACKENDS[device_type][0] if mode == "auto" and device_type in FAST_BACKENDS else "reference"
     if wanted != _registered.get(device_type, "reference"):

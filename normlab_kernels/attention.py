@@ -29,7 +29,7 @@ from torch import Tensor
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from model.norms import compute_dtype
+from model.ops import compute_dtype, define_op
 
 from .dropout import draw_seed, dropout_reference
 
@@ -63,12 +63,12 @@ def attention_backward_reference(grad_out: Tensor, q: Tensor, k: Tensor, v: Tens
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _attention_fake(q, k, v, bias, seed, p, scale):
+def _fake(q, k, v, bias, seed, p, scale):
     B, H, L, _ = q.shape
     return q.new_empty(B, H, L, v.shape[-1]), q.new_empty(B, H, L, k.shape[-2], dtype=compute_dtype(q))
 
 
-def _attention_backward_fake(grad_out, q, k, v, probs, seed, p, scale):
+def _backward_fake(grad_out, q, k, v, probs, seed, p, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -87,12 +87,8 @@ def _backward(ctx, grad_out, _grad_probs):
     return dq, dk, dv, None, None, None, None
 
 
-if not hasattr(torch.ops.normlab, "attention"):
-    _op = torch.library.custom_op("normlab::attention", attention_reference, mutates_args=())
-    _op.register_fake(_attention_fake)
-    _op.register_autograd(_backward, setup_context=_setup_context)
-    _bwd = torch.library.custom_op("normlab::attention_backward", attention_backward_reference, mutates_args=())
-    _bwd.register_fake(_attention_backward_fake)
+attention = define_op("attention", attention_reference, _fake, _setup_context, _backward,
+                      attention_backward_reference, _backward_fake)
 
 
 def normlab_attention_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -111,7 +107,7 @@ def normlab_attention_forward(module, query: Tensor, key: Tensor, value: Tensor,
                                       is_causal=causal, **kwargs)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     seed = draw_seed() if dropout > 0 else torch.zeros((), dtype=torch.int64)  # draws only where a mask is used
-    out, _ = torch.ops.normlab.attention(query, key, value, attention_mask, seed, float(dropout), float(scale))
+    out, _ = attention(query, key, value, attention_mask, seed, float(dropout), float(scale))
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -77,8 +77,8 @@ def load():
 def register():
     """The C++ kernels become the CPU implementation of normlab::layer_norm, normlab::layer_norm_backward,
     normlab::dropout, normlab::attention and normlab::attention_backward."""
-    import normlab_kernels.attention  # noqa: F401 - defines normlab::attention and normlab::dropout (model/norms.py
-    # defines the LayerNorm's)
+    import model.layer_norm_op  # noqa: F401 - kernels can only be registered on operators that exist
+    import normlab_kernels.attention  # noqa: F401 - (it defines normlab::dropout too)
 
     extension = load()
     extension.register_layer_norm()

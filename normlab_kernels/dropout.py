@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from model.ops import define_op
+
 MASK32 = 0xFFFFFFFF
 MASK64 = 0xFFFFFFFFFFFFFFFF
 
@@ -66,25 +68,24 @@ def dropout_reference(x: Tensor, seed: Tensor, p: float) -> Tensor:
     return x.contiguous() * torch.where(keep, scale, torch.zeros_like(scale))  # x * (mask * scale), as torch's
 
 
-def _dropout_fake(x, seed, p):
+def _fake(x, seed, p):
     return x.new_empty(x.shape)  # contiguous, like every implementation's output
 
 
-def _dropout_setup_context(ctx, inputs, output):
+def _setup_context(ctx, inputs, output):
     _, seed, p = inputs
     ctx.save_for_backward(seed)
     ctx.p = p
 
 
-def _dropout_backward(ctx, grad):
+def _backward(ctx, grad):
+    # dropout is linear: its backward is the operator itself, the same mask and scale on the gradient (so it has
+    # a double backward too, and no backward operator of its own)
     (seed,) = ctx.saved_tensors
-    return torch.ops.normlab.dropout(grad, seed, ctx.p), None, None  # the same mask and scale on the gradient
+    return dropout(grad, seed, ctx.p), None, None
 
 
-if not hasattr(torch.ops.normlab, "dropout"):
-    _op = torch.library.custom_op("normlab::dropout", dropout_reference, mutates_args=())
-    _op.register_fake(_dropout_fake)
-    _op.register_autograd(_dropout_backward, setup_context=_dropout_setup_context)
+dropout = define_op("dropout", dropout_reference, _fake, _setup_context, _backward)
 
 
 def draw_seed(device=None) -> Tensor:
@@ -98,5 +99,5 @@ class Dropout(nn.Dropout):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.training and 0.0 < self.p < 1.0 and not self.inplace and x.device.type == "cpu":
-            return torch.ops.normlab.dropout(x, draw_seed(), self.p)
+            return dropout(x, draw_seed(), self.p)
         return super().forward(x)

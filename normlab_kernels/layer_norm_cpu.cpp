@@ -1,12 +1,12 @@
 // NormLab's C++ CPU LayerNorm: the CPU implementation of the operators normlab::layer_norm and
-// normlab::layer_norm_backward (defined, with their reference math and the derivation, in model/norms.py;
+// normlab::layer_norm_backward (defined, with their reference math, in model/layer_norm_op.py;
 // built and registered by normlab_kernels/cpu.py). Same contract as the reference:
 //   forward(x, weight, bias, eps) -> y, mean, rstd
 //     x (..., M) normalized over its last dim; computed in float64 for float64 inputs, float32 otherwise;
 //     y in x's dtype, contiguous; mean, rstd = 1 / sqrt(var + eps) of shape x.shape[:-1] in the compute dtype.
 //   backward(dy, x, weight, mean, rstd) -> dx (x's dtype), dweight, dbias (M, compute dtype)
-// The autograd formula stays the operator's (Python, model/norms.py): these are plain kernels over raw rows,
-// registered for the CPU dispatch key at the bottom of this file.
+// The autograd formula stays the operator's (Python, model/layer_norm_op.py): these are plain kernels over raw
+// rows, registered for the CPU dispatch key at the bottom of this file.
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -203,8 +203,8 @@ std::tuple<Tensor, Tensor, Tensor> backward(const Tensor& dy_in, const Tensor& x
   return {dx.to(x_in.scalar_type()), dw, db};
 }
 
-// The operators' autograd formula once more, for CPU tensors: the one of model/norms.py (save x, weight, mean and
-// rstd; the backward is the backward operator), as a C++ autograd node like torch.nn.LayerNorm's. The Python
+// The operators' autograd formula once more, for CPU tensors: the one of model/layer_norm_op.py (save x, weight,
+// mean and rstd; the backward is the backward operator), as a C++ autograd node like torch.nn.LayerNorm's. The Python
 // formula wraps every call in a Python autograd.Function, which at training shapes costs more than the kernels
 // themselves (README, What runs where). A double backward (create_graph=True) fails in both alike: the backward
 // operator has no derivative.
@@ -253,8 +253,8 @@ std::tuple<Tensor, Tensor, Tensor> forward_with_autograd(const Tensor& x, const 
   return {out[0], out[1], out[2]};
 }
 
-// The kernels (and the node above) are registered on the operators -- defined in Python, model/norms.py -- for
-// the CPU dispatch keys from here, so a call dispatches straight to C++: a Python kernel would add its wrapper
+// The kernels (and the node above) are registered on the operators -- defined in Python, model/layer_norm_op.py --
+// for the CPU dispatch keys from here, so a call dispatches straight to C++: a Python kernel would add its wrapper
 // calls to every one of the many small LayerNorms of a training step. The registrations live in these objects:
 // destroying them unregisters the kernels, and the operators' reference implementation runs again.
 std::unique_ptr<torch::Library> kernels, autograd;

@@ -1,8 +1,9 @@
 """A hand-written Triton LayerNorm: the CUDA implementation of normlab::layer_norm and normlab::layer_norm_backward.
 
-Same contract as the reference in model/norms.py (where the backward is derived): x (..., N) normalized over its
-last dim, computed in float32 for float16 / bfloat16 / float32 inputs (float64 for float64); y in x's dtype;
-mean and rstd = 1 / sqrt(var + eps) saved per row in the compute dtype; dweight, dbias in the compute dtype.
+Same contract as the reference in model/layer_norm_op.py (the backward is derived in docs/model.md): x (..., N)
+normalized over its last dim, computed in float32 for float16 / bfloat16 / float32 inputs (float64 for float64);
+y in x's dtype; mean and rstd = 1 / sqrt(var + eps) saved per row in the compute dtype; dweight, dbias in the
+compute dtype.
 
 Layout, as in the Triton tutorial's, flash-attention's and Liger's layer norms:
   - forward: one program per row; the whole row sits in registers (N <= MAX_ROW_BYTES of input), so the mean
@@ -22,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from model.norms import compute_dtype
+from model.ops import compute_dtype
 
 MAX_ROW_BYTES = 65536  # a row must fit one block of registers (the usual limit of single-pass layer norms)
 MIN_BAND = 8  # the backward's fewest rows per program (see _backward_programs)

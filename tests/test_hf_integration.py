@@ -77,7 +77,7 @@ def saved(tmp_path_factory):
 def test_checkpoint_files_and_auto_map(saved):
     files = set(os.listdir(saved["clf_dir"]))
     assert {"config.json", "model.safetensors", "configuration_normlab.py", "modeling_normlab.py",
-            "norms.py", "tokenizer.json"} <= files
+            "norms.py", "ops.py", "layer_norm_op.py", "tokenizer.json"} <= files
     config = json.loads((saved["clf_dir"] / "config.json").read_text())
     assert config["model_type"] == "normlab"
     assert config["auto_map"] == {
@@ -87,7 +87,7 @@ def test_checkpoint_files_and_auto_map(saved):
         "AutoModelForMaskedLM": "modeling_normlab.NormLabForMaskedLM",
     }
     # the copied code imports its siblings relatively, nothing from the project
-    for name in ("configuration_normlab.py", "modeling_normlab.py", "norms.py"):
+    for name in ("configuration_normlab.py", "modeling_normlab.py", "norms.py", "ops.py", "layer_norm_op.py"):
         code = (saved["clf_dir"] / name).read_text()
         assert "from model" not in code and "import common" not in code and "from common" not in code
 
@@ -158,19 +158,24 @@ REMOTE_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_trust_remote_code_in_a_fresh_process_without_the_project(saved, tmp_path):
-    inputs = {k: v for k, v in saved["batch"].items()}
+def _load_in_a_fresh_process(ckpt, inputs, tmp_path):
+    """REMOTE_SCRIPT's results for checkpoint `ckpt` and `inputs`, from a process that cannot import the project."""
     torch.save(inputs, tmp_path / "inputs.pt")
     (tmp_path / "load.py").write_text(REMOTE_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "hf_modules"))
     proc = subprocess.run(
-        [sys.executable, "load.py", str(saved["clf_dir"]), "inputs.pt", "out.pt"],
+        [sys.executable, "load.py", str(ckpt), "inputs.pt", "out.pt"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "custom code" not in proc.stdout + proc.stderr and "model of type" not in proc.stderr  # no prompt
-    result = torch.load(tmp_path / "out.pt")
+    return torch.load(tmp_path / "out.pt")
+
+
+def test_trust_remote_code_in_a_fresh_process_without_the_project(saved, tmp_path):
+    inputs = {k: v for k, v in saved["batch"].items()}
+    result = _load_in_a_fresh_process(saved["clf_dir"], inputs, tmp_path)
     assert result["ids"] == [saved["tokenizer"]("the cat sat")["input_ids"]] * 2
     assert result["module"].startswith("transformers_modules"), result["module"]  # the checkpoint's own code
     assert result["base"] == "NormLabModel"
@@ -224,6 +229,22 @@ def test_batch_stats_in_eval_on_remote_code_as_on_the_class(saved, tmp_path):
     assert not torch.allclose(batch, running, atol=1e-4)  # the batch's statistics are not the running ones
     torch.testing.assert_close(remote["batch"], batch, atol=0, rtol=0)
     torch.testing.assert_close(remote["running"], running, atol=0, rtol=0)
+
+
+def test_a_custom_layernorm_checkpoint_defines_its_operator(tmp_path):
+    """CustomLayerNorm runs the operator normlab::layer_norm: a checkpoint's own code (layer_norm_op.py and ops.py,
+    copied with it) defines it where the project is not importable, and gives the saved model's logits."""
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    clf = NormLabForSequenceClassification(tiny_config(tokenizer, norm="custom_layernorm")).eval()
+    ckpt = tmp_path / "ckpt"
+    clf.save_pretrained(ckpt)
+    tokenizer.save_pretrained(ckpt)
+    inputs = dict(tokenizer(CORPUS, padding=True, return_tensors="pt"))
+    result = _load_in_a_fresh_process(ckpt, inputs, tmp_path)
+    assert result["module"].startswith("transformers_modules"), result["module"]
+    with torch.no_grad():  # (to rounding: this process may run the C++ kernel, the fresh one runs the reference)
+        torch.testing.assert_close(result["logits"], clf(**inputs).logits)
 
 
 def test_text_classification_pipeline(saved):

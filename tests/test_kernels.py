@@ -2,8 +2,10 @@
 the reference runs), errors inside a kernel (raised, not swallowed), and a build that leaves no trace (the same
 losses whether or not the C++ kernels had to be built first)."""
 
+import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 import normlab_kernels
-from model.norms import layer_norm_reference
+from model.layer_norm_op import layer_norm_reference
 from tests.train_utils import REPO
 
 # train.kernels=reference, or auto without a backend: the reference LayerNorm, and the model's own nn.Dropout and SDPA
@@ -99,6 +101,30 @@ def test_an_error_inside_a_kernel_is_raised(restore_cpu_backend, monkeypatch):
     normlab_kernels.enable("reference", "cpu")
     args = _args()
     assert torch.equal(torch.ops.normlab.layer_norm(*args)[0], layer_norm_reference(*args)[0])
+
+
+def test_a_checkpoints_copy_of_the_model_code_keeps_the_kernels(restore_cpu_backend, tmp_path, monkeypatch):
+    """trust_remote_code imports a checkpoint's copy of model/ as another package, maybe in a process that has
+    model/ and kernels registered already: the copy finds normlab::layer_norm defined and leaves it, kernels and all."""
+    normlab_kernels.enable("reference", "cpu")
+    marked = torch.library.Library("normlab", "IMPL", "CPU")  # a kernel whose output says that it ran
+    marked.impl("layer_norm", lambda x, w, b, eps: (torch.full_like(x, 7.0), *layer_norm_reference(x, w, b, eps)[1:]))
+    package = tmp_path / "checkpoint_code"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in ("norms.py", "layer_norm_op.py", "ops.py"):  # what save_pretrained copies for norms.py
+        shutil.copy(REPO / "model" / name, package / name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        copied = importlib.import_module("checkpoint_code.norms")
+        x = _args()[0]
+        with torch.no_grad():
+            assert torch.equal(copied.CustomLayerNorm(40)(x), torch.full_like(x, 7.0))
+    finally:
+        del marked  # (a Library's registrations end with the object)
+        for name in [m for m in sys.modules if m.split(".")[0] == "checkpoint_code"]:
+            del sys.modules[name]
+    assert torch.equal(torch.ops.normlab.layer_norm(*_args())[0], layer_norm_reference(*_args())[0])
 
 
 def test_a_build_restores_the_rng_and_the_thread_count(monkeypatch):

@@ -1,0 +1,41 @@
+"""How NormLab defines an operator, and the dtype its operators compute in.
+
+Every NormLab operator (`normlab::layer_norm` here in model/; `normlab::dropout` and `normlab::attention` in
+normlab_kernels/) is defined the same way, with `define_op`: a readable PyTorch reference implementation, a
+shape-only fake implementation for torch.compile, and an autograd formula whose backward is an operator too, so a
+kernel package can register a faster implementation of the forward and the backward for one device type
+(torch.library) without touching the model. Wherever nothing faster is registered, the reference runs.
+"""
+
+from typing import Callable, Optional
+
+import torch
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """float32 at least (half-precision sums of squares over thousands of tokens are too coarse), float64 for
+    float64 inputs: what every implementation of NormLab's operators, and the batch statistics, compute in."""
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def define_op(name: str, reference: Callable, fake: Callable, setup_context: Callable, backward: Callable,
+              backward_reference: Optional[Callable] = None, backward_fake: Optional[Callable] = None):
+    """Define `normlab::<name>` from its reference implementation (typed: the schema comes from its annotations)
+    and fake; `setup_context` and `backward` are its autograd formula. With `backward_reference` and
+    `backward_fake`, `normlab::<name>_backward` is defined too, for `backward` to call (without them, `backward`
+    calls operators that exist already, e.g. the operator itself). Returns the operator, `torch.ops.normlab.<name>`.
+
+    An operator that exists already is left as it is: a checkpoint's copy of model/ may be imported next to
+    model/ in one process, and defining it again would drop the kernels registered on it.
+    """
+    if not hasattr(torch.ops.normlab, name):
+        op = torch.library.custom_op(f"normlab::{name}", reference, mutates_args=())
+        op.register_fake(fake)
+        op.register_autograd(backward, setup_context=setup_context)
+        if backward_reference is not None:
+            op = torch.library.custom_op(f"normlab::{name}_backward", backward_reference, mutates_args=())
+            op.register_fake(backward_fake)
+    return getattr(torch.ops.normlab, name)
+
+
+__all__ = ["compute_dtype", "define_op"]
