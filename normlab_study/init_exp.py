@@ -22,7 +22,7 @@ import torch
 
 from common.data import get_tokenizer, resolve_dataset
 from common.io import read_json, read_yaml, write_jsonl
-from common.metrics import block_parameters
+from common.probes import block_parameters
 from model import NormLabConfig, NormLabForSequenceClassification
 
 DATA = {"name": "stanfordnlp/sst2", "path": None, "text_column": "sentence", "label_column": "label",

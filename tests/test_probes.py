@@ -1,9 +1,9 @@
-"""StabilityProbe (common/metrics.py) against the same quantities computed directly from the model."""
+"""StabilityProbe (common/probes.py) against the same quantities computed directly from the model."""
 
 import pytest
 import torch
 
-from common.metrics import StabilityProbe, clip_coefficient
+from common.probes import StabilityProbe, clip_coefficient
 from model import NormLabConfig, NormLabForSequenceClassification
 from model.norms import BatchStatNorm
 
@@ -46,10 +46,10 @@ def test_probe_matches_hidden_states_weights_and_grads(norm, unpad):
     expected = torch.stack([h[real].square().sum() for h in out.hidden_states[1:-1]] + [last_rows.square().sum()])
     torch.testing.assert_close(probe.act_sumsq, expected, rtol=1e-5, atol=0)
     assert probe.act_count.item() == real.sum().item() * 32
-    assert all(layer.attention.last_logit_max is None for layer in model.normlab.encoder.layers)
-    assert model.normlab.encoder.last_act_sumsq is None  # disarmed: the next forward records nothing
+    recorded = [*probe.recorder.sumsq, *probe.recorder.logit_max]
+    assert not probe.recorder.armed  # disarmed: the next forward records nothing
     model(**batch)
-    assert model.normlab.encoder.last_act_sumsq is None
+    assert all(a is b for a, b in zip([*probe.recorder.sumsq, *probe.recorder.logit_max], recorded, strict=True))
 
     out.loss.backward()
     blocks = [[p for n, p in model.named_parameters() if f"encoder.layers.{i}." in n] for i in range(3)]
