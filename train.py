@@ -412,17 +412,17 @@ def load_resume_checkpoint(accelerator, path: Path) -> dict:
 def micro_batches(accelerator, train_loader, batch_sampler, state: TrainerState, resume_rng: dict | None):
     """The training micro-batches from the state's data position on, epoch after epoch (each epoch reshuffled by
     its number through `batch_sampler`, the loader's own); keeps the state's epoch and batches_in_epoch current."""
-    st, rng = state, resume_rng
+    rng = resume_rng
     while True:
-        batch_sampler.set_epoch(st.epoch)
-        train_loader.set_epoch(st.epoch)
+        batch_sampler.set_epoch(state.epoch)
+        train_loader.set_epoch(state.epoch)
         loader = train_loader
-        if st.batches_in_epoch:
-            loader = accelerator.skip_first_batches(loader, st.batches_in_epoch)
+        if state.batches_in_epoch:
+            loader = accelerator.skip_first_batches(loader, state.batches_in_epoch)
         for batch in restore_after_first(loader, rng):
-            st.batches_in_epoch += 1
+            state.batches_in_epoch += 1
             yield batch
-        st.epoch, st.batches_in_epoch, rng = st.epoch + 1, 0, None
+        state.epoch, state.batches_in_epoch, rng = state.epoch + 1, 0, None
 
 
 class RunDir:
