@@ -4,8 +4,10 @@
     accelerate launch train.py --config post_ln model.norm=rmsnorm train.lr=1e-3
     python train.py output_dir=runs/x train.resume=auto          # continue a run from its newest checkpoint
 
-Reads top to bottom: config -> run directory checks -> accelerator -> data -> model, optimizer, schedule ->
-resume -> the loop (stability logging, evaluation, checkpoints, divergence and signal handling) -> final/.
+Reads top to bottom: `train` sets the run up (checks before loading anything, the accelerator, data, model,
+optimizer, schedule, the resumed state, the run directory) and hands over to `train_loop`, one loop whose body is
+the step (forward, backward, clip, optimizer and schedule steps, through accelerate), the logged metrics, the
+evaluations and the checkpoints; `finish` writes final/ and summary.json. What they call follows them.
 
 The run directory (docs/training.md): config.yaml, metrics.jsonl, summary.json, checkpoints/step_N/, final/, wandb/.
 
@@ -18,21 +20,19 @@ Under `accelerate launch` every non-zero exit becomes the launcher's 1, after it
 """
 
 import math
-import os
-import signal
 import sys
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
 from accelerate.utils import set_seed
 from transformers import get_scheduler
 
 from common import wandb_run
+from common.accelerator import make_accelerator
 from common.checkpointing import (
     CheckpointError,
     atomic_dir,
@@ -40,30 +40,29 @@ from common.checkpointing import (
     load_checkpoint,
     mid_epoch_rng,
     record_write_failure,
-    resolve_resume,
     restore_after_first,
     save_checkpoint,
     validate_checkpoint,
 )
-from common.config import ConfigError, flatten_config, load_config, model_config_from, parse_cli, save_config
+from common.config import flatten_config, load_config, model_config_from, parse_cli, save_config
 from common.data import build_dataloaders, label_names, load_tokenized
 from common.evaluation import evaluate
-from common.io import atomic_write_json, atomic_write_text, read_json, read_yaml
-from common.metrics import MetricsWriter, StabilityProbe
+from common.io import atomic_write_json, atomic_write_text
+from common.metrics_jsonl import MetricsWriter
 from common.model_card import RUN_CONFIG_FILE, model_card
 from common.optim import adamw
+from common.preflight import preflight
+from common.probes import StabilityProbe
 from common.run_summary import format_summary
-from common.stability import LossSpikeDetector
-from common.step import train_step
-from common.writes import WriteError, check_writable_dir, guarded_write
+from common.spikes import LossSpikeDetector
+from common.stop_signal import StopSignal
+from common.step import model_inputs, step_flags
+from common.writes import WriteError, guarded_write
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
 from model.norms import BatchStatNorm
 
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT, EXIT_WRITE_FAILED = 0, 1, 2, 3
-# Keys that may change when a run is resumed; any other difference from the checkpoint's config is an error.
-RESUMABLE_CHANGES = ("train.resume", "train.max_steps", "train.epochs", "train.eval_steps", "train.save_steps",
-                     "train.log_steps", "train.save_total_limit", "train.compile", "train.cpu_threads",
-                     "train.tf32", "train.kernels", "data.label_names", "wandb.")
+BN_SPREAD = "bn_running_stats_max_diff_across_processes"  # summary.json: do the BN family's statistics agree?
 
 
 def main(argv=None) -> int:
@@ -85,65 +84,138 @@ def main(argv=None) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# checks that run before anything is loaded
+# the run: setup, then the loop with its logging, evaluation and checkpoints, then the end
 
 
-def config_diff(a: dict, b: dict) -> list[str]:
-    fa, fb = flatten_config(a), flatten_config(b)
-    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))
+def train(cfg: dict, variant: str | None = None) -> int:
+    """One run of `cfg`; `variant` (the --config file's name) becomes a wandb tag."""
+    resume_path, notices, trackers, wandb_mode = preflight(cfg)
+    accelerator = make_accelerator(cfg, trackers)
+    for message in notices:
+        accelerator.print(f"note: {message}", file=sys.stderr)
+    # The operators' implementations (normlab_kernels: C++ on CPU, Triton on CUDA, or the reference PyTorch math),
+    # chosen, built and registered before seeding: a build never runs inside the loop or touches its RNG.
+    import normlab_kernels
+
+    kernels = normlab_kernels.enable(cfg["train"]["kernels"], accelerator.device)
+    set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
+    wall_start, run_dir = time.time(), None
+    try:
+        tokenizer, dsd, train_loader, eval_loader = build_data(cfg, accelerator)
+        batch_sampler = train_loader.batch_sampler  # ours (deterministic per (seed, epoch)), before prepare wraps it
+        model, optimizer = build_model(cfg, tokenizer, dsd, kernels)
+        model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+        scheduler, total_steps = build_scheduler(cfg, accelerator, optimizer, len(train_loader))
+        state, resume_rng = resume_state(accelerator, resume_path, len(train_loader))
+        run_dir = RunDir(cfg, accelerator, tokenizer, state, resume_path is not None, wandb_mode, variant,
+                         total_steps, wall_start)
+        batches = micro_batches(accelerator, train_loader, batch_sampler, state, resume_rng)
+        with StopSignal().installed() as stop:
+            status, facts = train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loader,
+                                       state, run_dir, stop, total_steps)
+        run_dir.progress.close()
+        summary = finish(cfg, accelerator, model, state, run_dir, status,
+                         {"total_steps": total_steps, "kernels": kernels, **facts})
+    except WriteError as err:  # summary.json says so if it still can; the error names the last complete checkpoint
+        if run_dir is not None:
+            run_dir.progress.close()
+        if accelerator.is_main_process:
+            record_write_failure(cfg["output_dir"], err, **({"step": state.step} if run_dir else {}))
+        raise
+    finally:
+        accelerator.end_training()  # closes the offline W&B run: its folder is complete before it is named
+    wandb_url = getattr(run_dir.wb, "url", None) if wandb_mode == "online" else None
+    accelerator.print(format_summary(summary, cfg["output_dir"], cfg["data"]["eval_split"], wandb_mode, wandb_url))
+    return EXIT_OK
 
 
-def check_output_dir(cfg: dict) -> None:
-    """Never overwrite a run: a finished run, or an unfinished one that has checkpoints, is only continued
-    (train.resume), never restarted in place."""
-    out = Path(cfg["output_dir"])
-    if cfg["train"]["resume"] is not None:
-        return  # continuing; the checkpoint's config is checked against this one (check_resume_config)
-    summary = read_json(out / "summary.json")
-    status = summary.get("status") if isinstance(summary, dict) else None
-    if status == "completed":
-        previous = read_yaml(out / "config.yaml")
-        diff = [k for k in config_diff(previous, cfg) if k != "train.resume"] if isinstance(previous, dict) else []
-        what = f"a different config (differs in: {', '.join(diff[:6])})" if diff else "this config"
-        raise ConfigError(
-            f"output_dir={out} already holds a finished run of {what} ({summary.get('step')} steps), which is never "
-            f"overwritten; for a new run pick another output_dir (e.g. output_dir={out}-2) or delete {out}; to train "
-            f"this one further pass train.resume=auto with a larger train.max_steps or train.epochs"
-        )
-    if summary is not None or list_checkpoints(out):
-        what = f"status {status}" if status else "checkpoints"
-        raise ConfigError(
-            f"output_dir={out} already holds an unfinished run ({what}); pass train.resume=auto to continue it, "
-            f"or pick another output_dir"
-        )
+def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loader, state, run_dir, stop,
+               total_steps) -> tuple[str, dict]:
+    """One iteration per micro-batch, an optimizer step every grad_accum_steps of them. -> (the run's status:
+    completed, diverged (a non-finite loss or gradient) or interrupted (SIGTERM/SIGINT, after a checkpoint); the
+    summary's measurements of the loop: step time, and for the BN family the running statistics' spread)."""
+    t, unwrapped, facts = cfg["train"], accelerator.unwrap_model(model), {}
+    probe = StabilityProbe(unwrapped, BatchStatNorm)  # before the first forward: its hooks must be traced too
+    clock, status = StepClock(), "completed"
+    model.train()
+    while state.step < total_steps:
+        batch = next(batches)
+        clock.micro_batch()
+        logging_step = (state.step + 1) % t["log_steps"] == 0
+        with accelerator.accumulate(model):  # decides sync_gradients: is this the window's last micro-batch?
+            measure = logging_step and accelerator.sync_gradients  # the probe measures the step's last one
+            with probe.forward(batch["attention_mask"]) if measure else nullcontext():
+                loss = model(**model_inputs(batch)).loss
+            accelerator.backward(loss)
+            probe.count(loss, batch["attention_mask"])
+            if not accelerator.sync_gradients:
+                continue  # on to the next micro-batch of this optimizer step
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), t["max_grad_norm"])  # the pre-clip norm
+            nonfinite, interrupted = step_flags(accelerator, loss, grad_norm, stop.requested)
+            grad_norm = grad_norm.item()
+            if nonfinite:  # the update is not applied; the last checkpoint stays as it is
+                log_divergence(accelerator, probe, state, run_dir, grad_norm, optimizer.param_groups[0]["lr"])
+                status = "diverged"
+                break
+            with probe.update(grad_norm, t["max_grad_norm"]) if measure else nullcontext():
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        if logging_step:  # the learning rate this step used, read before the schedule moves on
+            log_step(accelerator, probe, state, run_dir, grad_norm, optimizer.param_groups[0]["lr"])
+        scheduler.step()
+        clock.step_done()
+        run_dir.progress.update(1)
 
-
-def check_resume_config(cfg: dict, ckpt_cfg: dict, path: Path) -> list[str]:
-    """ConfigError when the checkpoint was trained with another model/data/batch setup; the harmless
-    differences (more steps, other logging...) are returned for a notice."""
-    diff = config_diff(ckpt_cfg, cfg)
-    fatal = [k for k in diff if not k.startswith(RESUMABLE_CHANGES) and k != "output_dir"]
-    if fatal:
-        shown = ", ".join(f"{k}={flatten_config(ckpt_cfg).get(k)!r}" for k in fatal[:4])
-        raise ConfigError(
-            f"checkpoint {path} was trained with {shown}; resume with the same values (or start a new output_dir)"
-        )
-    return diff
-
-
-def resolve_trackers(cfg: dict) -> tuple[list[str], str]:
-    """accelerate tracker names and the wandb mode (online | offline | disabled); never prompts."""
-    mode = wandb_run.resolve_mode(cfg["wandb"]["mode"])
-    report_to = cfg["wandb"]["report_to"]
-    names = [report_to] if isinstance(report_to, str) else list(report_to)
-    if "all" in names:
-        names = ["wandb", "tensorboard"]
-    names = [n for n in names if n != "none" and not (n == "wandb" and mode == "disabled")]
-    return names, mode
+        last = state.step == total_steps
+        if last and unwrapped.config.uses_batch_statistics:  # before evaluation, whose forward may re-sync buffers
+            facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped, BatchStatNorm)
+        if state.step % t["eval_steps"] == 0 or last:
+            run_eval(cfg, accelerator, model, eval_loader, state, run_dir)
+        if state.step % t["save_steps"] == 0 or last or interrupted:  # a finished run ends with a checkpoint
+            run_dir.save_checkpoint(state)
+        if interrupted:
+            status = "interrupted"
+            break
+    return status, {"step_time_s": clock.mean_s(), **facts}
 
 
 # ----------------------------------------------------------------------------------------------------------
-# building blocks of the run
+# what the loop calls
+
+
+def log_step(accelerator, probe, state, run_dir, grad_norm: float, lr: float) -> None:
+    row = probe.collect(accelerator, grad_norm, lr)
+    spike = state.spikes.update(row["train/loss"])
+    run_dir.log({"step": state.step, "epoch": state.epoch, **row, "events/loss_spike": int(spike),
+                 "events/nonfinite": 0})
+    run_dir.progress.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
+
+
+def log_divergence(accelerator, probe, state, run_dir, grad_norm: float, lr: float) -> None:
+    row = probe.collect(accelerator, grad_norm, lr, measured=False)
+    step = state.step + 1
+    run_dir.log({"step": step, "epoch": state.epoch, **row, "events/loss_spike": 0, "events/nonfinite": 1})
+    accelerator.print(f"\nstep {step}: non-finite loss or gradient (loss {row['train/loss']}, grad norm "
+                      f"{grad_norm}); stopping, status diverged", file=sys.stderr)
+
+
+def run_eval(cfg, accelerator, model, eval_loader, state, run_dir) -> None:
+    """Evaluate, keep the best, log; the BN family also with the batches' own statistics (its train/eval gap)."""
+    acc, st, task, seed = accelerator, state, cfg["task"], cfg["seed"]
+    unwrapped = acc.unwrap_model(model)
+    metrics = evaluate(acc, model, eval_loader, task, seed)
+    if unwrapped.config.uses_batch_statistics:
+        metrics["eval/accuracy_batch_stats"] = evaluate(acc, model, eval_loader, task, seed,
+                                                        batch_stats=True)["eval/accuracy"]
+    if st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]:
+        st.best = {"step": st.step, **metrics}
+    st.last_eval = metrics
+    run_dir.log({"step": st.step, "epoch": st.epoch, **metrics})
+    if run_dir.wb is not None:
+        wandb_run.log_depth_charts(run_dir.wb, run_dir.writer.path)
+    if acc.is_main_process:
+        run_dir.progress.write(f"step {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
 
 def bn_stats_spread(accelerator, model, batch_stat_norm_cls) -> float:
@@ -158,37 +230,57 @@ def bn_stats_spread(accelerator, model, batch_stat_norm_cls) -> float:
     return (everyone - everyone[0]).abs().max().item()
 
 
-class StopSignal:
-    """SIGTERM/SIGINT set a flag; the loop saves a checkpoint at the next step boundary and exits. A second
-    signal gets the default behaviour (abort at once)."""
+class StepClock:
+    """summary.json's step_time_s: the mean time from an optimizer step's first micro-batch to its metrics row."""
 
     def __init__(self):
-        self.signum = None
-        self._previous = {}
+        self.total_s, self.steps, self.started = 0.0, 0, None
 
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
+    def micro_batch(self) -> None:
+        self.started = self.started or time.perf_counter()
 
-    def _handle(self, signum, frame):
-        self.signum = signum
-        print(f"\nreceived {signal.Signals(signum).name}: saving a checkpoint at the end of this step "
-              f"(send it again to abort)", file=sys.stderr, flush=True)
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
+    def step_done(self) -> None:
+        self.total_s += time.perf_counter() - self.started
+        self.steps, self.started = self.steps + 1, None
 
-    @contextmanager
-    def installed(self):
-        try:
-            for s in (signal.SIGTERM, signal.SIGINT):
-                self._previous[s] = signal.signal(s, self._handle)
-        except ValueError:  # not the main thread (a notebook runner): no handlers, Ctrl-C raises as usual
-            self._previous = {}
-        try:
-            yield self
-        finally:
-            for s, handler in self._previous.items():
-                signal.signal(s, handler)
+    def mean_s(self) -> float:
+        return round(self.total_s / max(self.steps, 1), 5)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the end of a run
+
+
+def finish(cfg, accelerator, model, state, run_dir, status: str, facts: dict) -> dict:
+    """The end: final/ (completed runs only) and summary.json; returns the summary. `facts`: what train() and the
+    loop know of the run (total_steps, kernels, step_time_s, and for the BN family its running statistics' spread
+    across processes)."""
+    checkpoints = list_checkpoints(Path(cfg["output_dir"]))
+    summary = {
+        "status": status, "step": state.step, "total_steps": facts["total_steps"], "epoch": state.epoch,
+        "final": state.last_eval, "best": state.best, "loss_spikes": state.spikes.spikes,
+        "wall_time_s": round(run_dir.wall_time_s(state), 2),
+        "step_time_s": facts["step_time_s"],
+        "num_processes": accelerator.num_processes,
+        "cpu_threads": torch.get_num_threads() if accelerator.device.type == "cpu" else None,  # per process
+        "kernels": facts["kernels"],
+        "final_model": None,
+        "last_checkpoint": str(checkpoints[-1][1]) if checkpoints else None,
+        "wandb_run_id": state.wandb_run_id if run_dir.wandb_on else None,
+    }
+    if BN_SPREAD in facts:
+        summary[BN_SPREAD] = facts[BN_SPREAD]
+    if status == "completed":
+        summary["final_model"] = str(save_final(accelerator, model, run_dir.tokenizer, cfg, summary))
+    if run_dir.wb is not None:
+        if status != "completed":  # no final evaluation drew the depth charts up to the end
+            wandb_run.log_depth_charts(run_dir.wb, run_dir.writer.path)
+        if status == "completed" and cfg["wandb"]["log_model"]:
+            wandb_run.log_model(run_dir.wb, summary["final_model"], cfg, summary)
+    write_summary(accelerator, cfg, summary, run_dir.wandb_on)
+    if run_dir.writer is not None:
+        run_dir.writer.close()
+    return summary
 
 
 def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
@@ -220,225 +312,7 @@ def write_summary(accelerator, cfg: dict, summary: dict, wandb_on: bool) -> None
 
 
 # ----------------------------------------------------------------------------------------------------------
-# processes and threads
-
-
-def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ):
-    """Intra-op threads per process of a CPU run (None off CPU: torch's default stands):
-      1. `setting` (train.cpu_threads) if given;
-      2. else OMP_NUM_THREADS as the user set it -- except a 1 under `accelerate launch`, which exports
-         OMP_NUM_THREADS=1 on a machine without GPUs unless told otherwise, leaving all but one core idle
-         (docs/architecture.md has the measurement);
-      3. else the physical cores this process may use, split between the machine's processes: what
-         `accelerate launch --cpu` picks."""
-    if device_type != "cpu":
-        return None
-    if setting is not None:
-        return setting
-    omp = env.get("OMP_NUM_THREADS", "").strip()
-    launched = "ACCELERATE_MIXED_PRECISION" in env  # set by every `accelerate launch`
-    if omp.isdigit() and int(omp) >= 1 and (int(omp) > 1 or not launched):
-        return int(omp)
-    import psutil  # (accelerate's dependency)
-
-    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    if hasattr(os, "sched_getaffinity"):  # a container or taskset may allow fewer
-        cores = min(cores, len(os.sched_getaffinity(0)))
-    return max(1, cores // max(1, local_processes))
-
-
-def fsdp_float32_buffers(accelerator) -> None:
-    """FSDP (version 1) with bf16/fp16 casts every buffer to its policy's buffer_dtype, which accelerate sets to the
-    compute dtype. The only floating buffers of NormLab are the BN family's running statistics, float32
-    accumulators that round away most of their small updates in half precision: keep buffers float32."""
-    plugin = getattr(accelerator.state, "fsdp_plugin", None)
-    policy = getattr(plugin, "mixed_precision_policy", None)
-    if getattr(policy, "buffer_dtype", None) not in (None, torch.float32):
-        import dataclasses
-
-        plugin.mixed_precision_policy = dataclasses.replace(policy, buffer_dtype=torch.float32)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# the run: setup, the loop, evaluation, checkpoints, the end
-
-
-def train(cfg: dict, variant: str | None = None) -> int:
-    """One run of `cfg`; `variant` (the --config file's name) becomes a wandb tag."""
-    resume_path, notices, trackers, wandb_mode = preflight(cfg)
-    accelerator = make_accelerator(cfg, trackers)
-    for message in notices:
-        accelerator.print(f"note: {message}", file=sys.stderr)
-    # The operators' implementations (normlab_kernels: C++ on CPU, Triton on CUDA, or the reference PyTorch math),
-    # chosen, built and registered before seeding: a build never runs inside the loop or touches its RNG.
-    import normlab_kernels
-
-    kernels = normlab_kernels.enable(cfg["train"]["kernels"], accelerator.device)
-    set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
-    run = None
-    try:
-        run = setup(cfg, accelerator, resume_path, wandb_mode, variant, kernels)
-        with StopSignal().installed() as stop:
-            status = train_loop(run, stop)
-        run.progress.close()
-        summary = finish(run, status)
-        wandb_url = getattr(run.wb, "url", None) if wandb_mode == "online" else None
-    except WriteError as err:  # summary.json says so if it still can; the error names the last complete checkpoint
-        if run is not None:
-            run.progress.close()
-        if accelerator.is_main_process:
-            record_write_failure(cfg["output_dir"], err, **({"step": run.state.step} if run else {}))
-        raise
-    finally:
-        accelerator.end_training()  # closes the offline W&B run: its folder is complete before it is named
-    accelerator.print(format_summary(summary, cfg["output_dir"], cfg["data"]["eval_split"], wandb_mode, wandb_url))
-    return EXIT_OK
-
-
-def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
-    """Before loading anything: the checkpoint to resume from, whether the run directory is ours to write, and
-    the trackers. -> (resume path, notices, tracker names, wandb mode)."""
-    t, out = cfg["train"], Path(cfg["output_dir"])
-    if not isinstance(t["save_total_limit"], int) or t["save_total_limit"] < 1:
-        raise ConfigError(f"train.save_total_limit={t['save_total_limit']!r} must be an integer >= 1")
-    check_writable_dir(out)
-    check_output_dir(cfg)
-    resume_path, notices = resolve_resume(t["resume"], out)
-    if resume_path is not None:
-        changed = check_resume_config(cfg, validate_checkpoint(resume_path)["config"], resume_path)
-        notices += [f"resuming with changed {k}" for k in changed if k != "train.resume"]
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
-        raise ConfigError(
-            "train.py does not run under DeepSpeed (its per-step stability metrics read every parameter's gradient "
-            "and update, which ZeRO partitions and applies inside backward); use configs/accelerate/fsdp.yaml or "
-            "multi_gpu.yaml, or configs/accelerate/deepspeed_zero2.yaml with a transformers Trainer script"
-        )
-    trackers, wandb_mode = resolve_trackers(cfg)
-    os.environ.setdefault("WANDB_SILENT", "true")
-    if "wandb" in trackers:
-        os.environ["WANDB_MODE"] = wandb_mode  # offline: wandb never touches the network
-        if wandb_mode == "offline":
-            wandb_run.keep_offline_files_in(out)
-    return resume_path, notices, trackers, wandb_mode
-
-
-def make_accelerator(cfg: dict, trackers: list[str]):
-    """The accelerator (processes, devices, mixed precision, gradient accumulation, trackers) and the threads."""
-    t = cfg["train"]
-    # Several processes on a machine without GPUs (configs/accelerate/cpu_2proc.yaml): CPU processes, gloo.
-    cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available()
-    accelerator = Accelerator(
-        cpu=cpu_processes,
-        gradient_accumulation_steps=t["grad_accum_steps"],
-        mixed_precision=t["mixed_precision"],  # None: what `accelerate launch` was given
-        log_with=trackers or None,
-        project_dir=cfg["output_dir"],
-    )
-    threads = cpu_threads(t["cpu_threads"], accelerator.device.type,
-                          int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))
-    if threads is not None:
-        torch.set_num_threads(threads)
-    if accelerator.device.type == "cuda":
-        torch.set_float32_matmul_precision("high" if t["tf32"] else "highest")  # high = TF32 matmuls
-    fsdp_float32_buffers(accelerator)
-    return accelerator
-
-
-@dataclass
-class TrainerState:
-    """Where the run is and what it has seen: what a checkpoint's trainer_state.json holds besides the config."""
-
-    step: int = 0  # optimizer steps done
-    epoch: int = 0
-    batches_in_epoch: int = 0  # micro-batches of `epoch` consumed (per process)
-    spikes: LossSpikeDetector = field(default_factory=LossSpikeDetector)
-    best: dict | None = None  # the eval metrics with the best accuracy so far, and their step
-    last_eval: dict | None = None
-    wall_time_s: float = 0.0  # spent by the earlier processes of this run (resumed runs)
-    wandb_run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-
-    def to_checkpoint(self, cfg: dict, num_processes: int, wall_time_s: float) -> dict:
-        return {"step": self.step, "epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
-                "num_processes": num_processes, "spike_detector": self.spikes.state_dict(), "best": self.best,
-                "last_eval": self.last_eval, "wall_time_s": wall_time_s, "wandb_run_id": self.wandb_run_id,
-                "config": cfg}
-
-    @classmethod
-    def from_checkpoint(cls, st: dict) -> "TrainerState":
-        spikes = LossSpikeDetector()
-        spikes.load_state_dict(st["spike_detector"])
-        return cls(st["step"], st["epoch"], st["batches_in_epoch"], spikes, st["best"], st["last_eval"],
-                   st["wall_time_s"], st["wandb_run_id"])
-
-
-@dataclass
-class Run:
-    """Everything the loop and its helpers use: what setup built, the trainer state, and the bookkeeping."""
-
-    cfg: dict
-    accelerator: object
-    model: torch.nn.Module  # prepared (DDP/FSDP-wrapped, compiled) for forward and backward
-    optimizer: object
-    scheduler: object
-    train_loader: object
-    batch_sampler: object  # the train loader's own sampler, which set_epoch reshuffles
-    eval_loader: object
-    tokenizer: object
-    total_steps: int
-    state: TrainerState
-    resumed: bool
-    resume_rng: dict | None  # resuming mid-epoch: the RNG state to restore after the first batch
-    kernels: dict  # operator -> the backend that runs it (train.kernels)
-    wall_start: float
-    probe: StabilityProbe | None = None
-    writer: MetricsWriter | None = None  # metrics.jsonl (main process)
-    wandb_on: bool = False
-    wb: object = None  # the wandb run (main process): charts, artifacts, the summary
-    progress: object = None
-    evaluated_at: int = -1
-    saved_at: int = -1
-    train_time: float = 0.0  # seconds inside optimizer steps, and how many: summary.json's step_time_s
-    steps_timed: int = 0
-    bn_spread: float | None = None  # BN family: do the running statistics agree across processes at the end?
-
-    @property
-    def unwrapped(self):
-        return self.accelerator.unwrap_model(self.model)
-
-    @property
-    def uses_bn(self) -> bool:
-        return self.unwrapped.config.uses_batch_statistics
-
-
-def setup(cfg, accelerator, resume_path, wandb_mode, variant, kernels) -> Run:
-    """Data, model, optimizer and schedule; the resumed state; the run directory and trackers."""
-    wall_start = time.time()
-    tokenizer, dsd, train_loader, eval_loader = build_data(cfg, accelerator)
-    batch_sampler = train_loader.batch_sampler  # ours (deterministic per (seed, epoch)), before prepare wraps it
-    model, optimizer = build_model(cfg, tokenizer, dsd, kernels)
-    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
-    t, P = cfg["train"], accelerator.num_processes
-    steps_per_epoch = math.ceil(len(train_loader) / t["grad_accum_steps"])
-    total_steps = t["max_steps"] or t["epochs"] * steps_per_epoch
-    # The prepared scheduler steps once per process per optimizer step, hence the factor.
-    scheduler = accelerator.prepare(get_scheduler(
-        t["scheduler"], optimizer, num_warmup_steps=t["warmup_steps"] * P, num_training_steps=total_steps * P))
-    state, resume_rng = TrainerState(), None
-    if resume_path is not None:  # weights, optimizer, schedule and RNG; the data position from the state
-        state = TrainerState.from_checkpoint(load_resume_checkpoint(accelerator, resume_path))
-        resume_rng = mid_epoch_rng(state.batches_in_epoch, len(train_loader))
-        accelerator.print(f"resumed from {resume_path} (step {state.step}, epoch {state.epoch}, "
-                          f"{state.batches_in_epoch} batches into it)")
-    if state.batches_in_epoch >= len(train_loader):  # saved at the end of an epoch
-        state.epoch, state.batches_in_epoch = state.epoch + 1, 0
-    run = Run(cfg, accelerator, model, optimizer, scheduler, train_loader, batch_sampler, eval_loader, tokenizer,
-              total_steps, state, resumed=resume_path is not None, resume_rng=resume_rng, kernels=kernels,
-              wall_start=wall_start)
-    open_run_dir(run, wandb_mode, variant)
-    run.probe = StabilityProbe(run.unwrapped, BatchStatNorm if run.uses_bn else None)
-    run.evaluated_at = run.saved_at = state.step if run.resumed else -1
-    run.progress = _progress(accelerator, total_steps, state.step)
-    return run
+# setup: data, model, schedule, the resumed state, the run directory
 
 
 def build_data(cfg: dict, accelerator):
@@ -474,6 +348,57 @@ def build_model(cfg: dict, tokenizer, dsd, kernels: dict):
     return model, adamw(model, cfg["train"])
 
 
+def build_scheduler(cfg: dict, accelerator, optimizer, batches_per_epoch: int):
+    """(the prepared schedule, the run's number of optimizer steps)."""
+    t, P = cfg["train"], accelerator.num_processes
+    total_steps = t["max_steps"] or t["epochs"] * math.ceil(batches_per_epoch / t["grad_accum_steps"])
+    # The prepared scheduler steps once per process per optimizer step, hence the factor.
+    scheduler = accelerator.prepare(get_scheduler(
+        t["scheduler"], optimizer, num_warmup_steps=t["warmup_steps"] * P, num_training_steps=total_steps * P))
+    return scheduler, total_steps
+
+
+@dataclass
+class TrainerState:
+    """Where the run is and what it has seen: what a checkpoint's trainer_state.json holds besides the config."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    batches_in_epoch: int = 0  # micro-batches of `epoch` consumed (per process)
+    spikes: LossSpikeDetector = field(default_factory=LossSpikeDetector)
+    best: dict | None = None  # the eval metrics with the best accuracy so far, and their step
+    last_eval: dict | None = None
+    wall_time_s: float = 0.0  # spent by the earlier processes of this run (resumed runs)
+    wandb_run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+
+    def to_checkpoint(self, cfg: dict, num_processes: int, wall_time_s: float) -> dict:
+        return {"step": self.step, "epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
+                "num_processes": num_processes, "spike_detector": self.spikes.state_dict(), "best": self.best,
+                "last_eval": self.last_eval, "wall_time_s": wall_time_s, "wandb_run_id": self.wandb_run_id,
+                "config": cfg}
+
+    @classmethod
+    def from_checkpoint(cls, st: dict) -> "TrainerState":
+        spikes = LossSpikeDetector()
+        spikes.load_state_dict(st["spike_detector"])
+        return cls(st["step"], st["epoch"], st["batches_in_epoch"], spikes, st["best"], st["last_eval"],
+                   st["wall_time_s"], st["wandb_run_id"])
+
+
+def resume_state(accelerator, resume_path: Path | None, batches_per_epoch: int) -> tuple[TrainerState, dict | None]:
+    """The trainer state to start from, after loading the checkpoint's weights, optimizer, schedule and RNG; and
+    when resuming mid-epoch, the RNG state to restore after the first batch."""
+    if resume_path is None:
+        return TrainerState(), None
+    state = TrainerState.from_checkpoint(load_resume_checkpoint(accelerator, resume_path))
+    resume_rng = mid_epoch_rng(state.batches_in_epoch, batches_per_epoch)
+    accelerator.print(f"resumed from {resume_path} (step {state.step}, epoch {state.epoch}, "
+                      f"{state.batches_in_epoch} batches into it)")
+    if state.batches_in_epoch >= batches_per_epoch:  # saved at the end of an epoch
+        state.epoch, state.batches_in_epoch = state.epoch + 1, 0
+    return state, resume_rng
+
+
 def load_resume_checkpoint(accelerator, path: Path) -> dict:
     st = validate_checkpoint(path)
     if st["num_processes"] != accelerator.num_processes:  # the data position and RNG files are per process
@@ -482,158 +407,58 @@ def load_resume_checkpoint(accelerator, path: Path) -> dict:
     return load_checkpoint(accelerator, path)
 
 
-def open_run_dir(run: Run, wandb_mode: str, variant: str | None) -> None:
-    """config.yaml, metrics.jsonl (rewound to the checkpoint when resuming) and the trackers."""
-    out, acc = Path(run.cfg["output_dir"]), run.accelerator
-    if acc.is_main_process:
-        with guarded_write("config.yaml", out / "config.yaml"):
-            out.mkdir(parents=True, exist_ok=True)
-            save_config(run.cfg, out / "config.yaml")
-        run.writer = MetricsWriter(out / "metrics.jsonl", resume_step=run.state.step if run.resumed else None)
-    run.wandb_on = _init_trackers(acc, run.cfg, wandb_mode, run.state.wandb_run_id, variant)
-    if run.wandb_on and acc.is_main_process:
-        run.wb = acc.get_tracker("wandb", unwrap=True)
-
-
-def micro_batches(run: Run):
-    """The training micro-batches from the run's data position on, epoch after epoch (each epoch reshuffled by
-    its number); keeps run.state's epoch and batches_in_epoch current."""
-    st, rng = run.state, run.resume_rng
+def micro_batches(accelerator, train_loader, batch_sampler, state: TrainerState, resume_rng: dict | None):
+    """The training micro-batches from the state's data position on, epoch after epoch (each epoch reshuffled by
+    its number through `batch_sampler`, the loader's own); keeps the state's epoch and batches_in_epoch current."""
+    rng = resume_rng
     while True:
-        run.batch_sampler.set_epoch(st.epoch)
-        run.train_loader.set_epoch(st.epoch)
-        loader = run.train_loader
-        if st.batches_in_epoch:
-            loader = run.accelerator.skip_first_batches(loader, st.batches_in_epoch)
+        batch_sampler.set_epoch(state.epoch)
+        train_loader.set_epoch(state.epoch)
+        loader = train_loader
+        if state.batches_in_epoch:
+            loader = accelerator.skip_first_batches(loader, state.batches_in_epoch)
         for batch in restore_after_first(loader, rng):
-            st.batches_in_epoch += 1
+            state.batches_in_epoch += 1
             yield batch
-        st.epoch, st.batches_in_epoch, rng = st.epoch + 1, 0, None
+        state.epoch, state.batches_in_epoch, rng = state.epoch + 1, 0, None
 
 
-def train_loop(run: Run, stop: "StopSignal") -> str:
-    """One iteration per micro-batch, an optimizer step every grad_accum_steps of them (forward, backward, clip,
-    optimizer step: common.step.train_step). -> the run's status: completed, diverged (a non-finite loss or
-    gradient) or interrupted (SIGTERM/SIGINT, after a checkpoint)."""
-    st, t = run.state, run.cfg["train"]
-    batches = micro_batches(run)
-    window_start = None  # when the current optimizer step's first micro-batch started
-    run.model.train()
-    while st.step < run.total_steps:
-        batch = next(batches)
-        window_start = window_start or time.perf_counter()
-        logging_step = (st.step + 1) % t["log_steps"] == 0
-        out = train_step(run.accelerator, run.model, run.optimizer, run.scheduler, batch, t["max_grad_norm"],
-                         probe=run.probe if logging_step else None, stop_requested=stop.requested)
-        run.probe.count(out.loss, batch["attention_mask"])
-        if not out.synced:
-            continue  # on to the next micro-batch of this optimizer step
-        if out.nonfinite:  # this step's update was not applied; the last checkpoint stays as it is
-            log_divergence(run, out)
-            return "diverged"
-        st.step += 1
-        if logging_step:
-            log_train_row(run, out)
-        run.train_time += time.perf_counter() - window_start
-        run.steps_timed, window_start = run.steps_timed + 1, None
-        run.progress.update(1)
+class RunDir:
+    """What the run writes as it goes: config.yaml and metrics.jsonl (main process), the trackers' rows, the
+    progress bar, and its checkpoints (with the tokenizer); `wb` is the wandb run (main process, wandb on)."""
 
-        last = st.step == run.total_steps
-        if last and run.uses_bn:  # before evaluation, whose forward may re-sync buffers (DDP)
-            run.bn_spread = bn_stats_spread(run.accelerator, run.unwrapped, BatchStatNorm)
-        if st.step % t["eval_steps"] == 0 or last:
-            run_eval(run)
-        if st.step % t["save_steps"] == 0 or last:  # a finished run ends with a checkpoint
-            save(run)
-        if out.interrupted:
-            return "interrupted"
-    return "completed"
+    def __init__(self, cfg, accelerator, tokenizer, state: TrainerState, resumed: bool, wandb_mode: str,
+                 variant: str | None, total_steps: int, wall_start: float):
+        out = Path(cfg["output_dir"])
+        self.cfg, self.accelerator, self.tokenizer, self.wall_start = cfg, accelerator, tokenizer, wall_start
+        self.writer = self.wb = None
+        if accelerator.is_main_process:
+            with guarded_write("config.yaml", out / "config.yaml"):
+                out.mkdir(parents=True, exist_ok=True)
+                save_config(cfg, out / "config.yaml")
+            self.writer = MetricsWriter(out / "metrics.jsonl", resume_step=state.step if resumed else None)
+        self.wandb_on = _init_trackers(accelerator, cfg, wandb_mode, state.wandb_run_id, variant)
+        if self.wandb_on and accelerator.is_main_process:
+            self.wb = accelerator.get_tracker("wandb", unwrap=True)
+        self.progress = _progress(accelerator, total_steps, state.step)
 
+    def log(self, row: dict) -> None:
+        if self.writer is not None:
+            self.writer.write(row)
+        self.accelerator.log(row, step=row["step"])  # `step` too: every wandb panel's x-axis (define_metrics)
 
-def log(run: Run, row: dict) -> None:
-    if run.writer is not None:
-        run.writer.write(row)
-    run.accelerator.log(row, step=row["step"])  # `step` too: every wandb panel's x-axis (define_metrics)
+    def wall_time_s(self, state: TrainerState) -> float:
+        """The run's wall time so far: its earlier processes' (resumed runs) and this one's."""
+        return state.wall_time_s + time.time() - self.wall_start
 
-
-def log_train_row(run: Run, out) -> None:
-    row = run.probe.collect(run.accelerator, out.grad_norm, out.lr)
-    spike = run.state.spikes.update(row["train/loss"])
-    log(run, {"step": run.state.step, "epoch": run.state.epoch, **row, "events/loss_spike": int(spike),
-              "events/nonfinite": 0})
-    run.progress.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
-
-
-def log_divergence(run: Run, out) -> None:
-    row = run.probe.collect(run.accelerator, out.grad_norm, out.lr, measured=False)
-    step = run.state.step + 1
-    log(run, {"step": step, "epoch": run.state.epoch, **row, "events/loss_spike": 0, "events/nonfinite": 1})
-    run.accelerator.print(f"\nstep {step}: non-finite loss or gradient (loss {row['train/loss']}, grad norm "
-                          f"{out.grad_norm}); stopping, status diverged", file=sys.stderr)
-
-
-def run_eval(run: Run) -> None:
-    """Evaluate, keep the best, log; the BN family also with the batches' own statistics (its train/eval gap)."""
-    acc, st, task, seed = run.accelerator, run.state, run.cfg["task"], run.cfg["seed"]
-    metrics = evaluate(acc, run.model, run.eval_loader, task, seed)
-    if run.uses_bn:
-        metrics["eval/accuracy_batch_stats"] = evaluate(acc, run.model, run.eval_loader, task, seed,
-                                                        batch_stats=True)["eval/accuracy"]
-    if st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]:
-        st.best = {"step": st.step, **metrics}
-    st.last_eval, run.evaluated_at = metrics, st.step
-    log(run, {"step": st.step, "epoch": st.epoch, **metrics})
-    if run.wb is not None:
-        wandb_run.log_depth_charts(run.wb, run.writer.path)
-    if acc.is_main_process:
-        run.progress.write(f"step {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-
-
-def save(run: Run) -> None:
-    """A checkpoint of this step (collective), logged to wandb when asked."""
-    st, cfg = run.state, run.cfg
-    trainer_state = st.to_checkpoint(cfg, run.accelerator.num_processes, st.wall_time_s + time.time() - run.wall_start)
-    path = save_checkpoint(run.accelerator, cfg["output_dir"], st.step, trainer_state,
-                           keep=cfg["train"]["save_total_limit"], tokenizer=run.tokenizer)
-    run.saved_at = st.step
-    if run.wb is not None and cfg["wandb"]["log_checkpoints"]:
-        wandb_run.log_checkpoint(run.wb, path, st.step)
-
-
-def finish(run: Run, status: str) -> dict:
-    """The end: evaluate and checkpoint what the loop did not, final/ (completed runs only), summary.json;
-    returns the summary."""
-    acc, st, cfg, out = run.accelerator, run.state, run.cfg, Path(run.cfg["output_dir"])
-    if status == "completed" and run.evaluated_at != st.step:  # resumed a run that had already finished its steps
-        run_eval(run)
-    if status in ("completed", "interrupted") and run.saved_at != st.step:
-        save(run)
-    checkpoints = list_checkpoints(out)
-    summary = {
-        "status": status, "step": st.step, "total_steps": run.total_steps, "epoch": st.epoch,
-        "final": st.last_eval, "best": st.best, "loss_spikes": st.spikes.spikes,
-        "wall_time_s": round(st.wall_time_s + time.time() - run.wall_start, 2),
-        "step_time_s": round(run.train_time / max(run.steps_timed, 1), 5),
-        "num_processes": acc.num_processes,
-        "cpu_threads": torch.get_num_threads() if acc.device.type == "cpu" else None,  # per process
-        "kernels": run.kernels,
-        "final_model": None,
-        "last_checkpoint": str(checkpoints[-1][1]) if checkpoints else None,
-        "wandb_run_id": st.wandb_run_id if run.wandb_on else None,
-    }
-    if run.bn_spread is not None:
-        summary["bn_running_stats_max_diff_across_processes"] = run.bn_spread
-    if status == "completed":
-        summary["final_model"] = str(save_final(acc, run.model, run.tokenizer, cfg, summary))
-    if run.wb is not None:
-        if status != "completed":  # no final evaluation drew the depth charts up to the end
-            wandb_run.log_depth_charts(run.wb, run.writer.path)
-        if status == "completed" and cfg["wandb"]["log_model"]:
-            wandb_run.log_model(run.wb, summary["final_model"], cfg, summary)
-    write_summary(acc, cfg, summary, run.wandb_on)
-    if run.writer is not None:
-        run.writer.close()
-    return summary
+    def save_checkpoint(self, state: TrainerState) -> None:
+        """A checkpoint of this step (collective), logged to wandb when asked."""
+        cfg = self.cfg
+        trainer_state = state.to_checkpoint(cfg, self.accelerator.num_processes, self.wall_time_s(state))
+        path = save_checkpoint(self.accelerator, cfg["output_dir"], state.step, trainer_state,
+                               keep=cfg["train"]["save_total_limit"], tokenizer=self.tokenizer)
+        if self.wb is not None and cfg["wandb"]["log_checkpoints"]:
+            wandb_run.log_checkpoint(self.wb, path, state.step)
 
 
 def _init_trackers(accelerator, cfg: dict, wandb_mode: str, run_id: str, variant: str | None) -> bool:

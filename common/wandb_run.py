@@ -20,7 +20,7 @@ import os
 import re
 from pathlib import Path
 
-# Per-layer metric names (common/metrics.py) -> what their depth chart shows.
+# Per-layer metric names (common/probes.py) -> what their depth chart shows.
 DEPTH_CHARTS = {
     "grad_norm": "gradient norm per layer (before clipping)",
     "act_rms": "residual-stream activation RMS after each layer",

@@ -178,18 +178,16 @@ class NormLabAttention(nn.Module):
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.attn_dropout = nn.Dropout(config.attention_probs_dropout_prob)  # on the attention weights
         # QK-norm (Wortsman et al. 2023): LayerNorm over each head's query/key vector bounds the attention logits,
-        # the usual cure for attention-logit growth. Always a LayerNorm (per token, mask-free) by design.
+        # the usual cure for attention-logit growth. Always a LayerNorm (per token, mask-free) by design. Without
+        # it, identities: q_norm and k_norm's outputs are the queries and keys attention uses, either way.
         if config.qk_norm:
             self.q_norm = nn.LayerNorm(self.head_dim, eps=config.norm_eps)
             self.k_norm = nn.LayerNorm(self.head_dim, eps=config.norm_eps)
         else:
-            self.q_norm = self.k_norm = None
+            self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
         if config.norm_placement == "deepnorm":  # DeepNet's beta for the value rows of qkv and for out_proj
             beta = deepnorm_beta(config.num_hidden_layers)
             self.qkv.value_init_gain = self.out_proj.init_gain = beta  # read by _init_weights
-        # Stability probe for the training loop: see set_record_stability. Off by default (it costs a matmul).
-        self.record_logit_max = False
-        self.last_logit_max = None
 
     def forward(self, x, layout: TokenLayout, output_attentions: bool = False):
         """-> (output in x's layout, attention weights (B, H, L, L) if output_attentions else None)."""
@@ -197,10 +195,7 @@ class NormLabAttention(nn.Module):
         B, L, _ = qkv.shape
         qkv = qkv.view(B, L, 3, self.num_heads, self.head_dim)  # (B, L, 3, H, Dh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, Dh)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if self.record_logit_max:
-            self.last_logit_max = self._logit_max(q, k, layout)
+        q, k = self.q_norm(q), self.k_norm(k)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         if output_attentions:
             attention = eager_attention_forward  # the only one that returns the weights
@@ -209,21 +204,6 @@ class NormLabAttention(nn.Module):
         y = y.reshape(B, L, -1)  # (B, L, D): heads side by side again (pad keys got weight exactly 0 in every path)
         out = self.out_proj(layout.pack(y))  # back to x's layout before the projection: pads cost nothing
         return out, (weights if output_attentions else None)
-
-    @torch.no_grad()
-    def _logit_max(self, q, k, layout: TokenLayout):
-        """Largest pre-softmax logit q.k/sqrt(Dh) over heads, real queries and real keys (padding excluded, so the
-        probe, like the outputs, does not depend on how much padding the batch has). Computed in float32, autocast
-        off: half-precision logits of growing q and k overflow (fp16 ends at 65504), and the growth is what the
-        probe exists to show. In float32 the scale can come after the max (the same number: rounding is monotonic),
-        which saves a pass over the (B, H, L, L) logits."""
-        with torch.autocast(q.device.type, enabled=False):
-            logits = torch.matmul(q.float(), k.float().transpose(-2, -1))  # (B, H, L, L)
-        if layout.mask is None:
-            return logits.amax() * self.scale
-        B, L = layout.mask.shape
-        row_max = logits.masked_fill_(layout.pad.view(B, 1, 1, L), float("-inf")).amax(-1)  # (B, H, L): real keys
-        return row_max.masked_fill_(layout.pad.view(B, 1, L), float("-inf")).amax() * self.scale  # real queries
 
 
 class NormLabFeedForward(nn.Module):
@@ -295,10 +275,6 @@ class NormLabEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList([NormLabBlock(config) for _ in range(config.num_hidden_layers)])
         self.final_norm = build_norm(config) if config.norm_placement in PLACEMENTS_WITH_FINAL_NORM else None
-        # Stability probe: see set_record_stability. (N,) sum of squares of the residual stream after each block,
-        # over real tokens, read from the layout the blocks run in: no (B, L, D) copy per block.
-        self.record_act_sumsq = False
-        self.last_act_sumsq = None
 
     def forward(self, x, layout: TokenLayout, output_hidden_states=False, output_attentions=False):
         """x: the embeddings' output, (B, L, D) or packed (1, T, D). Returns last_hidden_state (B, L, D) and, if
@@ -308,7 +284,6 @@ class NormLabEncoder(nn.Module):
         block reads (packed again from it), so retain_grad() / autograd.grad with respect to it work."""
         hidden_states = () if output_hidden_states else None
         attentions = () if output_attentions else None
-        sumsq = [] if self.record_act_sumsq else None
         x = layout.clear_pads(x)
         for layer in self.layers:
             if output_hidden_states:
@@ -319,24 +294,12 @@ class NormLabEncoder(nn.Module):
             x = layout.clear_pads(x)  # padded layout: the next block reads zeros at pads, as in the packed one
             if output_attentions:
                 attentions += (weights,)
-            if sumsq is not None:
-                sumsq.append(_real_sumsq(x.detach(), layout))
-        if sumsq is not None:
-            self.last_act_sumsq = torch.stack(sumsq)  # (N,)
         if self.final_norm is not None:
             x = self.final_norm(x, layout.norm_mask)
         last = layout.unpack(x)  # (B, L, D)
         if output_hidden_states:
             hidden_states += (last,)
         return last, hidden_states, attentions
-
-
-def _real_sumsq(x, layout: TokenLayout):
-    """Sum of x**2 over the real tokens' features, x packed (1, T, D) or padded (B, L, D)."""
-    if layout.norm_mask is None:  # every row is a real token (packed layout, or no padding): one dot product
-        flat = x.reshape(-1).float()
-        return torch.dot(flat, flat)
-    return (x.float().square().sum(-1) * layout.norm_mask).sum()  # padded layout: drop the pad positions
 
 
 class NormLabPreTrainedModel(PreTrainedModel):
@@ -380,19 +343,6 @@ class NormLabPreTrainedModel(PreTrainedModel):
                         w[2 * (w.shape[0] // 3) :].normal_(0.0, std * module.value_init_gain)
         elif isinstance(module, Norm):
             _init_norm(module)
-
-    def set_record_stability(self, flag: bool) -> None:
-        """Make every forward store the training loop's stability probes: each attention layer's largest
-        pre-softmax logit over real tokens (`.last_logit_max`, a 0-dim tensor) and the encoder's per-block sum of
-        squares of the residual stream over real tokens (`encoder.last_act_sumsq`, (N,)). Off clears them."""
-        encoder = self.base_model.encoder  # its blocks directly: walking every module on each logged step is slow
-        encoder.record_act_sumsq = bool(flag)
-        for layer in encoder.layers:
-            layer.attention.record_logit_max = bool(flag)
-        if not flag:
-            encoder.last_act_sumsq = None
-            for layer in encoder.layers:
-                layer.attention.last_logit_max = None
 
     def batch_stats_in_eval(self, flag: bool = True) -> int:
         """In eval, normalize each batch with its own statistics (True) or with the running ones (False, as after

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from common.optim import adamw  # the optimizer train.py uses
-from common.step import train_step  # the step train.py takes
+from common.step import model_inputs, step_flags  # the step train.py takes
 
 
 @dataclass(frozen=True)
@@ -112,25 +112,39 @@ def prepare(name: str, model, device):
 
 
 def make_step(accelerator, model, train_cfg: dict, logged: bool = False):
-    """(step(batch), optimizer): one training step as train.py takes it -- common.step.train_step (forward,
-    backward, clipping, the non-finite check, the fused AdamW step) -- on a fresh AdamW with a constant rate.
-    `logged`: also the stability logging of a train.py logging step (train.log_steps=1: every step), from the probe's
-    measurements to the metrics row combined over processes."""
+    """(step(batch), optimizer): one training step as train.py's loop takes it (forward, backward, clipping, the
+    non-finite check, the fused AdamW step) on a fresh AdamW with a constant rate. `logged`: also the stability
+    logging of a train.py logging step (train.log_steps=1: every step), from the probe's measurements to the metrics
+    row combined over processes."""
+    from contextlib import nullcontext
+
     from transformers import get_scheduler
 
-    from common.metrics import StabilityProbe
+    from common.probes import StabilityProbe
     from model.norms import BatchStatNorm
 
     optimizer = adamw(model, train_cfg)
     scheduler = get_scheduler("constant", optimizer)
     probe = StabilityProbe(model, BatchStatNorm) if logged else None
+    max_norm = train_cfg["max_grad_norm"]
 
-    def step(batch):
-        out = train_step(accelerator, model, optimizer, scheduler, batch, train_cfg["max_grad_norm"], probe)
-        if probe is not None:
-            probe.count(out.loss, batch["attention_mask"])
-            probe.collect(accelerator, out.grad_norm, out.lr)
-        return out.loss
+    def step(batch):  # one micro-batch per optimizer step, as train.py with grad_accum_steps=1
+        with accelerator.accumulate(model):
+            with probe.forward(batch["attention_mask"]) if logged else nullcontext():
+                loss = model(**model_inputs(batch)).loss
+            accelerator.backward(loss)
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+            nonfinite, _ = step_flags(accelerator, loss, grad_norm, False)
+            grad_norm = grad_norm.item()
+            if not nonfinite:
+                with probe.update(grad_norm, max_norm) if logged else nullcontext():
+                    optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if logged:
+            probe.count(loss, batch["attention_mask"])
+            probe.collect(accelerator, grad_norm, optimizer.param_groups[0]["lr"])
+        scheduler.step()
+        return loss
 
     return step, optimizer
 

@@ -22,7 +22,7 @@ import torch
 
 from common.data import encode_rows, get_tokenizer, resolve_dataset, row_batches
 from common.io import read_json, read_yaml, write_jsonl
-from common.metrics import block_parameters
+from common.probes import block_parameters
 from common.step import model_inputs
 from model import NormLabConfig, NormLabForSequenceClassification
 

@@ -45,7 +45,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -152,7 +151,7 @@ def run_model_sections(args, res, cfg, device) -> None:
 
     from common.config import load_config
 
-    accelerator = Accelerator(cpu=device.type == "cpu")  # one process: what train_step steps with
+    accelerator = Accelerator(cpu=device.type == "cpu")  # one process: what make_step steps with
     settings = res["settings"]
     section_s, repeats, n_batches = settings["section_s"], settings["repeats"], settings["batches"]
 

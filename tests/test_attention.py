@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from common.probes import attention_logit_max
 from model import NormLabForSequenceClassification
 from model.modeling_normlab import NormLabAttention, TokenLayout
 from tests.test_modeling import padded_batch, tiny_config
@@ -124,7 +125,7 @@ def test_logit_probe_does_not_overflow_in_float16():
     layout = TokenLayout(mask, packed=False, dtype=torch.float16)
     q = torch.full((3, 4, 7, 16), 70.0, dtype=torch.float16)
     assert torch.isinf((q[0, 0] @ q[0, 0].T)).all()  # what unscaled half-precision logits give
-    got = attn._logit_max(q, q.clone(), layout)
+    got = attention_logit_max(q, q.clone(), layout, attn.scale)
     assert got.dtype == torch.float32 and got.item() == pytest.approx(19600.0)
 
 
@@ -136,5 +137,5 @@ def test_logit_probe_is_float32_under_autocast_and_ignores_padding():
     real_logits = [q[b, :, :n] @ k[b, :, :n].transpose(-1, -2) for b, n in enumerate((7, 4, 2))]  # (H, n, n)
     want = max(t.max().item() for t in real_logits) / math.sqrt(8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = attn._logit_max(q, k, layout)
+        got = attention_logit_max(q, k, layout, attn.scale)
     assert got.dtype == torch.float32 and got.item() == pytest.approx(want, rel=1e-6)

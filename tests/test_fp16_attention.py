@@ -8,6 +8,7 @@ positions, so their scores are exactly 0 and the bias alone remains (finite in f
 import pytest
 import torch
 
+from common.probes import StabilityProbe
 from model import NormLabConfig, NormLabForSequenceClassification
 
 SCORE = 1000.0  # |q.k| / sqrt(head_dim) of every query-key pair: well inside fp16's range, far past -16
@@ -38,12 +39,13 @@ def test_fp16_fully_padded_row_with_large_scores_stays_finite(attn_implementatio
     mask = torch.ones(3, 8, dtype=torch.long)
     mask[1] = 0  # a fully padded sequence
     mask[2, 3:] = 0
-    attention = model.normlab.encoder.layers[0].attention
-    attention.record_logit_max = True  # the largest score over real queries and keys
+    probe = StabilityProbe(model)  # the largest score over real queries and keys
+    probe.arm()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
         out = model(input_ids=ids * mask, attention_mask=mask, output_attentions=output_attentions,
                     output_hidden_states=True)
-    assert attention.last_logit_max.item() == pytest.approx(-SCORE, rel=1e-2)  # the scores reach fp16's range
+    probe.read_forward(mask)
+    assert probe.logit_max[0].item() == pytest.approx(-SCORE, rel=1e-2)  # the scores reach fp16's range
     if output_attentions:
         (weights,) = out.attentions
         assert weights.dtype == torch.float16

@@ -66,12 +66,14 @@ def test_fsdp_mixed_precision_keeps_buffers_float32():
     statistics) and leaves the parameter and gradient-reduction dtypes alone."""
     from torch.distributed.fsdp import MixedPrecision
 
+    from common.accelerator import fsdp_float32_buffers
+
     policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)
     plugin = types.SimpleNamespace(mixed_precision_policy=policy)
-    train.fsdp_float32_buffers(types.SimpleNamespace(state=types.SimpleNamespace(fsdp_plugin=plugin)))
+    fsdp_float32_buffers(types.SimpleNamespace(state=types.SimpleNamespace(fsdp_plugin=plugin)))
     got = plugin.mixed_precision_policy
     assert (got.param_dtype, got.reduce_dtype, got.buffer_dtype) == (torch.bfloat16, torch.bfloat16, torch.float32)
-    train.fsdp_float32_buffers(types.SimpleNamespace(state=types.SimpleNamespace()))  # no FSDP: nothing to do
+    fsdp_float32_buffers(types.SimpleNamespace(state=types.SimpleNamespace()))  # no FSDP: nothing to do
 
 
 def test_train_py_refuses_deepspeed_with_one_line(tmp_path, monkeypatch, capsys):

@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from common.probes import StabilityProbe
 from model import NormLabConfig, NormLabForMaskedLM, NormLabForSequenceClassification, NormLabModel
 from model.configuration_normlab import BATCH_STAT_NORMS, NORM_PLACEMENTS, NORM_TYPES
 from model.modeling_normlab import NormLabAttention, TokenLayout, deepnorm_alpha, deepnorm_beta
@@ -358,7 +360,7 @@ def _direct_logit_max(attention, x, attention_mask):
     q, k, _ = F.linear(x, attention.qkv.weight, attention.qkv.bias).split(D, dim=-1)
     q = q.view(B, L, H, Dh).transpose(1, 2)
     k = k.view(B, L, H, Dh).transpose(1, 2)
-    if attention.q_norm is not None:
+    if isinstance(attention.q_norm, nn.LayerNorm):
         q = F.layer_norm(q, (Dh,), attention.q_norm.weight, attention.q_norm.bias, attention.q_norm.eps)
         k = F.layer_norm(k, (Dh,), attention.k_norm.weight, attention.k_norm.bias, attention.k_norm.eps)
     best = -math.inf
@@ -379,18 +381,23 @@ def test_logit_max_recording_matches_direct_computation(qk_norm, train, attn):
     model = NormLabForSequenceClassification._from_config(config, attn_implementation=attn)
     model.train(train)  # the probe reads q and k, whatever the attention path and its dropout do with them
     input_ids, attention_mask = padded_batch()
-    for layer in model.normlab.encoder.layers:
-        assert layer.attention.record_logit_max is False and layer.attention.last_logit_max is None
-    model.set_record_stability(True)
+    probe = StabilityProbe(model)
+    with torch.no_grad():
+        model(input_ids, attention_mask=attention_mask)
+    assert not probe.recorder.armed and all(m is None for m in probe.recorder.logit_max)  # unarmed: nothing
+    probe.arm()
     with torch.no_grad():
         out = model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    recorded = list(probe.recorder.logit_max)
     for i, layer in enumerate(model.normlab.encoder.layers):  # post-LN: block i's attention sees hidden_states[i]
-        got = layer.attention.last_logit_max
+        got = recorded[i]
         assert got.dim() == 0 and not got.requires_grad
         expected = _direct_logit_max(layer.attention, out.hidden_states[i], attention_mask)
         assert got.item() == pytest.approx(expected, rel=1e-5, abs=1e-6)
-    model.set_record_stability(False)
-    assert all(layer.attention.last_logit_max is None for layer in model.normlab.encoder.layers)
+    probe.read_forward(attention_mask)
+    with torch.no_grad():
+        model(input_ids, attention_mask=attention_mask)
+    assert all(a is b for a, b in zip(probe.recorder.logit_max, recorded, strict=True))  # disarmed: nothing new
 
 
 def test_qk_norm_bounds_attention_logits():
@@ -402,13 +409,15 @@ def test_qk_norm_bounds_attention_logits():
         torch.manual_seed(0)
         model = NormLabModel(tiny_config(norm_placement="post", qk_norm=qk_norm)).eval()
         attention = model.encoder.layers[0].attention
-        assert isinstance(attention, NormLabAttention) and (attention.q_norm is not None) == qk_norm
+        assert isinstance(attention, NormLabAttention) and isinstance(attention.q_norm, nn.LayerNorm) == qk_norm
         with torch.no_grad():
             attention.qkv.weight.mul_(100.0)
-        model.set_record_stability(True)
+        probe = StabilityProbe(model)
+        probe.arm()
         with torch.no_grad():
             model(input_ids, attention_mask=attention_mask)
-        maxima[qk_norm] = attention.last_logit_max.item()
+        probe.read_forward(attention_mask)
+        maxima[qk_norm] = probe.logit_max[0].item()
     head_dim = 32 // 4
     assert maxima[True] <= math.sqrt(head_dim) + 1e-4
     assert maxima[False] > 10 * math.sqrt(head_dim)

@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 import common.io
 import train
 from common.checkpointing import validate_checkpoint
-from common.metrics import MetricsWriter
+from common.metrics_jsonl import MetricsWriter
 from common.writes import WriteError, guarded_write
 from train_utils import REFERENCE, assert_same_weights, final_weights, losses, run_here, summary
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from common.stability import LossSpikeDetector, count_loss_spikes, lr_sensitivity
+from common.spikes import LossSpikeDetector, count_loss_spikes, lr_sensitivity
 
 
 def test_smooth_decreasing_curve_has_no_spikes():

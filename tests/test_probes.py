@@ -1,9 +1,9 @@
-"""StabilityProbe (common/metrics.py) against the same quantities computed directly from the model."""
+"""StabilityProbe (common/probes.py) against the same quantities computed directly from the model."""
 
 import pytest
 import torch
 
-from common.metrics import StabilityProbe, clip_coefficient
+from common.probes import StabilityProbe, clip_coefficient
 from model import NormLabConfig, NormLabForSequenceClassification
 from model.norms import BatchStatNorm
 
@@ -46,10 +46,10 @@ def test_probe_matches_hidden_states_weights_and_grads(norm, unpad):
     expected = torch.stack([h[real].square().sum() for h in out.hidden_states[1:-1]] + [last_rows.square().sum()])
     torch.testing.assert_close(probe.act_sumsq, expected, rtol=1e-5, atol=0)
     assert probe.act_count.item() == real.sum().item() * 32
-    assert all(layer.attention.last_logit_max is None for layer in model.normlab.encoder.layers)
-    assert model.normlab.encoder.last_act_sumsq is None  # disarmed: the next forward records nothing
+    recorded = [*probe.recorder.sumsq, *probe.recorder.logit_max]
+    assert not probe.recorder.armed  # disarmed: the next forward records nothing
     model(**batch)
-    assert model.normlab.encoder.last_act_sumsq is None
+    assert all(a is b for a, b in zip([*probe.recorder.sumsq, *probe.recorder.logit_max], recorded, strict=True))
 
     out.loss.backward()
     blocks = [[p for n, p in model.named_parameters() if f"encoder.layers.{i}." in n] for i in range(3)]
@@ -116,3 +116,27 @@ def test_collect_combines_each_quantity_over_processes_by_its_own_rule():
         assert row[f"layers/{i}/update_ratio"] == pytest.approx(probe.update_ratio[i].item())
         assert row[f"layers/{i}/update_ratio"] > 0
     assert probe.counters.loss_count == 0  # collect restarts the counters for the next logging interval
+
+
+def test_probe_hooks_are_traced_by_torch_compile():
+    """torch.compile traces the hooks present at its first call (it does not see hooks added later): the probe,
+    built before the first forward as train.py builds it, measures the compiled model as it does the eager one,
+    on every logged step, and records nothing while disarmed."""
+    batch = _batch()
+    measured = {}
+    for compiled in (False, True):
+        model = _model()
+        model.normlab.unpad = False  # the layout torch.compile runs in
+        if compiled:
+            model.compile(backend="eager", dynamic=True)
+        probe = StabilityProbe(model)
+        for _ in range(2):  # armed, then disarmed and armed again: each state its own graph
+            probe.arm()
+            model(**batch)
+            probe.read_forward(batch["attention_mask"])
+            recorded = [*probe.recorder.sumsq, *probe.recorder.logit_max]
+            model(**batch)
+            assert all(a is b for a, b in zip([*probe.recorder.sumsq, *probe.recorder.logit_max], recorded))
+        measured[compiled] = (probe.act_sumsq, probe.logit_max)
+    assert torch.isfinite(measured[True][1]).all()
+    torch.testing.assert_close(measured[True], measured[False], rtol=1e-6, atol=0)

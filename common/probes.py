@@ -1,12 +1,13 @@
-"""Stability metrics of the training loop, under the names the README lists (wandb and metrics.jsonl alike).
+"""The stability probe: the training loop's per-step stability metrics, under the names the README lists (wandb
+and metrics.jsonl alike).
 
 Cost model: nothing here runs on a step that is not a logging step except `StabilityProbe.count` (two tensor
-adds, no host sync). On a logging step the model records its per-block activation sums of squares and
-attention-logit maxima in the forward it runs anyway (`set_record_stability`), the probe takes per-block gradient
-norms with one `torch._foreach_norm`, copies the block weights into one flat buffer before the optimizer step and
-diffs them in place after it, gathers its dict of results over processes (one small all-gather per entry, none on
-one process), combines each entry by its own rule (`_ACROSS_PROCESSES`), and moves the lot to the host at once
-(one sync).
+adds, no host sync) and the probe's forward hooks, which return at once while disarmed. On a logging step the
+hooks take each block's sum of squares of the residual stream and each attention's largest logit from the
+forward the loop runs anyway; the probe takes per-block gradient norms with one `torch._foreach_norm`, copies the
+block weights into one flat buffer before the optimizer step and diffs them in place after it, gathers its dict
+of results over processes (one small all-gather per entry, none on one process), combines each entry by its own
+rule (`_ACROSS_PROCESSES`), and moves the lot to the host at once (one sync).
 
 Per-block metrics, for block i of `model.normlab.encoder.layers`:
   layers/{i}/grad_norm       L2 norm of the block's gradients, before clipping
@@ -16,17 +17,12 @@ Per-block metrics, for block i of `model.normlab.encoder.layers`:
   bn/{i}/stat_drift          BN family: mean over the block's batch-statistics norms of `last_stat_drift`
 """
 
-import json
 import math
 import re
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
-
-from common.io import atomic_write_text, read_jsonl
-from common.writes import guarded_write
 
 _LAYER = re.compile(r"(?:^|\.)encoder\.layers\.(\d+)\.")
 
@@ -100,7 +96,8 @@ class StabilityProbe:
         row = probe.collect(accelerator, grad_norm, lr)    # combined over processes; restarts the counters
 
     The steps inside the contexts (`arm`, `read_forward`, `read_grads`, `snapshot`, `read_update`) are public for
-    the tests that check each measurement against a direct computation.
+    the tests that check each measurement against a direct computation. Build the probe before the model's first
+    forward: its hooks (`ForwardRecorder`) must be in place when torch.compile traces the model.
     """
 
     def __init__(self, model, batch_stat_norm_cls=None):
@@ -109,6 +106,7 @@ class StabilityProbe:
         self.params = block_parameters(model)
         self.num_layers = len(self.blocks)
         self.counters = StepCounters(next(model.parameters()).device)
+        self.recorder = ForwardRecorder(self.blocks)
         self.bn_by_block = []
         if batch_stat_norm_cls is not None:
             self.bn_by_block = [[m for m in blk.modules() if isinstance(m, batch_stat_norm_cls)] for blk in self.blocks]
@@ -165,20 +163,19 @@ class StabilityProbe:
 
     def arm(self) -> None:
         self._reset()
-        self.model.set_record_stability(True)
+        self.recorder.arm()
 
     @torch.no_grad()
     def read_forward(self, attention_mask) -> None:
         """Take what the armed forward recorded; attention_mask (B, L) of the batch it ran on."""
         mask = attention_mask.float()  # (B, L)
-        self.act_sumsq = self.model.base_model.encoder.last_act_sumsq.float()  # (N,) over real tokens
+        self.act_sumsq = torch.stack(self.recorder.sumsq).float()  # (N,) over real tokens
         self.act_count = mask.sum() * self.model.config.hidden_size  # real tokens x features
         self.logit_max = torch.stack([
-            blk.attention.last_logit_max.float() if blk.attention.last_logit_max is not None
-            else torch.tensor(float("nan"), device=mask.device)
-            for blk in self.blocks
+            m.float() if m is not None else torch.tensor(float("nan"), device=mask.device)
+            for m in self.recorder.logit_max
         ])  # (N,)
-        self.model.set_record_stability(False)  # (also clears what it recorded: read above first)
+        self.recorder.disarm()
 
     @torch.no_grad()
     def read_grads(self, clip_coef: float) -> None:
@@ -257,6 +254,76 @@ class StabilityProbe:
         return row
 
 
+class ForwardRecorder:
+    """Forward hooks on the encoder blocks that record, while armed, each block's sum of squares of the residual
+    stream it outputs and its attention's largest logit, from the queries and keys the attention attends with
+    (the outputs of its `q_norm` and `k_norm`, identities without QK-norm). Disarmed, the hooks return at once.
+    They stay registered: torch.compile traces the hooks present at its first call, and guards on `armed`."""
+
+    def __init__(self, blocks):
+        self.armed = False
+        self.sumsq = [None] * len(blocks)  # (N,) 0-dim tensors
+        self.logit_max = [None] * len(blocks)
+        self._q = self._k = None
+        for i, block in enumerate(blocks):
+            block.attention.q_norm.register_forward_hook(self._keep_query)
+            block.attention.k_norm.register_forward_hook(self._keep_key)
+            block.register_forward_hook(self._block_hook(i, block.attention.scale))
+
+    def arm(self) -> None:
+        self.sumsq = [None] * len(self.sumsq)
+        self.logit_max = [None] * len(self.logit_max)
+        self.armed = True
+
+    def disarm(self) -> None:
+        self.armed = False
+        self._q = self._k = None
+
+    def _keep_query(self, module, args, q) -> None:
+        if self.armed:
+            self._q = q
+
+    def _keep_key(self, module, args, k) -> None:
+        if self.armed:
+            self._k = k
+
+    def _block_hook(self, i: int, scale: float):
+        def record(block, args, output) -> None:  # args: (x, layout, ...); output: (x, attention weights)
+            if not self.armed:
+                return
+            layout = args[1]
+            self.sumsq[i] = real_sumsq(output[0].detach(), layout)
+            if self._q is not None and self._k is not None:
+                self.logit_max[i] = attention_logit_max(self._q, self._k, layout, scale)
+            self._q = self._k = None
+        return record
+
+
+def real_sumsq(x, layout) -> torch.Tensor:
+    """Sum of x**2 over the real tokens' features, x a block's output: packed (1, T, D) or padded (B, L, D)."""
+    if layout.norm_mask is None:  # every row is a real token (packed layout, or no padding): one dot product
+        flat = x.reshape(-1).float()
+        return torch.dot(flat, flat)
+    # padded layout: the pad positions dropped, whatever the block left there (the encoder zeroes them after it)
+    return x.float().square().sum(-1).masked_fill(~layout.norm_mask, 0.0).sum()
+
+
+@torch.no_grad()
+def attention_logit_max(q, k, layout, scale: float) -> torch.Tensor:
+    """Largest pre-softmax logit q.k * scale over heads, real queries and real keys; q, k (B, H, L, Dh). Padding is
+    excluded, so the probe, like the outputs, does not depend on how much padding the batch has. Computed in
+    float32, autocast off: half-precision logits of growing q and k overflow (fp16 ends at 65504), and the growth
+    is what the probe exists to show. In float32 the scale can come after the max (the same number: rounding is
+    monotonic), which saves a pass over the (B, H, L, L) logits."""
+    with torch.autocast(q.device.type, enabled=False):
+        logits = torch.matmul(q.float(), k.float().transpose(-2, -1))  # (B, H, L, L)
+    if layout.mask is None:
+        return logits.amax() * scale
+    B, L = layout.mask.shape
+    row_max = logits.masked_fill_(layout.pad.view(B, 1, 1, L), float("-inf")).amax(-1)  # (B, H, L): real keys
+    return row_max.masked_fill_(layout.pad.view(B, 1, L), float("-inf")).amax() * scale  # real queries
+
+
 def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, list[float]]:
     """Every tensor of the dict as a list of floats, in one device-to-host copy (one sync)."""
     flat = torch.cat([t.reshape(-1) for t in tensors.values()]).tolist()
@@ -271,43 +338,7 @@ def clip_coefficient(total_norm: float, max_norm: float) -> float:
     return min(1.0, max_norm / (total_norm + 1e-6)) if math.isfinite(total_norm) else 1.0
 
 
-def _json_safe(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # strict JSON has no NaN/inf; events/nonfinite says what happened
-    return value
-
-
-class MetricsWriter:
-    """metrics.jsonl: one JSON object per line, flushed per line, so a killed run loses at most one line.
-    Main process only."""
-
-    def __init__(self, path, resume_step: int | None = None):
-        self.path = Path(path)
-        with guarded_write("metrics.jsonl", self.path):
-            if resume_step is None:
-                self.path.write_text("")
-            else:
-                self._rewind(resume_step)
-            self.file = open(self.path, "a")
-
-    def _rewind(self, step: int) -> None:
-        """Drop the rows after the checkpoint being resumed from: the resumed run writes them again."""
-        kept = [row for row in read_jsonl(self.path) if row.get("step", 0) <= step]
-        atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))  # as `write` wrote them
-
-    def write(self, row: dict) -> None:
-        # a refused write: WriteError (common.writes), and the file closed (its buffer would fail again at exit)
-        with guarded_write("metrics.jsonl", self.path, cleanup=self.close):
-            self.file.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
-            self.file.flush()
-
-    def close(self) -> None:
-        try:
-            self.file.close()
-        except OSError:  # the flush of a line a full disk refused: write() has raised already
-            pass
-
-
 __all__ = [
-    "blocks_of", "block_parameters", "StabilityProbe", "StepCounters", "clip_coefficient", "MetricsWriter",
+    "blocks_of", "block_parameters", "StabilityProbe", "StepCounters", "ForwardRecorder", "real_sumsq",
+    "attention_logit_max", "clip_coefficient",
 ]

@@ -1,4 +1,4 @@
-"""Training-stability measures shared by train.py (live) and scripts/report.py (after the fact).
+"""Loss spikes, counted live by train.py and over a finished curve; and the LR sensitivity of a variant.
 
 Loss spike (the definition the README quotes): step t is a spike when its loss exceeds the exponential moving
 average of the previous losses by more than `threshold` times their exponential moving standard deviation,

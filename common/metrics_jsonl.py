@@ -1,0 +1,48 @@
+"""metrics.jsonl, the run's metrics as one JSON object per line (the names are listed in common/probes.py)."""
+
+import json
+import math
+from pathlib import Path
+
+from common.io import atomic_write_text, read_jsonl
+from common.writes import guarded_write
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # strict JSON has no NaN/inf; events/nonfinite says what happened
+    return value
+
+
+class MetricsWriter:
+    """metrics.jsonl: one JSON object per line, flushed per line, so a killed run loses at most one line.
+    Main process only."""
+
+    def __init__(self, path, resume_step: int | None = None):
+        self.path = Path(path)
+        with guarded_write("metrics.jsonl", self.path):
+            if resume_step is None:
+                self.path.write_text("")
+            else:
+                self._rewind(resume_step)
+            self.file = open(self.path, "a")
+
+    def _rewind(self, step: int) -> None:
+        """Drop the rows after the checkpoint being resumed from: the resumed run writes them again."""
+        kept = [row for row in read_jsonl(self.path) if row.get("step", 0) <= step]
+        atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))  # as `write` wrote them
+
+    def write(self, row: dict) -> None:
+        # a refused write: WriteError (common.writes), and the file closed (its buffer would fail again at exit)
+        with guarded_write("metrics.jsonl", self.path, cleanup=self.close):
+            self.file.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        except OSError:  # the flush of a line a full disk refused: write() has raised already
+            pass
+
+
+__all__ = ["MetricsWriter"]
