@@ -125,14 +125,21 @@ def score_sets(cfg: dict, dev_rows: int) -> dict:
     return {"dev": (dev[col], dev[lab]), "val": (val[col], val[lab])}
 
 
+def load_final(run_dir: Path):
+    """(model in eval mode, tokenizer) of a run's final/, quietly: a study loads hundreds."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
+    return model, AutoTokenizer.from_pretrained(run_dir / "final")
+
+
 def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) -> tuple[dict, dict | None]:
     """({split/batching/statistics: predict()}, running_stat_gap() on the validation split)"""
-    from transformers import AutoTokenizer
-
     cfg = read_yaml(run_dir / "config.yaml")
     max_length = cfg["data"]["max_length"]
-    model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
-    tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
+    model, tokenizer = load_final(run_dir)
     out, rows = {}, {}
     for split, (texts, labels) in sets.items():
         rows[split] = encode_rows(tokenizer, texts, max_length, labels)

@@ -14,19 +14,15 @@ import torch
 
 from common.data import encode_rows
 from common.io import atomic_write_json, read_json, read_yaml
-from model import NormLabForSequenceClassification
-from normlab_study.scoring import predict, score_sets
+from normlab_study.scoring import load_final, predict, score_sets
 
 
 def dev_loss(run_dir: Path, dev, batch_size: int) -> float:
     """Mean cross-entropy of the run's final model on the dev rows (length-sorted batches, running statistics)."""
-    from transformers import AutoTokenizer
-
     if (read_json(run_dir / "summary.json") or {}).get("status") != "completed" or not (run_dir / "final").is_dir():
         return math.inf
     cfg = read_yaml(run_dir / "config.yaml")
-    model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
-    tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
+    model, tokenizer = load_final(run_dir)
     texts, labels = dev
     max_length = cfg["data"]["max_length"]
     rows = encode_rows(tokenizer, texts, max_length, labels)

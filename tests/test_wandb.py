@@ -141,7 +141,7 @@ def test_model_artifact_loads_back_with_evaluate(trained, tmp_path, monkeypatch,
     assert from_artifact["artifact"] == f"normlab/model-{run.id}:final"
     assert evaluate.main([str(out), "--json"]) == 0
     from_run = json.loads(capsys.readouterr().out)
-    # the artifact alone (its model card carries the dataset config) gives the run's own evaluation
+    # the artifact alone (its normlab_run.yaml carries the dataset config) gives the run's own evaluation
     assert from_artifact["num_examples"] == from_run["num_examples"] == len(pd.read_parquet(VALIDATION))
     for key in ("accuracy", "loss", "confusion_matrix"):
         assert from_artifact[key] == from_run[key]
