@@ -44,8 +44,9 @@ from common.checkpointing import (
     save_checkpoint,
     validate_checkpoint,
 )
+from common.batching import build_dataloaders
 from common.config import flatten_config, load_config, model_config_from, parse_cli, save_config
-from common.data import build_dataloaders, label_names, load_tokenized
+from common.data import label_names
 from common.evaluation import evaluate
 from common.io import atomic_write_json, atomic_write_text
 from common.metrics_jsonl import MetricsWriter
@@ -55,8 +56,9 @@ from common.preflight import preflight
 from common.probes import StabilityProbe
 from common.run_summary import format_summary
 from common.spikes import LossSpikeDetector
-from common.stop_signal import StopSignal
 from common.step import model_inputs, step_flags
+from common.stop_signal import StopSignal
+from common.tokenizer import load_tokenized
 from common.writes import WriteError, guarded_write
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
 from model.norms import BatchStatNorm

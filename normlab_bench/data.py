@@ -7,7 +7,9 @@ from common.step import MODEL_INPUTS
 
 def load_data(cfg):
     """(tokenizer, tokenized splits, number of labels, build_dataloaders): training's data, as train.py loads it."""
-    from common.data import build_dataloaders, label_names, load_tokenized
+    from common.batching import build_dataloaders
+    from common.data import label_names
+    from common.tokenizer import load_tokenized
 
     dsd, tokenizer, tokenized = load_tokenized(cfg)
     return tokenizer, tokenized, len(label_names(dsd, cfg)), build_dataloaders

@@ -12,7 +12,7 @@ GOAL = 0.05  # pad fraction of length-grouped batches, at most
 def bench_padding(cfg, tokenizer, tokenized, build_dataloaders) -> dict:
     """Pad fraction over one epoch (epoch 0) of each sampler, counted on the collated attention masks, i.e. on
     exactly what the model receives: 1 - real tokens / (batch rows x padded length), summed over batches."""
-    from common.data import pad_fraction
+    from common.batching import pad_fraction
 
     out = {"what": "padded positions / all positions over one epoch of train batches (lower is better)",
            "goal": f"<= {GOAL}", "batch_size": cfg["train"]["batch_size"], "seed": cfg["seed"],

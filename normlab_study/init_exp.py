@@ -20,10 +20,12 @@ from pathlib import Path
 
 import torch
 
-from common.data import encode_rows, get_tokenizer, resolve_dataset, row_batches
+from common.batching import encode_rows, row_batches
+from common.data import resolve_dataset
 from common.io import read_json, read_yaml, write_jsonl
 from common.probes import block_parameters
 from common.step import model_inputs
+from common.tokenizer import get_tokenizer
 from model import NormLabConfig, NormLabForSequenceClassification
 
 DATA = {"name": "stanfordnlp/sst2", "path": None, "text_column": "sentence", "label_column": "label",

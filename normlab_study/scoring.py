@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.data import encode_rows, resolve_dataset, row_batches
+from common.batching import encode_rows, row_batches
+from common.data import resolve_dataset
 from common.evaluation import in_row_order, score_batches
 from common.io import atomic_write_json, read_json, read_jsonl, read_yaml, write_jsonl
 from model import BATCH_STAT_NORMS, NormLabForSequenceClassification

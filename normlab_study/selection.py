@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.data import encode_rows
+from common.batching import encode_rows
 from common.io import atomic_write_json, read_json, read_yaml
 from normlab_study.scoring import load_final, predict, score_sets
 

@@ -257,7 +257,7 @@ def max_length_of(model, tokenizer) -> int:
 def score(accelerator, model, tokenizer, texts, labels, batch_size, batch_stats=False):
     """Per-example lists {"loss", "prediction", "label", "confidence"} in the order of `texts`, every example once
     across processes (confidence: the softmax probability of the predicted class)."""
-    from common.data import encode_rows, row_batches
+    from common.batching import encode_rows, row_batches
     from common.evaluation import in_row_order, score_batches
 
     rows = encode_rows(tokenizer, texts, max_length_of(model, tokenizer), labels)
@@ -268,7 +268,7 @@ def score(accelerator, model, tokenizer, texts, labels, batch_size, batch_stats=
 
 def predict_texts(model, tokenizer, texts, names, batch_stats=False):
     """Every process predicts every text (a handful), as one batch; the main process prints them."""
-    from common.data import encode_rows, row_batches
+    from common.batching import encode_rows, row_batches
     from common.evaluation import score_batches
 
     rows = encode_rows(tokenizer, texts, max_length_of(model, tokenizer))

@@ -94,9 +94,10 @@ def _direct_pad_fraction(batches, lengths):
 
 
 def test_pad_fractions_match_a_direct_count(bench_json):
+    from common.batching import LengthGroupedBatchSampler, RandomBatchSampler
     from common.config import load_config
-    from common.data import (LengthGroupedBatchSampler, RandomBatchSampler, get_tokenizer, resolve_dataset,
-                             tokenize_splits)
+    from common.data import resolve_dataset
+    from common.tokenizer import get_tokenizer, tokenize_splits
 
     res = bench_json
     pad = res["padding"]

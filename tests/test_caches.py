@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 import normlab_kernels.cpu
 from common.cache import MANIFEST, folder_problem
 from common.config import REPO_ROOT
-from common.data import get_tokenizer, tokenize_splits
+from common.tokenizer import get_tokenizer, tokenize_splits
 from normlab_kernels.build_cache import build_dir
 
 TEXTS = [f"sentence number {i} is {'good' if i % 2 else 'bad'} and {'long ' * (i % 7)}done" for i in range(200)]

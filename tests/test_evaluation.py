@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.data import ROW_ORDERS, pad_rows, row_batches, row_order
+from common.batching import ROW_ORDERS, pad_rows, row_batches, row_order
 from common.evaluation import evaluate, in_row_order, score_batches
 from model import NormLabConfig, NormLabForSequenceClassification
 

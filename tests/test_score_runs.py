@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from common.data import pad_rows
+from common.batching import pad_rows
 from model import NormLabConfig, NormLabForSequenceClassification
 from normlab_study import scoring as score_runs
 
