@@ -294,7 +294,7 @@ def _check_labels(dsd, splits, col: str, num_labels: int | None, source: str, gi
     label_feature = ClassLabel(names=names)
     for split in splits:
         if dsd[split].features[col] != label_feature:
-            dsd[split] = dsd[split].castcolumn(col, label_feature)
+            dsd[split] = dsd[split].cast_column(col, label_feature)
     return dsd
 
 
