@@ -264,7 +264,7 @@ def test_tokenizer_round_trips_through_save_pretrained(small, tmp_path):
 
 
 def test_tokenizer_cache_hit_and_key(small, monkeypatch):
-    import common.data as data
+    import common.tokenizer as tokenizer_module
 
     cfg, dsd, tok, _ = small
     texts = col(dsd["train"], "sentence")
@@ -272,12 +272,13 @@ def test_tokenizer_cache_hit_and_key(small, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("the cached tokenizer should have been used")
 
-    monkeypatch.setattr(data, "_train_tokenizer", no_training)
+    monkeypatch.setattr(tokenizer_module, "_train_tokenizer", no_training)
     again = get_tokenizer(cfg, texts)
     assert again.get_vocab() == tok.get_vocab()
     with pytest.raises(AssertionError, match="cached"):  # other text -> another key -> retrain
         get_tokenizer(cfg, texts[:-1])
-    assert data.tokenizer_cache_key(texts, 400, "sentence") != data.tokenizer_cache_key(texts, 500, "sentence")
+    key = tokenizer_module.tokenizer_cache_key
+    assert key(texts, 400, "sentence") != key(texts, 500, "sentence")
 
 
 def test_tokenize_splits_truncates_and_records_lengths(small):
