@@ -27,6 +27,9 @@ class FakeClock:
 def clock(monkeypatch):
     c = FakeClock()
     monkeypatch.setattr(timer.time, "perf_counter", c)
+    # the timer collects garbage before each sample; in a test process full of earlier tests' objects that is
+    # slow, and nothing here is measured in real time
+    monkeypatch.setattr(timer.gc, "collect", lambda *args: 0)
     return c
 
 
