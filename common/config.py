@@ -1,10 +1,7 @@
-"""The run configuration: configs/default.yaml, deep-merged with a variant file, then `key.sub=value` overrides.
-
-Each layer's keys are checked against the schema (common/config_schema.py) and the layer is merged onto an
-OmegaConf structured config of it, which converts values to their key's type (`1` where a float is expected is
-1.0) and refuses the rest. The result is a nested plain dict (what gets saved with the run and logged to wandb),
-checked before any data is loaded, so a typo costs a second, not a tokenizer build. Every failure is a
-ConfigError (a ValueError) with a one-line message naming the key and what is valid.
+"""The run configuration: configs/default.yaml <- a variant file <- `key.sub=value` overrides. Each layer's keys are
+checked against the schema (common/config_schema.py) and merged onto its OmegaConf structured config, which
+converts values to their key's type; the result is a nested plain dict, checked before any data is loaded. Every
+failure is a ConfigError with a one-line message naming the key and what is valid.
 """
 
 import contextlib
@@ -20,7 +17,7 @@ import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ValidationError
 
-from common.config_schema import TASKS, TRACKERS, WANDB_MODES, RunConfig
+from common.config_schema import TRACKERS, RunConfig
 from common.io import atomic_write_text, load_yaml_mapping
 from model.configuration_normlab import NormLabConfig
 
@@ -108,20 +105,14 @@ def _coerce(key: str, value, source: str, raw: str | None):
 
 
 def _merge(cfg, pairs, source: str):
-    """`cfg` with one layer merged in: its (dotted key, value, command-line text or None) pairs as one tree."""
-    tree, given = {}, {}
+    """`cfg` with one layer's (dotted key, value, command-line text or None) pairs set, as their keys' types."""
     for key, value, raw in pairs:
-        given[key] = value = _coerce(key, value, source, raw)
-        *parents, last = key.split(".")
-        node = tree
-        for part in parents:  # each a section: _coerce checked the key
-            node = node.setdefault(part, {})
-        node[last] = value
-    try:
-        return OmegaConf.merge(cfg, tree)
-    except ValidationError as e:  # a value that does not convert to its key's type
-        key = str(e.full_key).split("[")[0]  # `wandb.tags[1]` -> the list's key
-        raise _wrong_type(key, given.get(key), _key_type(key, source), source) from None
+        value = _coerce(key, value, source, raw)
+        try:
+            OmegaConf.update(cfg, key, value, merge=True)
+        except ValidationError:  # a value that does not convert to its key's type
+            raise _wrong_type(key, value, _key_type(key, source), source) from None
+    return cfg
 
 
 def _file_layer(path: Path) -> list:
@@ -263,8 +254,3 @@ def parse_cli(argv=None):
             overrides.append(arg.lstrip("-"))  # `--train.lr=1e-3`: forgive the dashes
     return config_file, overrides, debug
 
-
-__all__ = [
-    "ConfigError", "REPO_ROOT", "CONFIG_DIR", "DEFAULT_CONFIG", "TASKS", "WANDB_MODES", "RunConfig", "load_config",
-    "model_config_from", "save_config", "flatten_config", "parse_cli", "resolve_config_file",
-]
