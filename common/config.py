@@ -72,9 +72,8 @@ def _describe(kind) -> str:
 
 
 def _wrong_type(key: str, value, kind, source: str) -> ConfigError:
-    if value is None:
-        return ConfigError(f"{key} may not be null ({source}); expected {_describe(kind)}")
-    return ConfigError(f"{key}={value!r} has the wrong type ({source}); expected {_describe(kind)}")
+    problem = f"{key} may not be null" if value is None else f"{key}={value!r} has the wrong type"
+    return ConfigError(f"{problem} ({source}); expected {_describe(kind)}")
 
 
 def _coerce(key: str, value, source: str, raw: str | None):
@@ -87,7 +86,7 @@ def _coerce(key: str, value, source: str, raw: str | None):
     if base is str and isinstance(value, bool):
         raise ConfigError(f"{_wrong_type(key, value, kind, source)} (YAML reads yes/no/on/off as booleans: quote it, "
                           f"e.g. 'no')")
-    if base is int and isinstance(value, (str, float)) and not isinstance(value, bool):
+    if base is int and isinstance(value, (str, float)):
         with contextlib.suppress(ValueError, OverflowError):  # `1e3` (a string to YAML) or 1000.0 for an int
             value = int(float(value)) if float(value).is_integer() else value
     if typing.get_origin(base) is list and isinstance(value, str):  # `wandb.tags=a,b` or `wandb.tags=a`
@@ -136,9 +135,8 @@ def _parse_override(item: str) -> tuple[str, object, str]:
 
 def _check_choice(key: str, value, choices):
     if value not in choices:
-        raise ConfigError(
-            f"{key}={value!r} is not valid{_suggest(value, choices)}; choose one of: {', '.join(map(str, choices))}"
-        )
+        raise ConfigError(f"{key}={value!r} is not valid{_suggest(value, choices)}; choose one of: "
+                          f"{', '.join(map(str, choices))}")
 
 
 def _check_section(section, values: dict, prefix: str = ""):
@@ -179,9 +177,7 @@ def _validate(cfg: dict):
 def resolve_config_file(config_file: str) -> Path:
     """A path to a YAML file, or a bare variant name (`post_ln` -> configs/post_ln.yaml)."""
     path = Path(config_file)
-    if path.is_file():
-        return path
-    for candidate in (CONFIG_DIR / config_file, CONFIG_DIR / f"{config_file}.yaml"):
+    for candidate in (path, CONFIG_DIR / config_file, CONFIG_DIR / f"{config_file}.yaml"):
         if candidate.is_file():
             return candidate
     variants = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "default")
