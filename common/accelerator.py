@@ -7,13 +7,9 @@ import torch
 from accelerate import Accelerator
 
 def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ):
-    """Intra-op threads per process of a CPU run (None off CPU: torch's default stands):
-      1. `setting` (train.cpu_threads) if given;
-      2. else OMP_NUM_THREADS as the user set it -- except a 1 under `accelerate launch`, which exports
-         OMP_NUM_THREADS=1 on a machine without GPUs unless told otherwise, leaving all but one core idle
-         (docs/architecture.md has the measurement);
-      3. else the physical cores this process may use, split between the machine's processes: what
-         `accelerate launch --cpu` picks."""
+    """Intra-op threads per process of a CPU run (None off CPU): `setting` (train.cpu_threads), else the user's
+    OMP_NUM_THREADS (not the 1 `accelerate launch` exports without GPUs), else the physical cores this process
+    may use split between the machine's processes, as `accelerate launch --cpu` picks (docs/training.md)."""
     if device_type != "cpu":
         return None
     if setting is not None:
@@ -31,9 +27,8 @@ def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ)
 
 
 def fsdp_float32_buffers(accelerator) -> None:
-    """FSDP (version 1) with bf16/fp16 casts every buffer to its policy's buffer_dtype, which accelerate sets to the
-    compute dtype. The only floating buffers of NormLab are the BN family's running statistics, float32
-    accumulators that round away most of their small updates in half precision: keep buffers float32."""
+    """Keep buffers float32 under FSDP (version 1) with bf16/fp16, which casts them to the compute dtype: the BN
+    family's running statistics would round away most of their small updates in half precision."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     policy = getattr(plugin, "mixed_precision_policy", None)
     if getattr(policy, "buffer_dtype", None) not in (None, torch.float32):

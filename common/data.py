@@ -143,11 +143,8 @@ def _hub_offline() -> bool:
 def mirror_candidates(name: str) -> list[Path]:
     """Local copies of a Hub dataset, by the tail of its id ("stanfordnlp/sst2" -> sst2)."""
     tail = name.rstrip("/").split("/")[-1]
-    places = []
-    if os.environ.get("NORMLAB_DATA_DIR"):
-        places.append(Path(os.environ["NORMLAB_DATA_DIR"]) / tail)
-    places.append(REPO_ROOT.parent / "shared" / "datasets" / tail)
-    return places
+    places = [Path(os.environ["NORMLAB_DATA_DIR"]) / tail] if os.environ.get("NORMLAB_DATA_DIR") else []
+    return places + [REPO_ROOT.parent / "shared" / "datasets" / tail]
 
 
 def _find_dataset(d: dict):

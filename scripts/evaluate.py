@@ -29,8 +29,7 @@ class EvalError(ValueError):
 
 
 def fetch_artifact(ref: str):
-    """(downloaded directory, wandb Artifact) of a model artifact `[entity/project/]model-<run id>:alias`, which
-    train.py logs from final/ (`wandb artifact get` fetches the same files)."""
+    """(downloaded directory, wandb Artifact) of a model artifact `[entity/project/]model-<run id>:alias`."""
     import wandb
 
     try:
@@ -99,15 +98,6 @@ def label_set(model) -> list[str]:
     return [str(model.config.id2label[i]) for i in range(len(model.config.id2label))]
 
 
-def check_columns(columns, text_column, label_column, source):
-    missing = [c for c in (text_column, label_column) if c not in columns]
-    if missing:
-        flags = {text_column: "--text-column", label_column: "--label-column"}
-        raise EvalError(f"{source} has no column {' or '.join(repr(c) for c in missing)} (columns present: "
-                        f"{', '.join(map(str, columns))}); name the right ones with "
-                        f"{' and '.join(flags[c] for c in missing)}")
-
-
 def label_id(value, by_name: dict, num_labels: int) -> int | None:
     """The class id of an integer id or a label name; None for anything outside the label set (None, NaN too)."""
     if isinstance(value, str) and value in by_name:
@@ -130,13 +120,6 @@ def to_label_ids(values, names: list[str], source: str) -> list[int]:
         raise EvalError(f"{len(bad)} rows of {source} have labels outside the model's label set {{{valid}}}: "
                         f"{', '.join(found[:5])}{' ...' if len(found) > 5 else ''} (first: row {bad[0][0]})")
     return ids
-
-
-def check_texts(texts, column, source):
-    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
-    if bad:
-        raise EvalError(f"{len(bad)} of {len(texts)} rows of {source} have empty or non-text values in column "
-                        f"{column!r} (first: row {bad[0]}); drop or fill them")
 
 
 def run_split(checkpoint: Path, split: str):
@@ -168,10 +151,18 @@ def labeled_examples(args, checkpoint: Path, names: list[str]):
         text_column, label_column = d["text_column"], d["label_column"]
         where = {"source": d.get("path") or d.get("name"), "split": split}
         source = f"split {split!r} of {where['source']}"
-    check_columns(ds.column_names, text_column, label_column, source)
+    missing = [c for c in (text_column, label_column) if c not in ds.column_names]
+    if missing:
+        flags = {text_column: "--text-column", label_column: "--label-column"}
+        raise EvalError(f"{source} has no column {' or '.join(repr(c) for c in missing)} (columns present: "
+                        f"{', '.join(map(str, ds.column_names))}); name the right ones with "
+                        f"{' and '.join(flags[c] for c in missing)}")
     columns = ds.select_columns([text_column, label_column])[:]  # plain lists, fast
     texts = columns[text_column]
-    check_texts(texts, text_column, source)
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+    if bad:
+        raise EvalError(f"{len(bad)} of {len(texts)} rows of {source} have empty or non-text values in column "
+                        f"{text_column!r} (first: row {bad[0]}); drop or fill them")
     return texts, to_label_ids(columns[label_column], names, source), where
 
 
@@ -217,9 +208,7 @@ def format_table(result: dict) -> str:
 
 
 def max_length_of(model, tokenizer) -> int:
-    limit = model.config.max_position_embeddings
-    tok_max = getattr(tokenizer, "model_max_length", None)
-    return min(limit, tok_max) if isinstance(tok_max, int) and tok_max > 0 else limit
+    return min(model.config.max_position_embeddings, tokenizer.model_max_length)
 
 
 def score(accelerator, model, tokenizer, texts, labels, batch_size, batch_stats=False):
@@ -290,7 +279,7 @@ def evaluate(args):
 
 
 def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
-    """The evaluation as a W&B run (see the module docstring); returns {"id", "project", "group", "mode", "dir"}."""
+    """The evaluation as a W&B run (docs/wandb.md); returns {"id", "project", "group", "mode", "dir"}."""
     import wandb
 
     checkpoint = Path(result["checkpoint"])
@@ -333,10 +322,6 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
     return info
 
 
-def format_predictions(predictions) -> str:
-    return "\n".join(f"{p['label']}\t{p['probability']:.4f}\t{p['text']}" for p in predictions)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a run directory (uses its final/) or an HF model directory")
@@ -364,15 +349,16 @@ def main(argv=None) -> int:
     except ValueError as err:  # EvalError, and common.data's DataError / ConfigError
         print(f"evaluate.py: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
-    if accelerator.is_main_process and mode != "disabled":
-        result["wandb"] = log_to_wandb(result, examples, mode)
     if accelerator.is_main_process:
+        if mode != "disabled":
+            result["wandb"] = log_to_wandb(result, examples, mode)
         if args.json:
             print(json.dumps(result, indent=1))
         else:
             parts = [format_table(result)] if "accuracy" in result else []
             if result.get("predictions"):
-                parts.append("predicted\tprobability\ttext\n" + format_predictions(result["predictions"]))
+                parts.append("\n".join(["predicted\tprobability\ttext"] + [
+                    f"{p['label']}\t{p['probability']:.4f}\t{p['text']}" for p in result["predictions"]]))
             print("\n\n".join(parts))
     # tear the process group down before interpreter exit (as train.py does)
     accelerator.end_training()
