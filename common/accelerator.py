@@ -58,6 +58,3 @@ def make_accelerator(cfg: dict | None = None, trackers=()):
         torch.set_float32_matmul_precision("high" if t.get("tf32") else "highest")  # high = TF32 matmuls
     fsdp_float32_buffers(accelerator)
     return accelerator
-
-
-__all__ = ["cpu_threads", "fsdp_float32_buffers", "make_accelerator"]

@@ -192,9 +192,3 @@ def build_dataloaders(cfg: dict, tokenizer, tokenized, pad_to_multiple_of: int |
     train_loader = DataLoader(train, batch_sampler=batch_sampler, collate_fn=collate)
     eval_loader = row_batches(evals, bs, tokenizer.pad_token_id, order="sorted", collate=collate)
     return train_loader, eval_loader
-
-
-__all__ = [
-    "encode_rows", "RandomBatchSampler", "LengthGroupedBatchSampler", "build_dataloaders", "pad_fraction",
-    "ROW_ORDERS", "pad_rows", "row_order", "row_batches", "MLM_PROBABILITY", "MEGA_BATCH_MULT",
-]

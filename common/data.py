@@ -182,27 +182,20 @@ def _find_dataset(d: dict):
                     f"or go online")
 
 
-def _text_columns(ds) -> list[str]:
-    from datasets import Value
-
-    return [c for c, f in ds.features.items() if isinstance(f, Value) and f.dtype in ("string", "large_string")]
-
-
 def _check_text(ds, split: str, col: str, source: str):
     from datasets import Value
 
+    text_cols = [c for c, f in ds.features.items() if isinstance(f, Value) and f.dtype in ("string", "large_string")]
     if col not in ds.column_names:
-        text_cols = _text_columns(ds)
         fix = f"set data.text_column={text_cols[0]}" if text_cols else "set data.text_column to the text column"
         raise DataError(f"text column {col!r} not in split {split!r} of {source} (columns: "
                         f"{', '.join(ds.column_names)}); {fix}")
     feature = ds.features[col]
-    if col not in _text_columns(ds):
+    if col not in text_cols:
         kind = feature.dtype if isinstance(feature, Value) else type(feature).__name__
         if kind == "null":  # what a reader infers for a column with nothing in it
             raise DataError(f"every row of split {split!r} of {source} has empty text in column {col!r}; "
                             f"fill the column or set data.text_column to the text column")
-        text_cols = _text_columns(ds)
         fix = f"set data.text_column to one of: {', '.join(text_cols)}" if text_cols else "give a column of strings"
         raise DataError(f"data.text_column={col!r} holds {kind}, not text, in split {split!r} of {source}; {fix}")
     bad = [i for i, t in enumerate(column(ds, col)) if t is None or not t.strip()]
@@ -327,8 +320,3 @@ def label_names(dsd, cfg: dict) -> list[str]:
     """Class names of a resolved classification dataset (len = number of labels), for id2label."""
     d = cfg["data"]
     return list(dsd[d["train_split"]].features[d["label_column"]].names)
-
-
-__all__ = [
-    "DataError", "read_data_file", "resolve_dataset", "label_names", "mirror_candidates", "cache_dir", "column",
-]

@@ -80,6 +80,3 @@ def evaluate(accelerator, model, loader, task: str, seed: int, batch_stats: bool
         totals += torch.stack([scores["loss"], scores["count"], scores["correct"]], dim=1).sum(0).double().cpu()
     loss_sum, n, correct = totals.tolist()
     return {"eval/loss": loss_sum / max(n, 1), "eval/accuracy": correct / max(n, 1)}
-
-
-__all__ = ["score_batches", "in_row_order", "evaluate"]

@@ -96,17 +96,13 @@ def _forget_load_arguments(tokenizer):
     return tokenizer
 
 
-def _tokenizer_id(tokenizer) -> str:
-    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]
-
-
 def tokenize_splits(dsd, tokenizer, cfg: dict):
     """Tokenized splits truncated to data.max_length: input_ids, attention_mask, token_type_ids (if the tokenizer
     makes them), `length` (for length grouping), `labels` (classification) or `special_tokens_mask` (mlm); cached
     under a fingerprint of (data, tokenizer, max_length, task) by common.cache.cached_map."""
     d, task = cfg["data"], cfg["task"]
     max_length, text_col, label_col = d["max_length"], d["text_column"], d["label_column"]
-    tok_id = _tokenizer_id(tokenizer)
+    tok_id = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]
 
     def encode(batch):
         enc = tokenizer(batch[text_col], truncation=True, max_length=max_length,
@@ -116,15 +112,15 @@ def tokenize_splits(dsd, tokenizer, cfg: dict):
             enc["labels"] = batch[label_col]
         return enc
 
-    out = {}
+    import datasets
+
+    out = datasets.DatasetDict()
     for split, ds in dsd.items():
         fingerprint = hashlib.sha256(
             f"{ds._fingerprint}|{tok_id}|{max_length}|{task}|{text_col}|{label_col}".encode()).hexdigest()[:16]
         out[split] = cached_map(ds, encode, fingerprint, f"the cached tokenized split {split!r}", batched=True,
                                 remove_columns=ds.column_names, desc=f"tokenizing {split}")
-    import datasets
-
-    return datasets.DatasetDict(out)
+    return out
 
 
 def load_tokenized(cfg: dict):
@@ -133,6 +129,3 @@ def load_tokenized(cfg: dict):
     dsd = resolve_dataset(cfg)
     tokenizer = get_tokenizer(cfg, dsd[d["train_split"]][d["text_column"]])
     return dsd, tokenizer, tokenize_splits(dsd, tokenizer, cfg)
-
-
-__all__ = ["SPECIAL_TOKENS", "get_tokenizer", "tokenizer_cache_key", "tokenize_splits", "load_tokenized"]

@@ -63,14 +63,12 @@ def run_config(checkpoint: Path) -> dict | None:
 
 
 def load_model(checkpoint: Path):
+    import datasets
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    import datasets
-
     hf_logging.disable_progress_bar()  # stdout/stderr stay the results and the errors
     datasets.disable_progress_bars()
-
     config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
     architectures = getattr(config, "architectures", None) or []
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
@@ -256,8 +254,7 @@ def evaluate(args):
     names = label_set(model)
     if args.batch_stats:  # BN family: normalize with each batch's own statistics (the train/eval gap)
         check_batch_stats(model, checkpoint)
-    model.eval()
-    model = model.to(accelerator.device)
+    model = model.to(accelerator.device).eval()
     result = {"checkpoint": str(checkpoint), "norm": getattr(model.config, "norm", None),
               "norm_placement": getattr(model.config, "norm_placement", None)}
     if artifact is not None:
