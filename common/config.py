@@ -114,13 +114,6 @@ def _merge(cfg, pairs, source: str):
     return cfg
 
 
-def _file_layer(path: Path) -> list:
-    try:
-        return [(key, value, None) for key, value in flatten_config(load_yaml_mapping(path)).items()]
-    except ValueError as e:  # not YAML, or not a mapping
-        raise ConfigError(str(e)) from None
-
-
 def _parse_override(item: str) -> tuple[str, object, str]:
     """`key=value` -> (key, the value as YAML reads it, the raw text)."""
     key, sep, raw = item.partition("=")
@@ -190,7 +183,11 @@ def load_config(config_file: str | None = None, overrides=()) -> dict:
     files = [DEFAULT_CONFIG] + ([resolve_config_file(str(config_file))] if config_file else [])
     cfg = OmegaConf.structured(RunConfig)
     for path in files:
-        cfg = _merge(cfg, _file_layer(path), f"in {path}")
+        try:
+            layer = flatten_config(load_yaml_mapping(path))
+        except ValueError as e:  # not YAML, or not a mapping
+            raise ConfigError(str(e)) from None
+        cfg = _merge(cfg, [(key, value, None) for key, value in layer.items()], f"in {path}")
     cfg = _merge(cfg, [_parse_override(item) for item in overrides], "command line")
     unset = [k for k in OmegaConf.missing_keys(cfg) if not k.startswith("model.")]
     if unset:
