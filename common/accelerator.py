@@ -7,13 +7,9 @@ import torch
 from accelerate import Accelerator
 
 def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ):
-    """Intra-op threads per process of a CPU run (None off CPU: torch's default stands):
-      1. `setting` (train.cpu_threads) if given;
-      2. else OMP_NUM_THREADS as the user set it -- except a 1 under `accelerate launch`, which exports
-         OMP_NUM_THREADS=1 on a machine without GPUs unless told otherwise, leaving all but one core idle
-         (docs/architecture.md has the measurement);
-      3. else the physical cores this process may use, split between the machine's processes: what
-         `accelerate launch --cpu` picks."""
+    """Intra-op threads per process of a CPU run (None off CPU): `setting` (train.cpu_threads), else the user's
+    OMP_NUM_THREADS (not the 1 `accelerate launch` exports without GPUs), else the physical cores this process
+    may use split between the machine's processes, as `accelerate launch --cpu` picks (docs/training.md)."""
     if device_type != "cpu":
         return None
     if setting is not None:
@@ -31,9 +27,8 @@ def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ)
 
 
 def fsdp_float32_buffers(accelerator) -> None:
-    """FSDP (version 1) with bf16/fp16 casts every buffer to its policy's buffer_dtype, which accelerate sets to the
-    compute dtype. The only floating buffers of NormLab are the BN family's running statistics, float32
-    accumulators that round away most of their small updates in half precision: keep buffers float32."""
+    """Keep buffers float32 under FSDP (version 1) with bf16/fp16, which casts them to the compute dtype: the BN
+    family's running statistics would round away most of their small updates in half precision."""
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     policy = getattr(plugin, "mixed_precision_policy", None)
     if getattr(policy, "buffer_dtype", None) not in (None, torch.float32):
@@ -42,26 +37,24 @@ def fsdp_float32_buffers(accelerator) -> None:
         plugin.mixed_precision_policy = dataclasses.replace(policy, buffer_dtype=torch.float32)
 
 
-def make_accelerator(cfg: dict, trackers: list[str]):
-    """The accelerator (processes, devices, mixed precision, gradient accumulation, trackers) and the threads."""
-    t = cfg["train"]
+def make_accelerator(cfg: dict | None = None, trackers=()):
+    """The accelerator and the CPU threads. `cfg`: a training run's config (gradient accumulation, mixed
+    precision, threads, TF32, trackers, project directory); None: evaluation's, with accelerate's defaults."""
+    t = cfg["train"] if cfg is not None else {}
     # Several processes on a machine without GPUs (configs/accelerate/cpu_2proc.yaml): CPU processes, gloo.
     cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available()
     accelerator = Accelerator(
         cpu=cpu_processes,
-        gradient_accumulation_steps=t["grad_accum_steps"],
-        mixed_precision=t["mixed_precision"],  # None: what `accelerate launch` was given
-        log_with=trackers or None,
-        project_dir=cfg["output_dir"],
+        gradient_accumulation_steps=t.get("grad_accum_steps", 1),
+        mixed_precision=t.get("mixed_precision"),  # None: what `accelerate launch` was given
+        log_with=list(trackers) or None,
+        project_dir=cfg["output_dir"] if cfg is not None else None,
     )
-    threads = cpu_threads(t["cpu_threads"], accelerator.device.type,
+    threads = cpu_threads(t.get("cpu_threads"), accelerator.device.type,
                           int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))
     if threads is not None:
         torch.set_num_threads(threads)
     if accelerator.device.type == "cuda":
-        torch.set_float32_matmul_precision("high" if t["tf32"] else "highest")  # high = TF32 matmuls
+        torch.set_float32_matmul_precision("high" if t.get("tf32") else "highest")  # high = TF32 matmuls
     fsdp_float32_buffers(accelerator)
     return accelerator
-
-
-__all__ = ["cpu_threads", "fsdp_float32_buffers", "make_accelerator"]

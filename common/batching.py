@@ -1,6 +1,5 @@
-"""Rows to padded batches: training's samplers (random or length-grouped), one padding function (pad_rows) and one
-path from rows to padded batches (row_batches) that every evaluation uses: training's, scripts/evaluate.py's, the
-study's and the benchmark's."""
+"""Rows to padded batches: training's samplers (random or length-grouped), the padding (pad_rows) and the one path
+from rows to padded batches that every evaluation uses (row_batches)."""
 
 import functools
 
@@ -12,15 +11,13 @@ from .data import DataError, column
 
 MLM_PROBABILITY = 0.15
 
-# Mega-batches of MEGA_BATCH_MULT batches are sorted by length. The pad fraction falls like 1/MEGA_BATCH_MULT
-# (measured in docs/architecture.md); 100 still leaves ~20 mega-batches per SST-2 epoch to shuffle.
+# Batches per length-sorted mega-batch: padding falls like 1/MEGA_BATCH_MULT (docs/architecture.md)
 MEGA_BATCH_MULT = 100
 
 
 def encode_rows(tokenizer, texts, max_length: int, labels=None) -> list[dict]:
-    """One row per text: its input_ids (truncated to max_length), its `index` in `texts` (scores computed in
-    another order go back to this one by it) and, given `labels`, its label. No token_type_ids: one sentence per
-    row is type 0 throughout, which the model assumes when they are absent."""
+    """One row per text: its input_ids (truncated to max_length), its `index` in `texts` and, given `labels`, its
+    label. No token_type_ids: one sentence per row is type 0 throughout, the model's default."""
     ids = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
     rows = [{"input_ids": row, "index": i} for i, row in enumerate(ids)]
     for row, label in zip(rows, labels if labels is not None else []):
@@ -29,8 +26,8 @@ def encode_rows(tokenizer, texts, max_length: int, labels=None) -> list[dict]:
 
 
 class _EpochPermutation(Sampler):
-    """A seeded permutation of range(n) that changes with `set_epoch`. It is the `.sampler` of the batch samplers
-    below, which is where accelerate's DataLoaderShard.set_epoch looks once it has wrapped them for sharding."""
+    """A seeded permutation of range(n) that changes with `set_epoch`: the batch samplers' `.sampler`, where
+    accelerate's DataLoaderShard.set_epoch looks."""
 
     def __init__(self, n: int, seed: int):
         self.n, self.seed, self.epoch = n, seed, 0
@@ -49,9 +46,8 @@ class _EpochPermutation(Sampler):
 
 
 class RandomBatchSampler(Sampler):
-    """Shuffled batches of indices, deterministic for (seed, epoch). Every index appears once per epoch. A
-    partial batch (when batch_size does not divide n and drop_last is False) always comes last: accelerate's
-    sharding (BatchSamplerShard) expects every batch but the last to be full."""
+    """Shuffled batches of indices, each index once per epoch, deterministic for (seed, epoch). A partial batch
+    comes last: accelerate's sharding expects every batch but the last to be full."""
 
     def __init__(self, num_samples: int, batch_size: int, seed: int = 0, drop_last: bool = False):
         if batch_size < 1:
@@ -60,24 +56,20 @@ class RandomBatchSampler(Sampler):
         self.sampler = _EpochPermutation(num_samples, seed)
 
     @property
-    def seed(self) -> int:
-        return self.sampler.seed
-
-    @property
     def epoch(self) -> int:
         return self.sampler.epoch
 
     def set_epoch(self, epoch: int):
         self.sampler.set_epoch(epoch)
 
-    def _batches(self, perm: np.ndarray, rng: np.random.Generator) -> list[list[int]]:
+    def _batches(self, perm: np.ndarray) -> list[list[int]]:
         bs = self.batch_size
         return [perm[i : i + bs].tolist() for i in range(0, len(perm), bs)]
 
     def __iter__(self):
         rng = self.sampler.rng()
         perm = rng.permutation(self.num_samples)
-        batches = self._batches(perm, rng)
+        batches = self._batches(perm)
         full = [b for b in batches if len(b) == self.batch_size]
         partial = [] if self.drop_last else [b for b in batches if len(b) < self.batch_size]
         order = rng.permutation(len(full))
@@ -91,10 +83,8 @@ class RandomBatchSampler(Sampler):
 
 
 class LengthGroupedBatchSampler(RandomBatchSampler):
-    """Shuffled batches of similar lengths: a random permutation is cut into mega-batches of
-    `mega_batch_mult * batch_size` indices, each sorted by length and cut into batches, and the batches are
-    shuffled. Padding then almost vanishes (docs/architecture.md measures it on SST-2), while the
-    batch order, and which examples share a batch, stay random. Deterministic for (seed, epoch)."""
+    """Shuffled batches of similar lengths: a random permutation cut into mega-batches of `mega_batch_mult`
+    batches, each sorted by length and cut into batches, which are shuffled (docs/architecture.md)."""
 
     def __init__(self, lengths, batch_size: int, seed: int = 0, drop_last: bool = False,
                  mega_batch_mult: int = MEGA_BATCH_MULT):
@@ -102,7 +92,7 @@ class LengthGroupedBatchSampler(RandomBatchSampler):
         self.mega_batch_mult = mega_batch_mult
         super().__init__(len(self.lengths), batch_size, seed, drop_last)
 
-    def _batches(self, perm, rng):
+    def _batches(self, perm):
         mega, bs = self.mega_batch_mult * self.batch_size, self.batch_size
         batches = []
         for start in range(0, len(perm), mega):
@@ -122,9 +112,9 @@ ROW_ORDERS = ("given", "sorted", "shuffled")
 
 
 def pad_rows(rows, pad_id: int, width: int | None = None, multiple_of: int | None = None) -> dict:
-    """Collate rows into right-padded (B, width) tensors: input_ids (pad_id at pads), attention_mask (1 = real
-    token) and token_type_ids (0 at pads) when the rows have them; `labels` and `index` as (B,) when present; any
-    other key is dropped. width: default the longest row, rounded up to a multiple of `multiple_of` if given."""
+    """Rows as right-padded (B, width) tensors: input_ids, attention_mask and token_type_ids (when the rows have
+    them); `labels` and `index` as (B,) when present; other keys dropped. width: default the longest row, rounded
+    up to a multiple of `multiple_of` if given."""
     longest = max(len(row["input_ids"]) for row in rows)
     if width is None:
         width = -(-longest // multiple_of) * multiple_of if multiple_of else longest
@@ -147,8 +137,7 @@ def pad_rows(rows, pad_id: int, width: int | None = None, multiple_of: int | Non
 
 
 def row_order(lengths, order: str, seed: int = 0) -> list[int]:
-    """Row indices in the order batches take them: `given`; `sorted` by length (stable: equal lengths keep their
-    order), which leaves little padding; `shuffled`, one permutation fixed by `seed`."""
+    """Row indices in the order batches take them: `given`, `sorted` by length (stable), or `shuffled` by `seed`."""
     if order not in ROW_ORDERS:
         raise ValueError(f"order={order!r} is not valid; choose one of: {', '.join(ROW_ORDERS)}")
     if order == "sorted":
@@ -160,10 +149,8 @@ def row_order(lengths, order: str, seed: int = 0) -> list[int]:
 
 def row_batches(rows, batch_size: int, pad_id: int, order: str = "given", width: int | None = None,
                 multiple_of: int | None = None, seed: int = 0, collate=None) -> DataLoader:
-    """A DataLoader of padded batches of `rows` (dicts with input_ids, as encode_rows makes them, or a tokenized
-    Dataset) taken in `order` (row_order) `batch_size` at a time and collated by pad_rows (to `width`, else each
-    batch's longest row); `collate` replaces pad_rows (the MLM collator, which also masks). Ready for
-    accelerator.prepare, which shards the batches over processes."""
+    """A DataLoader of `rows` (encode_rows' dicts, or a tokenized Dataset) in `order` (row_order), `batch_size` at
+    a time, padded by pad_rows (to `width`, else each batch's longest row) or by `collate` (the MLM collator)."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     is_dataset = hasattr(rows, "column_names")
@@ -188,13 +175,10 @@ def _collator(cfg: dict, tokenizer, pad_to_multiple_of):
 
 
 def build_dataloaders(cfg: dict, tokenizer, tokenized, pad_to_multiple_of: int | None = None):
-    """(train_loader, eval_loader), ready for accelerator.prepare.
-
-    Train: batches of train.batch_size from LengthGroupedBatchSampler (data.group_by_length) or
-    RandomBatchSampler, seeded by cfg.seed. Each epoch reshuffles once told its number: accelerate's prepared
-    loader does it (`loader.set_epoch(e)`, also called by its own iteration count); an unprepared loader needs
-    `train_loader.batch_sampler.set_epoch(e)`. Eval: row_batches, sorted by length (fast, and deterministic).
-    Padding is dynamic per batch (to a multiple of pad_to_multiple_of under mixed precision, e.g. 8)."""
+    """(train_loader, eval_loader), ready for accelerator.prepare. Train: LengthGroupedBatchSampler
+    (data.group_by_length) or RandomBatchSampler, seeded by cfg.seed, reshuffled by `set_epoch` (the prepared
+    loader's, or an unprepared one's `batch_sampler.set_epoch`). Eval: row_batches sorted by length. Padded per
+    batch (to a multiple of pad_to_multiple_of under mixed precision)."""
     d = cfg["data"]
     bs, seed = cfg["train"]["batch_size"], cfg["seed"]
     # `length` only serves the samplers; the model must not receive it
@@ -208,10 +192,3 @@ def build_dataloaders(cfg: dict, tokenizer, tokenized, pad_to_multiple_of: int |
     train_loader = DataLoader(train, batch_sampler=batch_sampler, collate_fn=collate)
     eval_loader = row_batches(evals, bs, tokenizer.pad_token_id, order="sorted", collate=collate)
     return train_loader, eval_loader
-
-
-
-__all__ = [
-    "encode_rows", "RandomBatchSampler", "LengthGroupedBatchSampler", "build_dataloaders", "pad_fraction",
-    "ROW_ORDERS", "pad_rows", "row_order", "row_batches", "MLM_PROBABILITY", "MEGA_BATCH_MULT",
-]

@@ -1,10 +1,7 @@
-"""The run configuration: configs/default.yaml, deep-merged with a variant file, then `key.sub=value` overrides.
-
-Each layer's keys are checked against the schema (common/config_schema.py) and the layer is merged onto an
-OmegaConf structured config of it, which converts values to their key's type (`1` where a float is expected is
-1.0) and refuses the rest. The result is a nested plain dict (what gets saved with the run and logged to wandb),
-checked before any data is loaded, so a typo costs a second, not a tokenizer build. Every failure is a
-ConfigError (a ValueError) with a one-line message naming the key and what is valid.
+"""The run configuration: configs/default.yaml <- a variant file <- `key.sub=value` overrides. Each layer's keys are
+checked against the schema (common/config_schema.py) and merged onto its OmegaConf structured config, which
+converts values to their key's type; the result is a nested plain dict, checked before any data is loaded. Every
+failure is a ConfigError with a one-line message naming the key and what is valid.
 """
 
 import contextlib
@@ -20,7 +17,7 @@ import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ValidationError
 
-from common.config_schema import TASKS, TRACKERS, WANDB_MODES, RunConfig
+from common.config_schema import TRACKERS, RunConfig
 from common.io import atomic_write_text, load_yaml_mapping
 from model.configuration_normlab import NormLabConfig
 
@@ -75,9 +72,8 @@ def _describe(kind) -> str:
 
 
 def _wrong_type(key: str, value, kind, source: str) -> ConfigError:
-    if value is None:
-        return ConfigError(f"{key} may not be null ({source}); expected {_describe(kind)}")
-    return ConfigError(f"{key}={value!r} has the wrong type ({source}); expected {_describe(kind)}")
+    problem = f"{key} may not be null" if value is None else f"{key}={value!r} has the wrong type"
+    return ConfigError(f"{problem} ({source}); expected {_describe(kind)}")
 
 
 def _coerce(key: str, value, source: str, raw: str | None):
@@ -90,7 +86,7 @@ def _coerce(key: str, value, source: str, raw: str | None):
     if base is str and isinstance(value, bool):
         raise ConfigError(f"{_wrong_type(key, value, kind, source)} (YAML reads yes/no/on/off as booleans: quote it, "
                           f"e.g. 'no')")
-    if base is int and isinstance(value, (str, float)) and not isinstance(value, bool):
+    if base is int and isinstance(value, (str, float)):
         with contextlib.suppress(ValueError, OverflowError):  # `1e3` (a string to YAML) or 1000.0 for an int
             value = int(float(value)) if float(value).is_integer() else value
     if typing.get_origin(base) is list and isinstance(value, str):  # `wandb.tags=a,b` or `wandb.tags=a`
@@ -108,27 +104,14 @@ def _coerce(key: str, value, source: str, raw: str | None):
 
 
 def _merge(cfg, pairs, source: str):
-    """`cfg` with one layer merged in: its (dotted key, value, command-line text or None) pairs as one tree."""
-    tree, given = {}, {}
+    """`cfg` with one layer's (dotted key, value, command-line text or None) pairs set, as their keys' types."""
     for key, value, raw in pairs:
-        given[key] = value = _coerce(key, value, source, raw)
-        *parents, last = key.split(".")
-        node = tree
-        for part in parents:  # each a section: _coerce checked the key
-            node = node.setdefault(part, {})
-        node[last] = value
-    try:
-        return OmegaConf.merge(cfg, tree)
-    except ValidationError as e:  # a value that does not convert to its key's type
-        key = str(e.full_key).split("[")[0]  # `wandb.tags[1]` -> the list's key
-        raise _wrong_type(key, given.get(key), _key_type(key, source), source) from None
-
-
-def _file_layer(path: Path) -> list:
-    try:
-        return [(key, value, None) for key, value in flatten_config(load_yaml_mapping(path)).items()]
-    except ValueError as e:  # not YAML, or not a mapping
-        raise ConfigError(str(e)) from None
+        value = _coerce(key, value, source, raw)
+        try:
+            OmegaConf.update(cfg, key, value, merge=True)
+        except ValidationError:  # a value that does not convert to its key's type
+            raise _wrong_type(key, value, _key_type(key, source), source) from None
+    return cfg
 
 
 def _parse_override(item: str) -> tuple[str, object, str]:
@@ -145,9 +128,8 @@ def _parse_override(item: str) -> tuple[str, object, str]:
 
 def _check_choice(key: str, value, choices):
     if value not in choices:
-        raise ConfigError(
-            f"{key}={value!r} is not valid{_suggest(value, choices)}; choose one of: {', '.join(map(str, choices))}"
-        )
+        raise ConfigError(f"{key}={value!r} is not valid{_suggest(value, choices)}; choose one of: "
+                          f"{', '.join(map(str, choices))}")
 
 
 def _check_section(section, values: dict, prefix: str = ""):
@@ -188,9 +170,7 @@ def _validate(cfg: dict):
 def resolve_config_file(config_file: str) -> Path:
     """A path to a YAML file, or a bare variant name (`post_ln` -> configs/post_ln.yaml)."""
     path = Path(config_file)
-    if path.is_file():
-        return path
-    for candidate in (CONFIG_DIR / config_file, CONFIG_DIR / f"{config_file}.yaml"):
+    for candidate in (path, CONFIG_DIR / config_file, CONFIG_DIR / f"{config_file}.yaml"):
         if candidate.is_file():
             return candidate
     variants = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "default")
@@ -203,7 +183,11 @@ def load_config(config_file: str | None = None, overrides=()) -> dict:
     files = [DEFAULT_CONFIG] + ([resolve_config_file(str(config_file))] if config_file else [])
     cfg = OmegaConf.structured(RunConfig)
     for path in files:
-        cfg = _merge(cfg, _file_layer(path), f"in {path}")
+        try:
+            layer = flatten_config(load_yaml_mapping(path))
+        except ValueError as e:  # not YAML, or not a mapping
+            raise ConfigError(str(e)) from None
+        cfg = _merge(cfg, [(key, value, None) for key, value in layer.items()], f"in {path}")
     cfg = _merge(cfg, [_parse_override(item) for item in overrides], "command line")
     unset = [k for k in OmegaConf.missing_keys(cfg) if not k.startswith("model.")]
     if unset:
@@ -263,8 +247,3 @@ def parse_cli(argv=None):
             overrides.append(arg.lstrip("-"))  # `--train.lr=1e-3`: forgive the dashes
     return config_file, overrides, debug
 
-
-__all__ = [
-    "ConfigError", "REPO_ROOT", "CONFIG_DIR", "DEFAULT_CONFIG", "TASKS", "WANDB_MODES", "RunConfig", "load_config",
-    "model_config_from", "save_config", "flatten_config", "parse_cli", "resolve_config_file",
-]

@@ -1,8 +1,5 @@
-"""The run config's schema: each key's type, and in its metadata the choices or bounds its value must keep.
-
-configs/default.yaml holds every value (with a comment each); common/config.py merges the layers onto this schema
-and checks them. `model.*` may be any NormLabConfig field: that section is read off NormLabConfig.
-"""
+"""The run config's schema: each key's type, and in its metadata the choices or bounds its value must keep
+(configs/default.yaml holds the values; `model.*` is read off NormLabConfig's fields)."""
 
 import dataclasses
 import inspect

@@ -1,10 +1,5 @@
-"""Data: find the dataset and check it (common/tokenizer.py tokenizes it, common/batching.py batches it).
-
-    resolve_dataset(cfg)            data.path -> local mirror -> Hub; checked; first N rows if asked
-    label_names(dsd, cfg)           the class names: the dataset's, or data.label_names
-    read_data_file(path)            a parquet/csv/tsv/jsonl file as a Dataset
-
-Every problem with the data is a DataError (a ValueError) whose one-line message names the problem and the fix.
+"""Data: find the dataset (data.path, a local mirror, the Hub) and check it; common/tokenizer.py tokenizes it and
+common/batching.py batches it. Every problem is a DataError whose one-line message names the problem and the fix.
 """
 
 import os
@@ -18,13 +13,8 @@ import numpy as np
 from .config import REPO_ROOT
 
 # file extension -> (datasets builder, extra builder kwargs)
-FORMATS = {
-    ".parquet": ("parquet", {}),
-    ".csv": ("csv", {}),
-    ".tsv": ("csv", {"delimiter": "\t"}),
-    ".jsonl": ("json", {}),
-    ".json": ("json", {}),
-}
+FORMATS = {".parquet": ("parquet", {}), ".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}),
+           ".jsonl": ("json", {}), ".json": ("json", {})}
 # file-name stems that mean a split (HF's own conventions)
 SPLIT_ALIASES = {"validation": ("validation", "valid", "val", "dev"), "test": ("test", "eval"), "train": ("train",)}
 
@@ -38,25 +28,13 @@ def column(ds, col: str) -> list:
     return ds.select_columns([col])[:][col]
 
 
-def _data_cfg(cfg: dict) -> tuple[dict, str]:
-    """Accept the whole config or just its `data` section."""
-    if "data" in cfg and isinstance(cfg["data"], dict):
-        return cfg["data"], cfg.get("task", "classification")
-    return cfg, "classification"
-
-
 def cache_dir() -> Path:
     """$NORMLAB_CACHE or REPO_ROOT/.cache (tokenizers go in its tokenizers/ folder)."""
     return Path(os.environ.get("NORMLAB_CACHE") or REPO_ROOT / ".cache")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# finding the data
-
-
 def _split_of(file: Path, splits) -> str | None:
-    """Which of `splits` a data file belongs to, from its name: train.parquet, train-00000-of-00001.parquet,
-    dev.tsv (-> validation), ..."""
+    """Which of `splits` a data file belongs to, by its name (train.parquet, dev.tsv, ...)."""
     stem = file.name.split(".")[0].lower()
     for split in splits:
         for alias in SPLIT_ALIASES.get(split, (split,)) + (split.lower(),):
@@ -165,11 +143,8 @@ def _hub_offline() -> bool:
 def mirror_candidates(name: str) -> list[Path]:
     """Local copies of a Hub dataset, by the tail of its id ("stanfordnlp/sst2" -> sst2)."""
     tail = name.rstrip("/").split("/")[-1]
-    places = []
-    if os.environ.get("NORMLAB_DATA_DIR"):
-        places.append(Path(os.environ["NORMLAB_DATA_DIR"]) / tail)
-    places.append(REPO_ROOT.parent / "shared" / "datasets" / tail)
-    return places
+    places = [Path(os.environ["NORMLAB_DATA_DIR"]) / tail] if os.environ.get("NORMLAB_DATA_DIR") else []
+    return places + [REPO_ROOT.parent / "shared" / "datasets" / tail]
 
 
 def _find_dataset(d: dict):
@@ -207,31 +182,20 @@ def _find_dataset(d: dict):
                     f"or go online")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# checking the data
-
-
-def _text_columns(ds) -> list[str]:
-    from datasets import Value
-
-    return [c for c, f in ds.features.items() if isinstance(f, Value) and f.dtype in ("string", "large_string")]
-
-
 def _check_text(ds, split: str, col: str, source: str):
     from datasets import Value
 
+    text_cols = [c for c, f in ds.features.items() if isinstance(f, Value) and f.dtype in ("string", "large_string")]
     if col not in ds.column_names:
-        text_cols = _text_columns(ds)
         fix = f"set data.text_column={text_cols[0]}" if text_cols else "set data.text_column to the text column"
         raise DataError(f"text column {col!r} not in split {split!r} of {source} (columns: "
                         f"{', '.join(ds.column_names)}); {fix}")
     feature = ds.features[col]
-    if col not in _text_columns(ds):
+    if col not in text_cols:
         kind = feature.dtype if isinstance(feature, Value) else type(feature).__name__
         if kind == "null":  # what a reader infers for a column with nothing in it
             raise DataError(f"every row of split {split!r} of {source} has empty text in column {col!r}; "
                             f"fill the column or set data.text_column to the text column")
-        text_cols = _text_columns(ds)
         fix = f"set data.text_column to one of: {', '.join(text_cols)}" if text_cols else "give a column of strings"
         raise DataError(f"data.text_column={col!r} holds {kind}, not text, in split {split!r} of {source}; {fix}")
     bad = [i for i, t in enumerate(column(ds, col)) if t is None or not t.strip()]
@@ -240,44 +204,49 @@ def _check_text(ds, split: str, col: str, source: str):
                         f"column {col!r} (first: row {bad[0]}); drop or fill those rows")
 
 
-def _check_labels(dsd, splits, col: str, num_labels: int | None, source: str, given_names=None):
-    """Labels present, integer, not null, in [0, num_labels). Returns the DatasetDict with the label column cast
-    to ClassLabel, so the number of classes and their names travel with the data (see `label_names`). The names
-    are the dataset's own (a ClassLabel feature), else `given_names` (data.label_names), else "0", "1", ..."""
+def _split_class_names(ds, split: str, col: str, source: str) -> list[str] | None:
+    """Check one split's labels: present, not null, integer class ids. A ClassLabel column: its names."""
     from datasets import ClassLabel, Value
 
-    names = None
-    for split in splits:
-        ds = dsd[split]
-        if col not in ds.column_names:
-            ints = [c for c, f in ds.features.items()
-                    if isinstance(f, ClassLabel) or (isinstance(f, Value) and f.dtype.startswith("int"))]
-            fix = f"set data.label_column to one of: {', '.join(ints)}" if ints else "add a label column"
-            raise DataError(f"label column {col!r} not in split {split!r} of {source} (columns: "
-                            f"{', '.join(ds.column_names)}); {fix}, or use task=mlm for unlabeled text")
-        feature = ds.features[col]
-        if isinstance(feature, ClassLabel):
-            names = names or list(feature.names)
-            continue
-        values = column(ds, col)
-        missing = [i for i, v in enumerate(values) if v is None]
-        if missing:
-            raise DataError(f"{len(missing)} rows in split {split!r} of {source} have no label in column {col!r} "
-                            f"(first: row {missing[0]}); drop those rows or fill in their labels")
-        if isinstance(feature, Value) and feature.dtype in ("string", "large_string"):
-            raise DataError(f"labels in column {col!r} of {source} are strings (e.g. {values[0]!r}), not class ids; "
-                            f"map them to 0..num_labels-1 in the file")
-        if not (isinstance(feature, Value) and feature.dtype.startswith(("int", "uint", "float"))):
-            kind = feature.dtype if isinstance(feature, Value) else type(feature).__name__
-            raise DataError(f"labels in column {col!r} of split {split!r} of {source} are {kind}, not integer class "
-                            f"ids 0..num_labels-1; fix the column or set data.label_column")
-        if not all(float(v).is_integer() for v in values):
-            bad = next(i for i, v in enumerate(values) if not float(v).is_integer())
-            raise DataError(f"label {values[bad]!r} in row {bad} of split {split!r} of {source} is not an integer "
-                            f"class id; labels must be 0..num_labels-1 (regression is not supported)")
-    if names is not None and num_labels is None:
+    if col not in ds.column_names:
+        ints = [c for c, f in ds.features.items()
+                if isinstance(f, ClassLabel) or (isinstance(f, Value) and f.dtype.startswith("int"))]
+        fix = f"set data.label_column to one of: {', '.join(ints)}" if ints else "add a label column"
+        raise DataError(f"label column {col!r} not in split {split!r} of {source} (columns: "
+                        f"{', '.join(ds.column_names)}); {fix}, or use task=mlm for unlabeled text")
+    feature = ds.features[col]
+    if isinstance(feature, ClassLabel):
+        return list(feature.names)
+    values = column(ds, col)
+    missing = [i for i, v in enumerate(values) if v is None]
+    if missing:
+        raise DataError(f"{len(missing)} rows in split {split!r} of {source} have no label in column {col!r} "
+                        f"(first: row {missing[0]}); drop those rows or fill in their labels")
+    kind = feature.dtype if isinstance(feature, Value) else type(feature).__name__
+    if kind in ("string", "large_string"):
+        raise DataError(f"labels in column {col!r} of {source} are strings (e.g. {values[0]!r}), not class ids; "
+                        f"map them to 0..num_labels-1 in the file")
+    if not kind.startswith(("int", "uint", "float")):
+        raise DataError(f"labels in column {col!r} of split {split!r} of {source} are {kind}, not integer class "
+                        f"ids 0..num_labels-1; fix the column or set data.label_column")
+    bad = next((i for i, v in enumerate(values) if not float(v).is_integer()), None)
+    if bad is not None:
+        raise DataError(f"label {values[bad]!r} in row {bad} of split {split!r} of {source} is not an integer "
+                        f"class id; labels must be 0..num_labels-1 (regression is not supported)")
+    return None
+
+
+def _check_labels(dsd, splits, col: str, num_labels: int | None, source: str, given_names=None):
+    """Labels present, integer, in [0, num_labels): the DatasetDict with the label column cast to ClassLabel, so
+    the classes and their names travel with the data. The names are the dataset's own (a ClassLabel feature),
+    else `given_names` (data.label_names), else "0", "1", ..."""
+    from datasets import ClassLabel
+
+    split_names = [_split_class_names(dsd[split], split, col, source) for split in splits]
+    names = next((n for n in split_names if n), None)
+    if num_labels is None and names is not None:
         num_labels = len(names)
-    if num_labels is None:  # inferred from the training labels
+    elif num_labels is None:  # inferred from the training labels
         num_labels = int(max(column(dsd[splits[0]], col))) + 1
         if num_labels < 2:
             raise DataError(f"the training labels of {source} are all 0, so the number of classes cannot be inferred; "
@@ -300,7 +269,7 @@ def _check_labels(dsd, splits, col: str, num_labels: int | None, source: str, gi
 
 def _given_label_names(given, num_labels: int, source: str) -> list[str]:
     """data.label_names for a dataset that does not name its classes; "0", "1", ... when it is null, or (with a
-    warning: the default names SST-2's two classes, and other data must still train) when it does not fit."""
+    warning: the default names SST-2's two classes) when it does not fit."""
     ids = [str(i) for i in range(num_labels)]
     if not given:
         return ids
@@ -314,17 +283,13 @@ def _given_label_names(given, num_labels: int, source: str) -> list[str]:
     return [str(name) for name in given]
 
 
-def resolve_dataset(cfg: dict, task: str | None = None):
-    """The train and eval splits (keys: data.train_split, data.eval_split), checked, first N rows if asked.
-
-    `cfg` is the whole config or its `data` section. For classification the label column becomes a ClassLabel
-    with data.num_labels classes (or max label + 1): `label_names(dsd, cfg)` gives them."""
+def resolve_dataset(cfg: dict):
+    """The run's train and eval splits, checked, first N rows if asked. For classification the label column
+    becomes a ClassLabel with data.num_labels classes (or max label + 1): `label_names(dsd, cfg)` gives them."""
     import datasets
 
-    d, default_task = _data_cfg(cfg)
-    task = task or default_task
-    # No "Generating train split" bars: loading local files takes a second, and a bad file must end in exactly
-    # one error line on stderr, not bars first.
+    d, task = cfg["data"], cfg.get("task", "classification")
+    # no progress bars: a bad file must end in exactly one error line on stderr
     bars_were_off = datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()
     try:
@@ -353,10 +318,5 @@ def resolve_dataset(cfg: dict, task: str | None = None):
 
 def label_names(dsd, cfg: dict) -> list[str]:
     """Class names of a resolved classification dataset (len = number of labels), for id2label."""
-    d, _ = _data_cfg(cfg)
+    d = cfg["data"]
     return list(dsd[d["train_split"]].features[d["label_column"]].names)
-
-
-__all__ = [
-    "DataError", "read_data_file", "resolve_dataset", "label_names", "mirror_candidates", "cache_dir", "column",
-]

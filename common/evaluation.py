@@ -1,5 +1,5 @@
-"""The one scorer: batches in, per-example loss, prediction, confidence, label and index out. Training's evaluation
-(train.py), scripts/evaluate.py and the study's scoring (normlab_study) all score through it."""
+"""The one scorer (train.py, scripts/evaluate.py, the study): batches in, per-example loss, prediction, confidence,
+label and index out."""
 
 import torch
 import torch.nn.functional as F
@@ -40,18 +40,14 @@ def _forward_scores(accelerator, model, batches, task: str) -> list[dict]:
 @torch.no_grad()
 def score_batches(accelerator, model, batches, task: str = "classification", seed: int = 0,
                   batch_stats: bool = False) -> list[dict]:
-    """Per batch, a dict of per-example tensors: `loss` (summed over the example's targets), `count` (its targets:
-    1, or its masked tokens for mlm), `correct`; for classification also `prediction`, `confidence` (the
-    predicted class's probability), `probabilities` and `label` (rows without labels get only the predictions);
-    and the batch's `index` when it has one (in_row_order puts the examples back in their rows' order).
+    """Per batch, a dict of per-example tensors: `loss` (summed over the example's targets), `count` (1, or its
+    masked tokens for mlm), `correct`; for classification `prediction`, `confidence` (the predicted class's
+    probability), `probabilities` and `label` (unlabelled rows: the predictions only); the batch's `index`.
 
-    `accelerator`: gathered over processes with gather_for_metrics, which drops the duplicates that pad the last
-    batch across processes, so every example counts once; None: this process's batches as they are.
-    `batch_stats`: the batch-statistics norms normalize each batch with its own statistics instead of their
-    running ones (the BN family's train/eval gap); a model without such norms is an error.
-
-    Runs in eval mode under a forked RNG seeded with `seed`: MLM masks are the same at every evaluation, and the
-    caller's RNG stream (dropout) is untouched, so evaluating never changes training."""
+    `accelerator`: gathered over processes once each (gather_for_metrics); None: this process's batches.
+    `batch_stats`: the BN family normalizes each batch with its own statistics instead of the running ones.
+    Runs in eval mode under a forked RNG seeded with `seed`: the same MLM masks every time, and the caller's RNG
+    (dropout) untouched."""
     core = accelerator.unwrap_model(model) if accelerator is not None else model
     if batch_stats and not core.batch_stats_in_eval(True):
         raise ValueError(f"batch_stats=True: the {core.config.norm} model has no batch-statistics norms")
@@ -84,6 +80,3 @@ def evaluate(accelerator, model, loader, task: str, seed: int, batch_stats: bool
         totals += torch.stack([scores["loss"], scores["count"], scores["correct"]], dim=1).sum(0).double().cpu()
     loss_sum, n, correct = totals.tolist()
     return {"eval/loss": loss_sum / max(n, 1), "eval/accuracy": correct / max(n, 1)}
-
-
-__all__ = ["score_batches", "in_row_order", "evaluate"]

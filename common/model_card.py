@@ -1,6 +1,5 @@
-"""final/README.md: the model card train.py writes next to a finished run's weights: what was trained, how to load
-it (also as a pipeline), its class names, its results and the whole config (for people to read: what programs read
-is final/normlab_run.yaml, RUN_CONFIG_FILE, which train.py writes beside it)."""
+"""final/README.md, the model card train.py writes next to a finished run's weights, for people to read (programs
+read final/normlab_run.yaml, RUN_CONFIG_FILE)."""
 
 import yaml
 

@@ -11,12 +11,9 @@ TOKENIZER_RECIPE = "bpe-metaspace-bert-v1"  # bump when the recipe below changes
 
 
 def _train_tokenizer(texts: list[str], vocab_size: int):
-    """A BPE tokenizer with BERT's text handling: lowercase, strip accents, split on whitespace and punctuation.
-    Pieces that start a word carry a leading "▁" (Metaspace, as in SentencePiece) instead of WordPiece's "##"
-    on the pieces that continue one. Why not WordPiece: its trainer in `tokenizers` numbers the "##" pieces in
-    hash-map order, which changes from process to process, and merges of equal count are ordered by those
-    numbers, so every fresh cache got a different vocabulary and runs differed between clones from the first
-    step. BPE over a sorted alphabet gives the same vocabulary, ids included, every time (tested)."""
+    """A BPE tokenizer with BERT's text handling (lowercase, strip accents, split on whitespace and punctuation);
+    word-initial pieces carry "▁" (Metaspace). BPE, not WordPiece: its vocabulary is the same every time
+    (docs/architecture.md)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
@@ -34,8 +31,7 @@ def _train_tokenizer(texts: list[str], vocab_size: int):
 
 
 def tokenizer_cache_key(texts: list[str], vocab_size: int, text_column: str) -> str:
-    """Hash of everything the trained tokenizer depends on: the recipe, vocab size, column and the text itself
-    (so a different dataset, a different max_train_samples or an edited file never reuses a stale tokenizer)."""
+    """Hash of everything the trained tokenizer depends on: the recipe, vocab size, column and the text itself."""
     h = hashlib.sha256(f"{TOKENIZER_RECIPE}|{vocab_size}|{text_column}|{len(texts)}".encode())
     for t in texts:
         h.update(t.encode("utf-8", "surrogatepass"))
@@ -55,10 +51,9 @@ def _as_texts(train_texts, text_column: str) -> list[str]:
 
 
 def get_tokenizer(cfg: dict, train_texts):
-    """data.tokenizer null: a BPE tokenizer trained on `train_texts` (a list of strings, `ds[text_column]`,
-    or the training Dataset itself) with model.vocab_size tokens, or fewer when the text has fewer distinct
-    pieces (so give the model vocab_size=len(tokenizer)); cached on disk.
-    Otherwise AutoTokenizer.from_pretrained(data.tokenizer). model_max_length = data.max_length."""
+    """data.tokenizer null: a BPE tokenizer of at most model.vocab_size tokens (the model takes len(tokenizer))
+    trained on `train_texts` (strings, `ds[text_column]` or the Dataset), cached on disk; otherwise
+    AutoTokenizer.from_pretrained(data.tokenizer). model_max_length = data.max_length."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     d = cfg["data"]
@@ -84,8 +79,7 @@ def get_tokenizer(cfg: dict, train_texts):
             cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", model_max_length=d["max_length"],
         )
 
-    # written atomically (a kill mid-save, or a second process doing the same, never leaves half a tokenizer),
-    # checked when read, rebuilt when damaged; every process loads the same files
+    # written atomically, checked when read, rebuilt when damaged; every process loads the same files
     tokenizer = cached_folder(cache_dir() / "tokenizers" / key, make=train,
                               save=lambda tok, folder: tok.save_pretrained(str(folder)),
                               load=lambda folder: PreTrainedTokenizerFast.from_pretrained(str(folder)),
@@ -95,27 +89,20 @@ def get_tokenizer(cfg: dict, train_texts):
 
 
 def _forget_load_arguments(tokenizer):
-    """transformers 5 keeps from_pretrained's `local_files_only` and `is_local` among the tokenizer's init
-    arguments, so save_pretrained writes them into tokenizer_config.json and whoever loads the saved tokenizer
-    (from another machine, or the Hub) inherits this load's offline settings. Drop them."""
+    """Drop from_pretrained's `local_files_only` and `is_local`, which transformers keeps among the init arguments:
+    save_pretrained would pass this load's offline settings on to whoever loads the saved tokenizer."""
     for key in ("local_files_only", "is_local"):
         tokenizer.init_kwargs.pop(key, None)
     return tokenizer
 
 
-
-def _tokenizer_id(tokenizer) -> str:
-    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]
-
-
 def tokenize_splits(dsd, tokenizer, cfg: dict):
-    """Tokenized splits: input_ids, attention_mask, token_type_ids (if the tokenizer makes them), `length`
-    (tokens, for length grouping), and `labels` (classification) or `special_tokens_mask` (mlm). Truncated to
-    data.max_length. Cached by datasets under a fingerprint of (data, tokenizer, max_length, task); a damaged
-    cache file is rebuilt (common.cache.cached_map)."""
+    """Tokenized splits truncated to data.max_length: input_ids, attention_mask, token_type_ids (if the tokenizer
+    makes them), `length` (for length grouping), `labels` (classification) or `special_tokens_mask` (mlm); cached
+    under a fingerprint of (data, tokenizer, max_length, task) by common.cache.cached_map."""
     d, task = cfg["data"], cfg["task"]
     max_length, text_col, label_col = d["max_length"], d["text_column"], d["label_column"]
-    tok_id = _tokenizer_id(tokenizer)
+    tok_id = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]
 
     def encode(batch):
         enc = tokenizer(batch[text_col], truncation=True, max_length=max_length,
@@ -125,15 +112,15 @@ def tokenize_splits(dsd, tokenizer, cfg: dict):
             enc["labels"] = batch[label_col]
         return enc
 
-    out = {}
+    import datasets
+
+    out = datasets.DatasetDict()
     for split, ds in dsd.items():
         fingerprint = hashlib.sha256(
             f"{ds._fingerprint}|{tok_id}|{max_length}|{task}|{text_col}|{label_col}".encode()).hexdigest()[:16]
         out[split] = cached_map(ds, encode, fingerprint, f"the cached tokenized split {split!r}", batched=True,
                                 remove_columns=ds.column_names, desc=f"tokenizing {split}")
-    import datasets
-
-    return datasets.DatasetDict(out)
+    return out
 
 
 def load_tokenized(cfg: dict):
@@ -142,6 +129,3 @@ def load_tokenized(cfg: dict):
     dsd = resolve_dataset(cfg)
     tokenizer = get_tokenizer(cfg, dsd[d["train_split"]][d["text_column"]])
     return dsd, tokenizer, tokenize_splits(dsd, tokenizer, cfg)
-
-
-__all__ = ["SPECIAL_TOKENS", "get_tokenizer", "tokenizer_cache_key", "tokenize_splits", "load_tokenized"]

@@ -8,24 +8,13 @@
     python scripts/evaluate.py runs/default --wandb             # + confusion matrix and predictions table in W&B
     python scripts/evaluate.py wandb:ENTITY/normlab/model-RUNID:final   # a run's model artifact (online)
 
-The model and tokenizer load from the checkpoint alone, in this fresh process (trust_remote_code: the model code
-travels inside the checkpoint). The run's dataset comes from the run's config.yaml next to final/ (or from
-final/normlab_run.yaml, the copy train.py saves with the weights, when final/ was copied elsewhere). Every
-example is scored exactly once, also across processes (accelerate's gather_for_metrics drops the duplicates that
-even out the last batches); the scoring is common.evaluation's, as in training.
-
-Problems with the input (missing checkpoint, missing columns, labels the model does not know, a tokenizer
-larger than the model's vocabulary) end with one line on stderr and exit code 2.
-
-`--wandb` logs the evaluation as its own W&B run (job_type eval) in the training run's project and group, with the
-training run's id in its config: the metrics, a confusion matrix (`wandb.plot.confusion_matrix`) and a table of
-every example (sentence, label, prediction, confidence, correct, loss) to sort by the mistakes. Offline unless a
-wandb key is configured (`--wandb-mode`), in the run directory's wandb/ next to the training run's.
+How the checkpoint, its dataset and the scores are found: docs/studies.md; what --wandb logs: docs/wandb.md.
+Bad input (missing checkpoint or columns, unknown labels, a tokenizer larger than the vocabulary) ends with one
+line on stderr and exit code 2.
 """
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -35,18 +24,12 @@ from common.model_card import RUN_CONFIG_FILE
 from common.wandb_run import keep_offline_files_in, resolve_mode
 
 
-
 class EvalError(ValueError):
     """Bad input; the message names the problem and what would be valid."""
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Finding and loading the checkpoint
-
-
 def fetch_artifact(ref: str):
-    """(downloaded directory, wandb Artifact) of a model artifact `[entity/project/]model-<run id>:alias`, which
-    train.py logs from final/ (`wandb artifact get` fetches the same files)."""
+    """(downloaded directory, wandb Artifact) of a model artifact `[entity/project/]model-<run id>:alias`."""
     import wandb
 
     try:
@@ -80,14 +63,12 @@ def run_config(checkpoint: Path) -> dict | None:
 
 
 def load_model(checkpoint: Path):
+    import datasets
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    import datasets
-
     hf_logging.disable_progress_bar()  # stdout/stderr stay the results and the errors
     datasets.disable_progress_bars()
-
     config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
     architectures = getattr(config, "architectures", None) or []
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
@@ -112,43 +93,25 @@ def check_batch_stats(model, checkpoint: Path) -> None:
 
 def label_set(model) -> list[str]:
     """Label names by class id (config.id2label)."""
-    id2label = {int(k): v for k, v in model.config.id2label.items()}
-    return [str(id2label[i]) for i in range(len(id2label))]
+    return [str(model.config.id2label[i]) for i in range(len(model.config.id2label))]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Data: (texts, label ids, description)
-
-
-def check_columns(columns, text_column, label_column, source):
-    missing = [c for c in (text_column, label_column) if c not in columns]
-    if missing:
-        flags = {text_column: "--text-column", label_column: "--label-column"}
-        raise EvalError(f"{source} has no column {' or '.join(repr(c) for c in missing)} (columns present: "
-                        f"{', '.join(map(str, columns))}); name the right ones with "
-                        f"{' and '.join(flags[c] for c in missing)}")
+def label_id(value, by_name: dict, num_labels: int) -> int | None:
+    """The class id of an integer id or a label name; None for anything outside the label set (None, NaN too)."""
+    if isinstance(value, str) and value in by_name:
+        return by_name[value]
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(as_float) if as_float.is_integer() and 0 <= as_float < num_labels else None
 
 
 def to_label_ids(values, names: list[str], source: str) -> list[int]:
     """Class ids from integer ids or label names; anything outside the model's label set is an error."""
-    ids, bad = [], []
     by_name = {name: i for i, name in enumerate(names)}
-    for row, v in enumerate(values):
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            bad.append((row, v))
-            continue
-        if isinstance(v, str) and v in by_name:
-            ids.append(by_name[v])
-            continue
-        try:
-            as_float = float(v)
-        except (TypeError, ValueError):
-            bad.append((row, v))
-            continue
-        if as_float.is_integer() and 0 <= int(as_float) < len(names):
-            ids.append(int(as_float))
-        else:
-            bad.append((row, v))
+    ids = [label_id(v, by_name, len(names)) for v in values]
+    bad = [(row, v) for row, (v, i) in enumerate(zip(values, ids)) if i is None]
     if bad:
         found = sorted({repr(v) for _, v in bad})
         valid = ", ".join(f"{i} ({n})" if n != str(i) else str(i) for i, n in enumerate(names))
@@ -157,55 +120,53 @@ def to_label_ids(values, names: list[str], source: str) -> list[int]:
     return ids
 
 
-def check_texts(texts, column, source):
-    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
-    if bad:
-        raise EvalError(f"{len(bad)} of {len(texts)} rows of {source} have empty or non-text values in column "
-                        f"{column!r} (first: row {bad[0]}); drop or fill them")
-
-
-def file_examples(path: Path, text_column, label_column, names):
-    from common.data import read_data_file
-
-    ds = read_data_file(path)  # the reader training uses for data.path
-    check_columns(ds.column_names, text_column, label_column, str(path))
-    columns = ds.select_columns([text_column, label_column])[:]  # plain lists, fast
-    texts = columns[text_column]
-    check_texts(texts, text_column, str(path))
-    return texts, to_label_ids(columns[label_column], names, str(path)), {"source": str(path), "split": None}
-
-
-def run_examples(checkpoint: Path, split: str, names):
-    """The run's own dataset (data section of its config), split `split`, all rows."""
+def run_split(checkpoint: Path, split: str):
+    """(Dataset, data section): the run's own dataset (data section of its config), split `split`, all rows."""
     cfg = run_config(checkpoint)
     if cfg is None:
         raise EvalError(f"no run config for {checkpoint} (looked for {checkpoint.parent / 'config.yaml'} and "
                         f"{checkpoint / RUN_CONFIG_FILE}); evaluate a file with --data FILE")
     from common.data import resolve_dataset
 
-    d = dict(cfg["data"])
-    d.update(eval_split=split, max_eval_samples=None)
+    d = {**cfg["data"], "eval_split": split, "max_eval_samples": None}
     # task=mlm: find and text-check the split without the training-time label checks; the labels are checked
-    # against the model's label set below, with this script's message
-    dsd = resolve_dataset({"data": d, "task": "mlm"})
-    ds = dsd[split]
-    source = f"split {split!r} of {d.get('path') or d.get('name')}"
-    check_columns(ds.column_names, d["text_column"], d["label_column"], source)
-    columns = ds.select_columns([d["text_column"], d["label_column"]])[:]  # plain lists, fast
-    texts = columns[d["text_column"]]
-    return texts, to_label_ids(columns[d["label_column"]], names, source), {
-        "source": d.get("path") or d.get("name"), "split": split}
+    # against the model's label set, with this script's message
+    return resolve_dataset({"data": d, "task": "mlm"})[split], d
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Metrics
+def labeled_examples(args, checkpoint: Path, names: list[str]):
+    """(texts, label ids, {"source", "split"}) of --data FILE, else of the run's split (default validation)."""
+    if args.data is not None:
+        from common.data import read_data_file
+
+        ds = read_data_file(args.data)  # the reader training uses for data.path
+        text_column, label_column = args.text_column, args.label_column
+        source = str(Path(args.data))
+        where = {"source": source, "split": None}
+    else:
+        split = args.split or "validation"
+        ds, d = run_split(checkpoint, split)
+        text_column, label_column = d["text_column"], d["label_column"]
+        where = {"source": d.get("path") or d.get("name"), "split": split}
+        source = f"split {split!r} of {where['source']}"
+    missing = [c for c in (text_column, label_column) if c not in ds.column_names]
+    if missing:
+        flags = {text_column: "--text-column", label_column: "--label-column"}
+        raise EvalError(f"{source} has no column {' or '.join(repr(c) for c in missing)} (columns present: "
+                        f"{', '.join(map(str, ds.column_names))}); name the right ones with "
+                        f"{' and '.join(flags[c] for c in missing)}")
+    columns = ds.select_columns([text_column, label_column])[:]  # plain lists, fast
+    texts = columns[text_column]
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+    if bad:
+        raise EvalError(f"{len(bad)} of {len(texts)} rows of {source} have empty or non-text values in column "
+                        f"{text_column!r} (first: row {bad[0]}); drop or fill them")
+    return texts, to_label_ids(columns[label_column], names, source), where
 
 
 def classification_metrics(y_true: list[int], y_pred: list[int], names: list[str]) -> dict:
-    """Accuracy, per-class precision/recall/F1, macro-F1 and the confusion matrix (rows true, columns predicted).
-
-    Macro-F1 averages F1 over the classes that occur in the labels or the predictions (scikit-learn's default);
-    a class with no predicted or no true examples has precision or recall 0."""
+    """Accuracy, per-class precision/recall/F1, macro-F1 (over the classes in the labels or the predictions, as
+    scikit-learn) and the confusion matrix (rows true, columns predicted)."""
     k = len(names)
     cm = [[0] * k for _ in range(k)]
     for t, p in zip(y_true, y_pred):
@@ -244,14 +205,8 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Scoring
-
-
 def max_length_of(model, tokenizer) -> int:
-    limit = model.config.max_position_embeddings
-    tok_max = getattr(tokenizer, "model_max_length", None)
-    return min(limit, tok_max) if isinstance(tok_max, int) and tok_max > 0 else limit
+    return min(model.config.max_position_embeddings, tokenizer.model_max_length)
 
 
 def score(accelerator, model, tokenizer, texts, labels, batch_size, batch_stats=False):
@@ -292,28 +247,21 @@ def evaluate(args):
     checkpoint = resolve_checkpoint(args.checkpoint)
     if args.data is not None and not Path(args.data).is_file():
         raise EvalError(f"data file not found: {args.data}")
-    import torch
-    from accelerate import Accelerator
+    from common.accelerator import make_accelerator
 
-    # several processes on a machine without GPUs (configs/accelerate/cpu_2proc.yaml): CPU + gloo, as train.py
-    cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available()
-    accelerator = Accelerator(cpu=cpu_processes)
+    accelerator = make_accelerator()  # train.py's device setup, without a training config
     model, tokenizer = load_model(checkpoint)
     names = label_set(model)
     if args.batch_stats:  # BN family: normalize with each batch's own statistics (the train/eval gap)
         check_batch_stats(model, checkpoint)
-    model.eval()
-    model = model.to(accelerator.device)
+    model = model.to(accelerator.device).eval()
     result = {"checkpoint": str(checkpoint), "norm": getattr(model.config, "norm", None),
               "norm_placement": getattr(model.config, "norm_placement", None)}
     if artifact is not None:
         result["artifact"] = artifact.qualified_name
     examples = None
     if args.data is not None or args.split is not None or not args.text:
-        if args.data is not None:
-            texts, labels, where = file_examples(Path(args.data), args.text_column, args.label_column, names)
-        else:
-            texts, labels, where = run_examples(checkpoint, args.split or "validation", names)
+        texts, labels, where = labeled_examples(args, checkpoint, names)
         examples = score(accelerator, model, tokenizer, texts, labels, args.batch_size, args.batch_stats)
         examples["text"] = list(texts)
         result["dataset"] = {**where, "text_column": args.text_column if args.data else None,
@@ -327,12 +275,8 @@ def evaluate(args):
     return result, accelerator, examples
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Weights & Biases
-
-
 def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
-    """The evaluation as a W&B run (see the module docstring); returns {"id", "project", "group", "mode", "dir"}."""
+    """The evaluation as a W&B run (docs/wandb.md); returns {"id", "project", "group", "mode", "dir"}."""
     import wandb
 
     checkpoint = Path(result["checkpoint"])
@@ -375,10 +319,6 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
     return info
 
 
-def format_predictions(predictions) -> str:
-    return "\n".join(f"{p['label']}\t{p['probability']:.4f}\t{p['text']}" for p in predictions)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="a run directory (uses its final/) or an HF model directory")
@@ -406,15 +346,16 @@ def main(argv=None) -> int:
     except ValueError as err:  # EvalError, and common.data's DataError / ConfigError
         print(f"evaluate.py: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
-    if accelerator.is_main_process and mode != "disabled":
-        result["wandb"] = log_to_wandb(result, examples, mode)
     if accelerator.is_main_process:
+        if mode != "disabled":
+            result["wandb"] = log_to_wandb(result, examples, mode)
         if args.json:
             print(json.dumps(result, indent=1))
         else:
             parts = [format_table(result)] if "accuracy" in result else []
             if result.get("predictions"):
-                parts.append("predicted\tprobability\ttext\n" + format_predictions(result["predictions"]))
+                parts.append("\n".join(["predicted\tprobability\ttext"] + [
+                    f"{p['label']}\t{p['probability']:.4f}\t{p['text']}" for p in result["predictions"]]))
             print("\n\n".join(parts))
     # tear the process group down before interpreter exit (as train.py does)
     accelerator.end_training()
@@ -422,10 +363,8 @@ def main(argv=None) -> int:
 
 
 def exit_now(code: int) -> None:
-    """Leave without the interpreter's exit-time destructors when several processes ran: even after the process
-    group is destroyed, a thread left joinable there sometimes aborts a process whose results are already printed
-    ("terminate called without an active exception", about one 2-process CPU run in four). Everything this
-    script writes is flushed first, and the exit code is the one main() decided."""
+    """Leave without the interpreter's exit-time destructors when several processes ran: a thread left joinable
+    in the destroyed process group sometimes aborts a process whose results are already printed."""
     sys.stdout.flush()
     sys.stderr.flush()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
