@@ -1,11 +1,8 @@
 """NormLab model package: `from model import NormLabConfig, NormLabModel, ...`.
 
-Importing it registers NormLab with the Auto classes (AutoConfig, AutoModel, AutoModelForSequenceClassification,
-AutoModelForMaskedLM) and marks the classes for `register_for_auto_class`, so `save_pretrained` writes an
-`auto_map` and copies configuration_normlab.py, modeling_normlab.py and the files they import relatively (norms.py,
-ops.py, layer_norm_op.py) next to the weights: a checkpoint then loads with `trust_remote_code=True` where this
-package is not importable. Files in this package import each other only relatively, because that is how they run
-once copied into a checkpoint.
+Importing it registers NormLab with the Auto classes and for `register_for_auto_class`, so `save_pretrained`
+copies this package's files next to the weights and a checkpoint loads with `trust_remote_code=True` anywhere.
+The files import each other only relatively: that is how they run once copied into a checkpoint.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
@@ -30,12 +27,6 @@ NormLabForSequenceClassification.register_for_auto_class("AutoModelForSequenceCl
 NormLabForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
 
 __all__ = [
-    "NormLabConfig",
-    "NormLabPreTrainedModel",
-    "NormLabModel",
-    "NormLabForSequenceClassification",
-    "NormLabForMaskedLM",
-    "NORM_TYPES",
-    "NORM_PLACEMENTS",
-    "BATCH_STAT_NORMS",
+    "NormLabConfig", "NormLabPreTrainedModel", "NormLabModel", "NormLabForSequenceClassification",
+    "NormLabForMaskedLM", "NORM_TYPES", "NORM_PLACEMENTS", "BATCH_STAT_NORMS",
 ]

@@ -1,8 +1,5 @@
-"""NormLabConfig: the encoder's hyper-parameters, with the norm and its placement as first-class fields.
-
-Every field is typed and checked when the config is built (not at the first forward), so a typo in
-`norm="layrnorm"` fails at once with the valid choices listed.
-"""
+"""NormLabConfig: the encoder's hyper-parameters, with the norm and its placement as first-class fields. Every
+field is typed and checked when the config is built, so a typo in `norm=` fails at once, listing the choices."""
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
@@ -86,8 +83,7 @@ class NormLabConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
 
     def _check_values(self):
-        # Raised from __post_init__ (not a `validate_*` hook) so users get a plain ValueError, not
-        # huggingface_hub's wrapper exception, the moment the config is built.
+        # Called from __post_init__, not a `validate_*` hook: a plain ValueError, not huggingface_hub's wrapper.
         _check_choice("norm", self.norm, NORM_TYPES)
         _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
         _check_choice("pooling", self.pooling, POOLINGS)

@@ -13,6 +13,11 @@ import torch
 from .configuration_normlab import NormLabConfig
 from .modeling_normlab import NormLabModel
 
+# The config fields BERT and MegatronBERT share with NormLabConfig, name for name.
+SHARED_CONFIG_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                        "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+                        "type_vocab_size", "initializer_range", "pad_token_id")
+
 
 def _base(hf_model, expected: str):
     """BertModel from BertModel or any BertFor* (which keeps it at `.bert`); same for MegatronBERT."""
@@ -28,24 +33,9 @@ def _config_from(hf_config, placement: str, embedding_norm: bool) -> NormLabConf
             f"position_embedding_type={hf_config.position_embedding_type!r} is not supported; NormLab has only "
             "'absolute' (learned) positions"
         )
-    return NormLabConfig(
-        vocab_size=hf_config.vocab_size,
-        hidden_size=hf_config.hidden_size,
-        num_hidden_layers=hf_config.num_hidden_layers,
-        num_attention_heads=hf_config.num_attention_heads,
-        intermediate_size=hf_config.intermediate_size,
-        hidden_act=hf_config.hidden_act,
-        hidden_dropout_prob=hf_config.hidden_dropout_prob,
-        attention_probs_dropout_prob=hf_config.attention_probs_dropout_prob,
-        max_position_embeddings=hf_config.max_position_embeddings,
-        type_vocab_size=hf_config.type_vocab_size,
-        initializer_range=hf_config.initializer_range,
-        norm="layernorm",
-        norm_placement=placement,
-        norm_eps=hf_config.layer_norm_eps,
-        embedding_norm=embedding_norm,
-        pad_token_id=hf_config.pad_token_id,
-    )
+    shared = {name: getattr(hf_config, name) for name in SHARED_CONFIG_FIELDS}
+    return NormLabConfig(**shared, norm="layernorm", norm_placement=placement, norm_eps=hf_config.layer_norm_eps,
+                         embedding_norm=embedding_norm)
 
 
 def _copy(dst: torch.nn.Module, src: torch.nn.Module):

@@ -1,12 +1,10 @@
 """The operator behind CustomLayerNorm: `normlab::layer_norm`, with its backward `normlab::layer_norm_backward`.
 
-The reference below is the readable math: what runs wherever nothing faster is registered, and all a checkpoint's
-code carries. normlab_kernels/ registers faster implementations of both operators (C++ on CPU, Triton on CUDA).
-
-The contract every implementation keeps: x (..., M) is normalized over its last dim, in `compute_dtype(x)`; y has
-x's dtype and shape (contiguous); mean and rstd = 1 / sqrt(var + eps) have shape x.shape[:-1] and the compute
-dtype; weight and bias are (M,) or None, any float dtype. The backward returns dx (x's dtype) and dweight, dbias
-(M,) in the compute dtype (autograd casts them to the parameters' dtype). The backward is derived in docs/model.md.
+The reference below is the readable math, what runs wherever nothing faster is registered (normlab_kernels/
+registers C++ on CPU, Triton on CUDA). Every implementation keeps this contract: x (..., M) is normalized over
+its last dim in `compute_dtype(x)`; y has x's dtype and shape (contiguous); mean and rstd = 1 / sqrt(var + eps)
+have shape x.shape[:-1] and the compute dtype; weight and bias are (M,) or None, any float dtype. The backward
+(derived in docs/model.md) returns dx (x's dtype) and dweight, dbias (M,) in the compute dtype.
 """
 
 from typing import Optional

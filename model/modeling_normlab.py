@@ -1,30 +1,15 @@
 """NormLab: a BERT-shaped Transformer encoder whose normalization layer and its placement come from the config.
 
-The block is the point (`NormLabBlock`): attention, then a feed-forward, each a residual branch whose norm(s) sit
-where `config.norm_placement` puts them (post, pre, sandwich, deepnorm: the table is in NormLabBlock's docstring).
-Every norm of the model -- the blocks', the embeddings' (`config.embedding_norm`), the final one of pre and
-sandwich, the MLM head's; not the optional QK-norm, always a LayerNorm -- is `build_norm(config)`: the class that
-`config.norm` names in norms.py's `NORM_REGISTRY`. So a norm is swapped by setting `config.norm` (a new norm is
-a class in norms.py and one line in the registry), and its placement by setting `config.norm_placement`; nothing
-else in this file changes.
+- The norm: every norm of the model (the blocks', the embeddings', the final one, the MLM head's; not QK-norm) is
+  `build_norm(config)`, the class `config.norm` names in norms.py's `NORM_REGISTRY`. A new norm is a class there
+  and one registry line.
+- Its placement: `config.norm_placement` (post, pre, sandwich, deepnorm) decides where `NormLabBlock` puts it.
+Nothing else here changes when either does. Read top to bottom: the padding layout (`TokenLayout`) -> embeddings
+-> attention -> feed-forward -> block -> encoder -> the Hugging Face model classes and heads.
 
-Read top to bottom: the padding layout -> embeddings -> attention -> feed-forward -> block -> encoder -> the
-Hugging Face `PreTrainedModel` classes and the two heads.
-
-Conventions used everywhere below:
-- B = batch, L = padded sequence length, D = hidden size, H = heads, Dh = D // H, I = intermediate size.
-- Every norm is called as `norm(x, mask)`; outputs (last_hidden_state, hidden_states) are always (B, L, D).
-- Padding is handled once per forward by a `TokenLayout` shared by every module (no per-layer mask work):
-  * packed (the default when a batch has padding): activations are (1, T, D), only the T real tokens. Pad
-    positions are never computed (that is where NormLab's speed over HF BERT on padded batches comes from), and
-    every norm, including the batch-statistics ones, sees real tokens only. Attention alone needs the (B, L)
-    grid: it scatters q, k, v into it, attends with an additive padding bias, and gathers the real rows back.
-  * padded: activations are (B, L, D), norms get the (B, L) bool mask (True = real). Used when there is no
-    padding, for the naive `batchnorm` (whose whole point is that padding enters its statistics), under
-    torch.compile (packing has data-dependent shapes), and when `NormLabModel.unpad` is set to False.
-- Pad positions hold zeros wherever a (B, L, .) tensor leaves a module (`TokenLayout.unpack`): the block inputs
-  and outputs of the padded layout, and every returned hidden state, in both layouts alike (the packed layout never
-  computes them). fairseq zeroes padding after the embeddings the same way.
+Shapes: B batch, L padded length, D hidden, H heads, Dh = D // H. Inside the model activations are packed
+(1, T, D), the T real tokens only, or padded (B, L, D) (`TokenLayout`; docs/model.md, "Padding"); every output
+is (B, L, D) with zeros at pad positions.
 """
 
 import torch
@@ -36,6 +21,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import can_return_tuple
 
 from .configuration_normlab import NormLabConfig
 from .norms import NORM_REGISTRY, Norm, build_norm, set_batch_stats_in_eval
@@ -62,23 +48,17 @@ def attention_dtype(weight: torch.Tensor) -> torch.dtype:
 
 
 def padding_to_attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, L) bool padding mask -> (B, 1, 1, L) additive bias for scaled_dot_product_attention.
+    """(B, L) bool padding mask -> (B, 1, 1, L) additive bias for attention, in the dtype attention computes in.
 
-    A large finite negative (not -inf) keeps a fully padded row finite instead of NaN; exp() of it underflows
-    to exactly 0, so padded keys contribute nothing and real-token outputs do not depend on the padding.
-    `dtype` must be the dtype attention computes in (`attention_dtype`): under autocast SDPA casts the bias to
-    bf16/fp16, where float32's finfo.min is -inf, and CUDA SDPA returns NaN for a row of -inf.
-    """
+    finfo(dtype).min, not -inf: a fully padded row stays finite, and exp() of it is exactly 0 (docs/model.md)."""
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     bias = bias.masked_fill(~mask, torch.finfo(dtype).min)
     return bias[:, None, None, :]  # (B, 1, 1, L): broadcast over heads and queries
 
 
 class TokenLayout:
-    """Where a batch's real tokens are, computed once per forward from the attention mask (see module docstring).
-
-    mask (B, L) bool or None; `packed` chooses the packed layout (ignored without padding).
-    """
+    """Where a batch's real tokens are, computed once per forward and shared by every module: mask (B, L) bool or
+    None (no padding); `packed` runs only the real tokens, (1, T, D) (ignored without padding)."""
 
     def __init__(self, mask, packed: bool, dtype: torch.dtype):
         self.mask = mask  # (B, L) bool, or None: no padding
@@ -159,11 +139,9 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling: 
 
 
 class NormLabAttention(nn.Module):
-    """Multi-head self-attention: one fused qkv projection, optional QK-norm, then attention as Hugging Face models
-    run it: the function transformers' AttentionInterface registers under `config._attn_implementation` -- "sdpa"
-    (torch's fused kernel) by default, or one a kernel package registered -- and the attention written out when the
-    model was loaded with attn_implementation="eager" or when the caller asks for the attention weights (the others
-    do not return them). forward -> (output, attention weights (B, H, L, L) or None)."""
+    """Multi-head self-attention: one fused qkv projection, optional QK-norm, then the attention function that
+    `config._attn_implementation` names in transformers' AttentionInterface ("sdpa" by default), or the eager one
+    when the attention weights are asked for. forward -> (output, weights (B, H, L, L) or None)."""
 
     def __init__(self, config: NormLabConfig):
         super().__init__()
@@ -172,14 +150,11 @@ class NormLabAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.scale = self.head_dim**-0.5
-        # One (D -> 3D) matmul instead of three: fewer kernel launches and a single weight to read.
-        # Rows are ordered [query; key; value] (the layout convert.py writes).
+        # One (D -> 3D) matmul instead of three, rows ordered [query; key; value] (the layout convert.py writes).
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.out_proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.attn_dropout = nn.Dropout(config.attention_probs_dropout_prob)  # on the attention weights
-        # QK-norm (Wortsman et al. 2023): LayerNorm over each head's query/key vector bounds the attention logits,
-        # the usual cure for attention-logit growth. Always a LayerNorm (per token, mask-free) by design. Without
-        # it, identities: q_norm and k_norm's outputs are the queries and keys attention uses, either way.
+        # QK-norm (Wortsman et al. 2023) bounds the attention logits; always a LayerNorm (per token) by design.
         if config.qk_norm:
             self.q_norm = nn.LayerNorm(self.head_dim, eps=config.norm_eps)
             self.k_norm = nn.LayerNorm(self.head_dim, eps=config.norm_eps)
@@ -229,10 +204,8 @@ class NormLabBlock(GradientCheckpointingLayer):
     sandwich  x = x + norm_out(f(norm_in(x)))             Peri-LN (Kim et al. 2025); final norm too
     deepnorm  x = norm(alpha * x + f(x)), alpha=(2N)^1/4  DeepNet (Wang et al. 2022), post-LN that trains deep
 
-    f is attention then feed-forward, each with its own norm(s). Residual dropout is the last op of each branch.
-    Returns (x, attention weights or None). Under `gradient_checkpointing_enable()` (GradientCheckpointingLayer)
-    the block's activations are recomputed in the backward pass instead of stored; the BN family's norms tell
-    the recomputation apart and update no running statistics in it (norms.py, `BatchStatNorm`).
+    f is attention, then feed-forward, each with its own norm(s) and residual dropout last.
+    forward: x (B, L, D) or packed (1, T, D) -> (x, attention weights or None).
     """
 
     def __init__(self, config: NormLabConfig):
@@ -249,7 +222,6 @@ class NormLabBlock(GradientCheckpointingLayer):
         self.residual_scale = deepnorm_alpha(config.num_hidden_layers) if self.placement == "deepnorm" else 1.0
 
     def forward(self, x, layout: TokenLayout, output_attentions: bool = False):
-        # x (B, L, D) or packed (1, T, D), same shape out
         drop, mask = self.dropout, layout.norm_mask
         if self.placement == "pre":
             attn, weights = self.attention(self.attn_norm(x, mask), layout, output_attentions)
@@ -277,11 +249,8 @@ class NormLabEncoder(nn.Module):
         self.final_norm = build_norm(config) if config.norm_placement in PLACEMENTS_WITH_FINAL_NORM else None
 
     def forward(self, x, layout: TokenLayout, output_hidden_states=False, output_attentions=False):
-        """x: the embeddings' output, (B, L, D) or packed (1, T, D). Returns last_hidden_state (B, L, D) and, if
-        asked, hidden_states = (embedding output, block 0, ..., block N-2, last_hidden_state) as (B, L, D) and
-        attentions = one (B, H, L, L) per block. The last hidden state is last_hidden_state itself, after the
-        final norm of pre/sandwich (transformers' convention), and every hidden state is the tensor the next
-        block reads (packed again from it), so retain_grad() / autograd.grad with respect to it work."""
+        """x (B, L, D) or packed (1, T, D) -> last_hidden_state (B, L, D), hidden_states (the input of every block,
+        then last_hidden_state; each the tensor the next block reads, so autograd.grad works on it), attentions."""
         hidden_states = () if output_hidden_states else None
         attentions = () if output_attentions else None
         x = layout.clear_pads(x)
@@ -306,17 +275,13 @@ class NormLabPreTrainedModel(PreTrainedModel):
     config_class = NormLabConfig
     config: NormLabConfig
     base_model_prefix = "normlab"
-    # NormLabBlock is a GradientCheckpointingLayer; the BN family's recomputation updates no running statistics
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True  # HF then defaults config._attn_implementation to "sdpa"; "eager" is accepted too, and
-    # any function registered with AttentionInterface (NormLabAttention calls them through it)
+    supports_gradient_checkpointing = True  # NormLabBlock is a GradientCheckpointingLayer
+    _supports_sdpa = True  # the default attention then is "sdpa"; "eager" and any registered function work too
     _no_split_modules = ["NormLabEmbeddings", "NormLabBlock"]
-    # The heads return a per-batch mean loss and take no **kwargs, so transformers' Trainer divides it by the
-    # gradient-accumulation steps itself (with this True it would pass num_items_in_batch and stop dividing).
+    # The heads return a per-batch mean loss: the Trainer must divide it by the gradient-accumulation steps itself.
     accepts_loss_kwargs = False
 
-    # Every Auto class our checkpoints can be loaded with. `register_for_auto_class` alone records only the class
-    # being saved, so a classifier checkpoint could not be opened with AutoModel(trust_remote_code=True).
+    # Every Auto class a checkpoint opens with (`register_for_auto_class` records only the class being saved).
     _auto_map = {
         "AutoConfig": "configuration_normlab.NormLabConfig",
         "AutoModel": "modeling_normlab.NormLabModel",
@@ -325,12 +290,8 @@ class NormLabPreTrainedModel(PreTrainedModel):
     }
 
     def _init_weights(self, module):
-        """Linear/Embedding ~ N(0, initializer_range) (padding row zero), norms at identity, DeepNet gains.
-
-        Uses only `transformers.initialization` functions: they skip tensors already loaded from a checkpoint,
-        so from_pretrained initializes only what is missing.
-        """
-        # Everything happens at the leaves (Linear, norms): HF skips modules without parameters of their own.
+        """Linear/Embedding ~ N(0, initializer_range) (padding row zero), norms at identity, DeepNet gains. Only
+        `transformers.initialization` functions: they skip tensors loaded from a checkpoint."""
         super()._init_weights(module)  # Linear, Embedding, *LayerNorm*/*RMSNorm*-named modules
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
@@ -345,10 +306,9 @@ class NormLabPreTrainedModel(PreTrainedModel):
             _init_norm(module)
 
     def batch_stats_in_eval(self, flag: bool = True) -> int:
-        """In eval, normalize each batch with its own statistics (True) or with the running ones (False, as after
-        loading) in every batch-statistics norm; returns how many norms were switched (0: the model has none).
-        A method, so a model loaded with trust_remote_code (whose norm classes are the checkpoint's copies, not
-        model.norms') switches its own norms."""
+        """In eval, normalize each batch with its own statistics (True) or the running ones (False, the default) in
+        every batch-statistics norm; returns how many were switched. A method, so it reaches a trust_remote_code
+        model's own norm classes."""
         return set_batch_stats_in_eval(self, flag)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -382,8 +342,7 @@ class NormLabModel(NormLabPreTrainedModel):
         super().__init__(config)
         self.embeddings = NormLabEmbeddings(config)
         self.encoder = NormLabEncoder(config)
-        # Compute only real tokens when a batch has padding (see TokenLayout). A plain attribute, not a config
-        # field: it changes speed, not the function computed (tests check both layouts agree).
+        # Run only the real tokens of a padded batch (TokenLayout): speed, not the function computed, so no config field
         self.unpad = True
         self.post_init()
 
@@ -393,17 +352,9 @@ class NormLabModel(NormLabPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-    ):
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                output_attentions=None, output_hidden_states=None):
         """input_ids (B, L), or inputs_embeds (B, L, D) in their place. Returns `BaseModelOutput`: last_hidden_state
         (B, L, D) with zeros at pad positions, hidden_states / attentions when asked (see NormLabEncoder)."""
         if (input_ids is None) == (inputs_embeds is None):
@@ -411,7 +362,6 @@ class NormLabModel(NormLabPreTrainedModel):
         c = self.config
         output_attentions = output_attentions if output_attentions is not None else c.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else c.output_hidden_states
-        return_dict = return_dict if return_dict is not None else c.return_dict
         mask = _padding_mask(attention_mask)  # (B, L) bool or None
         packed = (
             self.unpad
@@ -421,8 +371,6 @@ class NormLabModel(NormLabPreTrainedModel):
         layout = TokenLayout(mask, packed, attention_dtype(self.embeddings.word_embeddings.weight))
         x = self.embeddings(input_ids, layout, token_type_ids, position_ids, inputs_embeds)  # (B, L, D) or (1, T, D)
         x, hidden_states, attentions = self.encoder(x, layout, output_hidden_states, output_attentions)
-        if not return_dict:
-            return tuple(v for v in (x, hidden_states, attentions) if v is not None)
         return BaseModelOutput(last_hidden_state=x, hidden_states=hidden_states, attentions=attentions)
 
 
@@ -436,17 +384,9 @@ def _pool(x, attention_mask, pooling):
     return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
 
 
-def _as_tuple(loss, logits, out):
-    """return_dict=False: (loss, logits, hidden_states, attentions) without the ones that are None."""
-    return tuple(v for v in (loss, logits, out.hidden_states, out.attentions) if v is not None)
-
-
 class NormLabForSequenceClassification(NormLabPreTrainedModel):
-    """Encoder -> pool (CLS or mean over real tokens) -> dropout -> linear.
-
-    No BERT pooler (dense + tanh): it exists in BERT for next-sentence prediction, adds an un-normalized layer
-    between the encoder and the classifier that would blur the comparison of norms, and modern encoders drop it.
-    """
+    """Encoder -> pool (CLS or mean over real tokens) -> dropout -> linear. No BERT pooler: an un-normalized layer
+    that would blur the comparison of norms (docs/model.md)."""
 
     def __init__(self, config: NormLabConfig):
         super().__init__(config)
@@ -457,37 +397,22 @@ class NormLabForSequenceClassification(NormLabPreTrainedModel):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-    ):
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, output_attentions=None, output_hidden_states=None):
         out = self.normlab(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            output_attentions, output_hidden_states, return_dict=True)
         pooled = _pool(out.last_hidden_state, attention_mask, self.config.pooling)  # (B, D)
         logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
         # transformers' problem_type logic (inferred once from num_labels and the labels' dtype): MSE / CE / BCE
         loss = None if labels is None else self.loss_function(labels, logits, self.config)
-        if not return_dict:
-            return _as_tuple(loss, logits, out)
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                         attentions=out.attentions)
 
 
 class NormLabLMHead(nn.Module):
-    """BERT's MLM head: dense -> act -> norm -> decoder tied to the word embeddings, with its own bias.
-
-    The transform's norm is the configured norm (mask-aware), not a fixed LayerNorm: every normalization layer
-    of the model comes from the config, so `norm=none` really is norm-free and BN variants see only real tokens.
-    """
+    """BERT's MLM head: dense -> act -> norm -> decoder tied to the word embeddings, with its own bias. The norm is
+    the configured one, so `norm=none` really is norm-free and BN variants see only real tokens."""
 
     def __init__(self, config: NormLabConfig):
         super().__init__()
@@ -518,40 +443,20 @@ class NormLabForMaskedLM(NormLabPreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        output_attentions=None,
-        output_hidden_states=None,
-        return_dict=None,
-    ):
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+    @can_return_tuple
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                labels=None, output_attentions=None, output_hidden_states=None):
         out = self.normlab(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            output_attentions, output_hidden_states, return_dict=True)
         logits = self.lm_head(out.last_hidden_state, _padding_mask(attention_mask))  # (B, L, V)
         loss = None
         if labels is not None:
             loss = CrossEntropyLoss(ignore_index=-100)(logits.view(-1, logits.size(-1)), labels.view(-1))
-        if not return_dict:
-            return _as_tuple(loss, logits, out)
         return MaskedLMOutput(loss=loss, logits=logits, hidden_states=out.hidden_states, attentions=out.attentions)
 
 
 __all__ = [
-    "NormLabEmbeddings",
-    "NormLabAttention",
-    "NormLabFeedForward",
-    "NormLabBlock",
-    "NormLabEncoder",
-    "NormLabPreTrainedModel",
-    "NormLabModel",
-    "NormLabForSequenceClassification",
-    "NormLabForMaskedLM",
-    "deepnorm_alpha",
-    "deepnorm_beta",
+    "NormLabEmbeddings", "NormLabAttention", "NormLabFeedForward", "NormLabBlock", "NormLabEncoder",
+    "NormLabPreTrainedModel", "NormLabModel", "NormLabForSequenceClassification", "NormLabForMaskedLM",
+    "deepnorm_alpha", "deepnorm_beta",
 ]

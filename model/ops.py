@@ -1,10 +1,7 @@
-"""How NormLab defines an operator, and the dtype its operators compute in.
+"""How NormLab defines an operator (`define_op`), and the dtype its operators compute in (`compute_dtype`).
 
-Every NormLab operator (`normlab::layer_norm` here in model/; `normlab::dropout` and `normlab::attention` in
-normlab_kernels/) is defined the same way, with `define_op`: a readable PyTorch reference implementation, a
-shape-only fake implementation for torch.compile, and an autograd formula whose backward is an operator too, so a
-kernel package can register a faster implementation of the forward and the backward for one device type
-(torch.library) without touching the model. Wherever nothing faster is registered, the reference runs.
+Every operator has a readable reference implementation, a fake for torch.compile and an autograd formula whose
+backward is an operator too, so a kernel package can register faster ones per device (docs/model.md).
 """
 
 from typing import Callable, Optional
@@ -24,9 +21,7 @@ def define_op(name: str, reference: Callable, fake: Callable, setup_context: Cal
     and fake; `setup_context` and `backward` are its autograd formula. With `backward_reference` and
     `backward_fake`, `normlab::<name>_backward` is defined too, for `backward` to call (without them, `backward`
     calls operators that exist already, e.g. the operator itself). Returns the operator, `torch.ops.normlab.<name>`.
-
-    An operator that exists already is left as it is: a checkpoint's copy of model/ may be imported next to
-    model/ in one process, and defining it again would drop the kernels registered on it.
+    One that exists already is kept: a checkpoint's copy of model/ must not drop the kernels registered on it.
     """
     if not hasattr(torch.ops.normlab, name):
         op = torch.library.custom_op(f"normlab::{name}", reference, mutates_args=())
