@@ -1,11 +1,6 @@
-"""Caches NormLab can always rebuild: the trained tokenizer ($NORMLAB_CACHE/tokenizers/<key>/), the tokenized
-splits (datasets' cache files) and the C++ kernel builds (normlab_kernels/build_cache.py). Each is written
-atomically and checked when read; a damaged entry (a truncated or altered file) is rebuilt with one warning naming
-it, never a traceback or a parser's message.
-
-A folder entry is filled in a temporary sibling folder, gets MANIFEST (every file's size and sha256) last, and is
-renamed into place: an entry whose files do not match its manifest, or that does not load, is damaged.
-"""
+"""Caches NormLab can always rebuild (the trained tokenizer, the tokenized splits, the C++ kernel builds): written
+atomically, checked when read, and a damaged entry rebuilt with one warning naming it (docs/architecture.md,
+"Caches")."""
 
 import contextlib
 import hashlib
@@ -45,8 +40,8 @@ def _manifest(folder: Path) -> dict:
 
 
 def folder_problem(folder) -> str | None:
-    """What is wrong with a folder entry (None: nothing). An entry without a manifest (written before manifests
-    existed, renamed into place whole all the same) has nothing to compare: loading it is its check."""
+    """What is wrong with a folder entry (None: nothing). An older entry without a manifest (renamed into place
+    whole all the same) has nothing to compare: loading it is its check."""
     folder = Path(folder)
     if not (folder / MANIFEST).exists():
         return None
@@ -63,9 +58,9 @@ def folder_problem(folder) -> str | None:
 
 
 def write_folder(final: Path, save) -> None:
-    """save(tmp) fills a temporary folder next to `final`, which becomes `final` with its manifest. When another
-    process got there first, its entry (built from the same inputs) is kept. A write the filesystem refuses
-    raises its OSError, leaving nothing behind."""
+    """save(tmp) fills a temporary folder next to `final`, which becomes `final` with its manifest; an entry
+    another process renamed there first (built from the same inputs) is kept. A refused write raises its OSError,
+    leaving nothing behind."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
     try:
@@ -91,9 +86,8 @@ def discard(folder: Path) -> None:
 
 
 def cached_folder(final, make, save, load, what: str):
-    """load(final), after checking it; if it is missing or damaged, the object make() builds, saved there with
-    save(obj, folder). A damaged entry is named in one warning; a cache the filesystem refuses to take is
-    named too, and the object is used uncached."""
+    """load(final), after checking it; if it is missing or damaged (one warning), the object make() builds, saved
+    there with save(obj, folder), or used uncached (one warning) when the filesystem refuses it."""
     final = Path(final)
     if final.exists():
         problem = folder_problem(final)
@@ -120,9 +114,8 @@ def cached_folder(final, make, save, load, what: str):
 
 
 def cached_map(ds, function, fingerprint: str, what: str, **map_kwargs):
-    """ds.map(function, new_fingerprint=fingerprint) with datasets' cache file (which datasets writes atomically:
-    a temporary file, then a rename). A cache file that does not load, or holds other than ds's rows, is
-    rebuilt with one warning naming it."""
+    """ds.map(function, new_fingerprint=fingerprint), whose cache file (written atomically by datasets) is rebuilt
+    with one warning when it does not load or holds other than ds's rows."""
     try:
         mapped = ds.map(function, new_fingerprint=fingerprint, **map_kwargs)
     except Exception as e:  # noqa: BLE001 - only when a cache file was there to read: then it is the cause
@@ -145,6 +138,3 @@ def _map_cache_file(ds, fingerprint: str) -> Path | None:
         return None
     return Path(ds._get_cache_file_path(fingerprint))  # datasets' own naming of map caches
 
-
-__all__ = ["MANIFEST", "warn_rebuilding", "short", "file_digest", "folder_problem", "write_folder", "discard",
-           "cached_folder", "cached_map"]

@@ -1,16 +1,7 @@
-"""Run-directory bookkeeping for train.py: atomic checkpoints, exact resume, the final model, summary.json.
+"""Run-directory bookkeeping for train.py: atomic checkpoints, exact resume, the final model, a failed write in
+summary.json. How checkpoints stay whole: docs/architecture.md, "Checkpoints and refused writes"."""
 
-A checkpoint is `<output_dir>/checkpoints/step_N/`: accelerate's `save_state` (model, optimizer, scheduler, grad
-scaler, every process's RNG) plus `trainer_state.json` (step, epoch, batches consumed in the epoch, spike
-detector, best metric, and the size of every file, so a truncated file is caught before it is loaded).
-
-Atomicity: everything is written into `checkpoints/.tmp-step_N/` and renamed to `step_N/` only once complete
-(a rename within one directory is atomic on POSIX). A kill during a save leaves a `.tmp-*` folder that is never
-read and is removed by the next save; the previous checkpoint stays intact. `final/` is written the same way.
-A write the filesystem refuses (full disk, no permission) removes the temporary folder at once and raises
-common.writes.WriteError; `record_write_failure` then puts status `failed` in summary.json if it still can.
-"""
-
+import contextlib
 import errno
 import os
 import random
@@ -22,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.cache import short
 from common.io import atomic_write_json, read_json
 from common.writes import WriteError, guarded_write
 
@@ -35,21 +27,13 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, half-written or corrupted; the message names it and what to do."""
 
 
-# ----------------------------------------------------------------------------------------------------------
-# replacing a directory atomically
-
-
 def _fsync_dir(path: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
@@ -78,10 +62,6 @@ def atomic_dir(final: Path, what: str):
         tmp.mkdir(parents=True)
         yield tmp
         replace_dir(tmp, final)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# finding checkpoints
 
 
 def checkpoints_root(output_dir) -> Path:
@@ -158,10 +138,6 @@ def resolve_resume(resume, output_dir) -> tuple[Path | None, list[str]]:
     return path, []
 
 
-# ----------------------------------------------------------------------------------------------------------
-# RNG: resuming mid-epoch must put the generators back *after* the data loader has started
-
-
 def capture_rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -178,10 +154,9 @@ def restore_rng_state(state: dict) -> None:
 
 
 def mid_epoch_rng(batches_in_epoch: int, epoch_length: int) -> dict | None:
-    """Call right after `load_checkpoint`. Resuming mid-epoch, starting the data loader that skips the consumed
-    batches draws from the global RNG (the DataLoader's base seed), which the uninterrupted run drew before this
-    checkpoint was written. The restored state, to be put back once that loader has produced its first batch
-    (`restore_after_first`); None at an epoch boundary, where the uninterrupted run starts a loader too."""
+    """Call right after `load_checkpoint`: the restored RNG state, to put back once the loader that skips the
+    consumed batches has drawn its base seed (`restore_after_first`), as the uninterrupted run drew it before this
+    checkpoint; None at an epoch boundary, where the uninterrupted run starts a loader too."""
     return capture_rng_state() if 0 < batches_in_epoch < epoch_length else None
 
 
@@ -193,19 +168,13 @@ def restore_after_first(batches, rng_state: dict | None):
         yield batch
 
 
-# ----------------------------------------------------------------------------------------------------------
-# save / load
-
-
 def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, keep: int, tokenizer=None) -> Path:
-    """Write checkpoints/step_{step} atomically on every process's behalf; keep the newest `keep`. Collective:
-    every process must call it (each saves its own RNG state). The tokenizer, when given, is saved alongside so
-    `AutoTokenizer.from_pretrained(checkpoint)` works on any checkpoint, not only on final/."""
+    """Write checkpoints/step_{step} atomically and keep the newest `keep`. Collective: every process saves its own
+    RNG state. The tokenizer, when given, is saved alongside: `AutoTokenizer.from_pretrained` works on any
+    checkpoint. A refused write removes the half-written folder and raises WriteError."""
     root = checkpoints_root(output_dir)
     final = root / f"step_{step}"
     tmp = root / f".tmp-step_{step}"
-    # A refused write (full disk, no permission) removes the half-written folder and raises WriteError; the
-    # previous checkpoints are untouched.
     with guarded_write(f"checkpoint step_{step}", final, cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True)):
         if accelerator.is_main_process:
             for stale in root.glob(".tmp-step_*") if root.is_dir() else []:
@@ -251,17 +220,9 @@ def load_checkpoint(accelerator, path) -> dict:
     try:
         accelerator.load_state(str(path))
     except Exception as e:  # a size mismatch, a truncated tensor file, an unpicklable RNG file...
-        msg = " ".join(str(e).split())[:300]
         raise CheckpointError(
-            f"checkpoint {path} could not be loaded ({type(e).__name__}: {msg}); it is corrupted or was written by a "
+            f"checkpoint {path} could not be loaded ({short(e, 300)}); it is corrupted or was written by a "
             f"different model config; resume from another checkpoint or start a new output_dir"
         ) from e
     return state
 
-
-__all__ = [
-    "CheckpointError", "CHECKPOINTS", "TRAINER_STATE", "replace_dir", "atomic_dir", "checkpoints_root",
-    "list_checkpoints", "validate_checkpoint", "find_latest_checkpoint", "resolve_resume", "capture_rng_state",
-    "restore_rng_state", "mid_epoch_rng", "restore_after_first", "save_checkpoint", "load_checkpoint",
-    "record_write_failure",
-]
