@@ -34,9 +34,10 @@ def file_digest(path) -> list:
     return [os.path.getsize(path), h.hexdigest()]
 
 
-def _manifest(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): file_digest(p) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != MANIFEST}
+def folder_index(folder, skip: str, describe=file_digest) -> dict:
+    """{path relative to `folder`: describe(file)} for every file under `folder` except those named `skip`."""
+    return {str(p.relative_to(folder)): describe(p) for p in sorted(Path(folder).rglob("*"))
+            if p.is_file() and p.name != skip}
 
 
 def folder_problem(folder) -> str | None:
@@ -65,7 +66,7 @@ def write_folder(final: Path, save) -> None:
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
     try:
         save(tmp)
-        atomic_write_json(tmp / MANIFEST, _manifest(tmp))
+        atomic_write_json(tmp / MANIFEST, folder_index(tmp, MANIFEST))
         try:
             os.rename(tmp, final)
         except OSError:
@@ -99,7 +100,7 @@ def cached_folder(final, make, save, load, what: str):
             else:
                 if not (final / MANIFEST).exists():  # an older entry that loads: checked from now on
                     with contextlib.suppress(OSError):
-                        atomic_write_json(final / MANIFEST, _manifest(final))
+                        atomic_write_json(final / MANIFEST, folder_index(final, MANIFEST))
                 return obj
         warn_rebuilding(what, final, problem)
         discard(final)

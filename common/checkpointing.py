@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.cache import short
+from common.cache import folder_index, short
 from common.io import atomic_write_json, read_json
 from common.writes import WriteError, guarded_write
 
@@ -79,14 +79,6 @@ def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
         if m and p.is_dir():
             found.append((int(m.group(1)), p))
     return sorted(found)
-
-
-def _file_sizes(folder: Path) -> dict:
-    return {
-        str(p.relative_to(folder)): p.stat().st_size
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != TRAINER_STATE
-    }
 
 
 def validate_checkpoint(path) -> dict:
@@ -186,7 +178,8 @@ def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, kee
         if accelerator.is_main_process:
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
-            state = {"format": STATE_FORMAT, **trainer_state, "files": _file_sizes(tmp)}
+            sizes = folder_index(tmp, TRAINER_STATE, describe=lambda f: f.stat().st_size)
+            state = {"format": STATE_FORMAT, **trainer_state, "files": sizes}
             atomic_write_json(tmp / TRAINER_STATE, state)  # written last: its presence marks a complete checkpoint
             replace_dir(tmp, final)
         # Keep the newest `keep` up to this step. Newer ones belong to a timeline abandoned by resuming from an

@@ -44,5 +44,3 @@ class MetricsWriter:
         except OSError:  # the flush of a line a full disk refused: write() has raised already
             pass
 
-
-__all__ = ["MetricsWriter"]

@@ -97,6 +97,3 @@ def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
             wandb_run.keep_offline_files_in(out)
     return resume_path, notices, trackers, wandb_mode
 
-
-__all__ = ["RESUMABLE_CHANGES", "config_diff", "check_output_dir", "check_resume_config", "resolve_trackers",
-           "preflight"]

@@ -273,11 +273,8 @@ def attention_logit_max(q, k, layout, scale: float) -> torch.Tensor:
 
 def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, list[float]]:
     """Every tensor of the dict as a list of floats, in one device-to-host copy (one sync)."""
-    flat = torch.cat([t.reshape(-1) for t in tensors.values()]).tolist()
-    out, i = {}, 0
-    for k, t in tensors.items():
-        out[k], i = flat[i:i + t.numel()], i + t.numel()
-    return out
+    host = torch.cat([t.reshape(-1) for t in tensors.values()]).cpu()
+    return {k: part.tolist() for k, part in zip(tensors, host.split([t.numel() for t in tensors.values()]))}
 
 
 def clip_coefficient(total_norm: float, max_norm: float) -> float:

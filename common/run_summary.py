@@ -10,11 +10,10 @@ from common.io import read_jsonl
 
 
 def tokens_per_s(metrics_path) -> float | None:
-    """The training throughput: the median of the logged train/tokens_per_s (real tokens per second of training
-    across all processes; the median, so the first steps' warm-up does not count). None without rows."""
-    path = Path(metrics_path)
-    rows = read_jsonl(path) if path.exists() else []
-    rates = [r["train/tokens_per_s"] for r in rows if isinstance(r.get("train/tokens_per_s"), (int, float))]
+    """The median of the logged train/tokens_per_s (the median: the first steps' warm-up does not count); None
+    without rows."""
+    rates = [r["train/tokens_per_s"] for r in read_jsonl(metrics_path)
+             if isinstance(r.get("train/tokens_per_s"), (int, float))]
     return statistics.median(rates) if rates else None
 
 
@@ -69,5 +68,3 @@ def format_summary(summary: dict, out_dir, eval_split: str, wandb_mode: str | No
             lines.append(f"  W&B:    {wandb_url}")
     return "\n".join(lines)
 
-
-__all__ = ["tokens_per_s", "offline_wandb_dir", "headline", "format_summary"]

@@ -1,13 +1,7 @@
-"""Read an offline wandb run back from its `run-<id>.wandb` file: what `wandb sync` would upload.
-
-The file is wandb's transaction log: a 7-byte header (":W&B", magic 0xBEE1, version 0), then LevelDB's log
-format (32 KiB blocks of chunks: CRC-32 of type byte + payload, 2-byte length, 1-byte type full/first/middle/last)
-whose payloads are `wandb_internal_pb2.Record` protobufs. wandb itself ships no Python reader for it any more (its
-Go core writes it), so the framing is read here and every payload is parsed with wandb's own protobuf classes.
-
-`OfflineRun` folds the records into what the W&B UI shows: the run's metadata, config (with the custom charts under
-`_wandb.visualize`), summary, history rows, and the artifacts logged (type, name, aliases, files, metadata).
-"""
+"""Read an offline wandb run back from its `run-<id>.wandb` file: what `wandb sync` would upload. wandb ships no
+Python reader for this transaction log, so the framing is read here (format: docs/wandb.md, "Reading offline runs
+back") and every payload is parsed with wandb's own protobuf classes. `OfflineRun` folds the records into what the
+W&B UI shows: metadata, config (custom charts under `_wandb.visualize`), summary, history and artifacts."""
 
 import json
 import struct
@@ -65,7 +59,7 @@ def _set(tree: dict, item) -> None:
 
 @dataclass
 class OfflineRun:
-    """An offline run folded from its records (see the module docstring)."""
+    """An offline run folded from its records."""
 
     directory: Path
     id: str = ""
@@ -143,5 +137,3 @@ def offline_runs(wandb_dir) -> list[OfflineRun]:
     """Every offline run under a wandb directory (e.g. <output_dir>/wandb), oldest first."""
     return [OfflineRun.read(d) for d in sorted(Path(wandb_dir).glob("offline-run-*"))]
 
-
-__all__ = ["RecordsError", "read_records", "OfflineRun", "offline_runs"]

@@ -1,14 +1,5 @@
-"""A study's report run in Weights & Biases: one run per study, in the group of the study's training runs
-(job_type "report"), holding
-
-  - `study/runs`: one row per training run (every seed, every LR: config and results), a wandb.Table;
-  - `study/<sweep>`: interactive line series (e.g. accuracy against the learning rate, one line per variant);
-  - `study/verdicts`: the report's verdict table;
-  - `study/<image>`: the report's figures;
-  - config `runs`: the wandb ids of the runs it summarises (the `wandb_run_id` column), so the report links to them.
-
-Generic on purpose: the caller (scripts/report.py) decides what the rows, sweeps and verdicts are.
-"""
+"""A study's report run in Weights & Biases, in the group of the study's training runs (job_type "report"; what
+it holds: docs/wandb.md). Generic on purpose: scripts/report.py decides what the rows, sweeps and verdicts are."""
 
 import math
 from pathlib import Path
@@ -18,9 +9,7 @@ def _cell(value):
     """A table cell wandb accepts: NaN/inf as empty, containers as text."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    if isinstance(value, (list, tuple, dict)):
-        return str(value)
-    if isinstance(value, Path):
+    if isinstance(value, (list, tuple, dict, Path)):
         return str(value)
     return value
 
@@ -78,5 +67,3 @@ def log_study(study_dir, name: str, runs: list[dict], sweeps: dict, verdicts: li
     run.finish()
     return info
 
-
-__all__ = ["rows_table", "sweep_chart", "log_study"]

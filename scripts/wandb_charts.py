@@ -29,9 +29,8 @@ def training_run(run_dir: Path):
 
 def row_label(run) -> str:
     c, s = run.config, run.summary
-    label = f"{c.get('model.norm')} ({c.get('model.norm_placement')}-norm), lr {c.get('train.lr')}"
+    label = f"{c.get('model.norm')} ({c.get('model.norm_placement')}-norm), lr {c.get('train.lr')}\n{s.get('status')}"
     accuracy = s.get("final/eval/accuracy")
-    label += f"\n{s.get('status')}"
     return label + (f", val acc {accuracy:.3f}" if isinstance(accuracy, float) else "")
 
 
@@ -47,9 +46,9 @@ def draw(runs, out: Path, log_y: bool = True) -> None:
                 continue
             lines = {}
             for step, line, value in run.table(f"depth/{quantity}")["data"]:
-                lines.setdefault(line, ([], []))
-                lines[line][0].append(step)
-                lines[line][1].append(value)
+                xs, ys = lines.setdefault(line, ([], []))
+                xs.append(step)
+                ys.append(value)
             colors = plt.cm.viridis([i / max(len(lines) - 1, 1) for i in range(len(lines))])
             for (line, (xs, ys)), color in zip(lines.items(), colors):
                 ax.plot(xs, ys, color=color, linewidth=1, label=line)
