@@ -1,13 +1,12 @@
 """Run-directory bookkeeping for train.py: atomic checkpoints, exact resume, the final model, a failed write in
 summary.json. How checkpoints stay whole: docs/architecture.md, "Checkpoints and refused writes"."""
 
-import contextlib
 import errno
 import os
 import random
 import re
 import shutil
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ class CheckpointError(ValueError):
 
 
 def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -70,15 +69,8 @@ def checkpoints_root(output_dir) -> Path:
 
 def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
     """(step, path) of every `step_N` directory (valid or not), oldest first."""
-    root = checkpoints_root(output_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
+    found = ((_STEP_DIR.match(p.name), p) for p in checkpoints_root(output_dir).glob("step_*"))
+    return sorted((int(m.group(1)), p) for m, p in found if m and p.is_dir())
 
 
 def validate_checkpoint(path) -> dict:
@@ -169,7 +161,7 @@ def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, kee
     tmp = root / f".tmp-step_{step}"
     with guarded_write(f"checkpoint step_{step}", final, cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True)):
         if accelerator.is_main_process:
-            for stale in root.glob(".tmp-step_*") if root.is_dir() else []:
+            for stale in root.glob(".tmp-step_*"):
                 shutil.rmtree(stale, ignore_errors=True)  # left by a kill during an earlier save
         accelerator.wait_for_everyone()
         tmp.mkdir(parents=True, exist_ok=True)
@@ -201,10 +193,8 @@ def record_write_failure(output_dir, error: WriteError, **fields) -> None:
     summary = {"status": "failed", **fields, "last_checkpoint": str(last) if last else None, "error": str(error),
                "failed_write": {"what": error.what, "path": str(error.path),
                                 "errno": errno.errorcode.get(error.os_error.errno), "reason": error.reason}}
-    try:
+    with suppress(OSError):  # the same full disk, most likely; the error line still says everything
         atomic_write_json(Path(output_dir) / "summary.json", summary)
-    except OSError:
-        pass  # the same full disk, most likely; the error line still says everything
 
 
 def load_checkpoint(accelerator, path) -> dict:

@@ -29,11 +29,8 @@ def read_records(path):
     pos, payload = _HEADER.size, b""
     while pos + _CHUNK.size <= len(data):
         left_in_block = _BLOCK - pos % _BLOCK
-        if left_in_block < _CHUNK.size:  # a block's tail too short for a chunk header is zero padding
-            pos += left_in_block
-            continue
-        crc, length, kind = _CHUNK.unpack_from(data, pos)
-        if kind == 0 and length == 0:  # zero padding to the end of the block
+        crc, length, kind = _CHUNK.unpack_from(data, pos) if left_in_block >= _CHUNK.size else (0, 0, 0)
+        if kind == 0 and length == 0:  # zero padding to the end of the block (or a tail too short for a header)
             pos += left_in_block
             continue
         chunk = data[pos + _CHUNK.size: pos + _CHUNK.size + length]
