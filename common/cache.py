@@ -2,12 +2,12 @@
 atomically, checked when read, and a damaged entry rebuilt with one warning naming it (docs/architecture.md,
 "Caches")."""
 
-import contextlib
 import hashlib
 import os
 import shutil
 import sys
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 
 from common.io import atomic_write_json, read_json
@@ -79,10 +79,8 @@ def write_folder(final: Path, save) -> None:
 def discard(folder: Path) -> None:
     """Remove an entry: renamed aside first, so no reader ever sees it half-deleted."""
     aside = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-damaged-"))
-    try:
+    with suppress(OSError):  # another process removed it already
         os.replace(folder, aside / folder.name)
-    except OSError:
-        pass  # another process removed it already
     shutil.rmtree(aside, ignore_errors=True)
 
 
@@ -99,7 +97,7 @@ def cached_folder(final, make, save, load, what: str):
                 problem = short(e)
             else:
                 if not (final / MANIFEST).exists():  # an older entry that loads: checked from now on
-                    with contextlib.suppress(OSError):
+                    with suppress(OSError):
                         atomic_write_json(final / MANIFEST, folder_index(final, MANIFEST))
                 return obj
         warn_rebuilding(what, final, problem)

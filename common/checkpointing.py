@@ -78,18 +78,19 @@ def validate_checkpoint(path) -> dict:
     path = Path(path)
     fix = "delete it, or resume from an earlier checkpoint with train.resume=<output_dir>/checkpoints/step_N"
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} does not exist; give train.resume=auto or an existing checkpoints/step_N")
+        raise CheckpointError(f"checkpoint {path} does not exist; give train.resume=auto or an existing "
+                              f"checkpoints/step_N")
     state = read_json(path / TRAINER_STATE)
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or "files" not in state:
-        raise CheckpointError(f"checkpoint {path} is half-written or corrupted ({TRAINER_STATE} missing or unreadable); {fix}")
+        raise CheckpointError(f"checkpoint {path} is half-written or corrupted ({TRAINER_STATE} missing or "
+                              f"unreadable); {fix}")
     for name, size in state["files"].items():
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing; {fix}")
         if f.stat().st_size != size:
             raise CheckpointError(
-                f"checkpoint {path} is corrupted: {name} has {f.stat().st_size} bytes, {size} were written; {fix}"
-            )
+                f"checkpoint {path} is corrupted: {name} has {f.stat().st_size} bytes, {size} were written; {fix}")
     return state
 
 
@@ -116,7 +117,8 @@ def resolve_resume(resume, output_dir) -> tuple[Path | None, list[str]]:
     if not (path / TRAINER_STATE).exists() and checkpoints_root(path).is_dir():  # a run directory
         found, skipped = find_latest_checkpoint(path)
         if found is None:
-            raise CheckpointError(f"train.resume={resume}: no valid checkpoint under {checkpoints_root(path)}; " + "; ".join(skipped))
+            raise CheckpointError(f"train.resume={resume}: no valid checkpoint under {checkpoints_root(path)}; "
+                                  + "; ".join(skipped))
         return found, skipped
     validate_checkpoint(path)
     return path, []
@@ -205,7 +207,6 @@ def load_checkpoint(accelerator, path) -> dict:
     except Exception as e:  # a size mismatch, a truncated tensor file, an unpicklable RNG file...
         raise CheckpointError(
             f"checkpoint {path} could not be loaded ({short(e, 300)}); it is corrupted or was written by a "
-            f"different model config; resume from another checkpoint or start a new output_dir"
-        ) from e
+            f"different model config; resume from another checkpoint or start a new output_dir") from e
     return state
 

@@ -86,19 +86,17 @@ def probe(path, size: int = PROBE_BYTES) -> OSError | None:
 
 
 @contextmanager
-def guarded_write(what: str, path, cleanup=None):
+def guarded_write(what: str, path, cleanup=lambda: None):
     """Writes inside the block that the filesystem refuses raise WriteError(what, path) (after `cleanup()`, which
     removes the half-written files); any other error passes through unchanged (after `cleanup()` too)."""
     try:
         yield
     except WriteError:
-        if cleanup is not None:
-            cleanup()
+        cleanup()
         raise
     except Exception as e:
         cause = _os_error_in(e) or probe(path)  # before cleanup: removing the partial files frees space
-        if cleanup is not None:
-            cleanup()
+        cleanup()
         if cause is None:
             raise
         raise WriteError(what, path, cause) from e
