@@ -49,13 +49,11 @@ def resolve_mode(setting: str) -> str:
     return setting
 
 
-def keep_offline_files_in(out_dir, env=os.environ) -> dict:
+def keep_offline_files_in(out_dir) -> None:
     """Sets $WANDB_DATA_DIR (where wandb stages logged artifacts and tables for `wandb sync`) and $WANDB_CACHE_DIR
-    in `env` to RUN_DIR/wandb/data and cache, so a copy of RUN_DIR keeps them; returns what it set."""
+    to RUN_DIR/wandb/data and cache, so a copy of RUN_DIR keeps them."""
     root = Path(out_dir).resolve() / "wandb"
-    dirs = {"WANDB_DATA_DIR": str(root / "data"), "WANDB_CACHE_DIR": str(root / "cache")}
-    env.update(dirs)
-    return dirs
+    os.environ.update(WANDB_DATA_DIR=str(root / "data"), WANDB_CACHE_DIR=str(root / "cache"))
 
 
 def run_tags(cfg: dict, variant: str | None = None) -> list[str]:
