@@ -22,19 +22,19 @@ def rows_table(rows: list[dict]):
     return wandb.Table(columns=columns, data=[[_cell(row.get(c)) for c in columns] for row in rows])
 
 
-def sweep_chart(xs, ys: dict, title: str = "", xname: str = "x"):
-    """wandb.plot.line_series with one line per `ys` entry (values aligned with `xs`); missing points (None, NaN)
-    are left out of their line instead of breaking it."""
+def line_chart(lines: dict, title: str = "", xname: str = "x"):
+    """wandb.plot.line_series with one line per `{name: (xs, ys)}` entry; missing points (None, NaN) are left out of
+    their line instead of breaking it."""
     import wandb
 
-    lines = {}
-    for line, values in ys.items():
-        points = [(x, y) for x, y in zip(xs, values) if isinstance(y, (int, float)) and math.isfinite(y)]
+    kept = {}
+    for name, (xs, ys) in lines.items():
+        points = [(x, y) for x, y in zip(xs, ys) if isinstance(y, (int, float)) and math.isfinite(y)]
         if points:
-            lines[line] = points
-    return wandb.plot.line_series(xs=[[x for x, _ in p] for p in lines.values()],
-                                  ys=[[y for _, y in p] for p in lines.values()],
-                                  keys=list(lines), title=title, xname=xname)
+            kept[name] = points
+    return wandb.plot.line_series(xs=[[x for x, _ in p] for p in kept.values()],
+                                  ys=[[y for _, y in p] for p in kept.values()],
+                                  keys=list(kept), title=title, xname=xname)
 
 
 def log_study(study_dir, name: str, runs: list[dict], sweeps: dict, verdicts: list[dict], images: dict,
@@ -57,8 +57,8 @@ def log_study(study_dir, name: str, runs: list[dict], sweeps: dict, verdicts: li
                      config={"study": name, "study_dir": str(study_dir), "num_runs": len(runs), "runs": run_ids})
     logged = {"study/runs": rows_table(runs), "study/verdicts": rows_table(verdicts)}
     for key, sweep in sweeps.items():
-        logged[f"study/{key}"] = sweep_chart(sweep["xs"], sweep["ys"], sweep.get("title", key),
-                                             sweep.get("xname", "x"))
+        lines = {line: (sweep["xs"], ys) for line, ys in sweep["ys"].items()}
+        logged[f"study/{key}"] = line_chart(lines, sweep.get("title", key), sweep.get("xname", "x"))
     for key, image in images.items():
         path, caption = image if isinstance(image, tuple) else (image, None)
         logged[f"study/{key}"] = wandb.Image(str(path), caption=caption)

@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from common.io import read_jsonl
+from common.wandb_report import line_chart
 
 # Per-layer metric names (common/probes.py) -> what their depth chart shows.
 DEPTH_CHARTS = {
@@ -104,16 +105,11 @@ def _thin(xs: list, ys: list, points: int):
 
 
 def depth_charts(rows, points: int = CHART_POINTS) -> dict:
-    """{"depth/<quantity>": wandb.plot.line_series with one line per layer} from metrics.jsonl rows."""
-    import wandb
-
+    """{"depth/<quantity>": a line chart with one line per layer} from metrics.jsonl rows."""
     charts = {}
     for quantity, by_layer in depth_series(rows).items():
-        layers = sorted(by_layer)
-        lines = [_thin(*by_layer[i], points) for i in layers]
-        charts[f"depth/{quantity}"] = wandb.plot.line_series(
-            xs=[xs for xs, _ in lines], ys=[ys for _, ys in lines], keys=[f"layer {i}" for i in layers],
-            title=DEPTH_CHARTS.get(quantity, quantity), xname="step")
+        lines = {f"layer {i}": _thin(*by_layer[i], points) for i in sorted(by_layer)}
+        charts[f"depth/{quantity}"] = line_chart(lines, DEPTH_CHARTS.get(quantity, quantity), xname="step")
     return charts
 
 
