@@ -1,6 +1,5 @@
-"""Look at training runs side by side without uploading anything: their W&B depth charts, drawn locally from what
-each run logged offline (RUN_DIR/wandb): one row per run, one panel per per-layer quantity (`depth/*`), one line
-per layer: the data of the runs' `depth/*` panels in the W&B workspace, in one PNG.
+"""Look at training runs' W&B depth charts side by side without uploading anything, drawn locally from what each
+run logged offline (RUN_DIR/wandb): one row per run, one panel per `depth/*` chart, one line per layer, in one PNG.
 
     python scripts/wandb_charts.py runs/post_ln runs/pre_ln          # writes depth-charts.png
     python scripts/wandb_charts.py runs/default --out default.png --linear
