@@ -133,7 +133,5 @@ def cached_map(ds, function, fingerprint: str, what: str, **map_kwargs):
 
 def _map_cache_file(ds, fingerprint: str) -> Path | None:
     """Where ds.map keeps its result for `fingerprint` (None: an in-memory dataset, not cached)."""
-    if not ds.cache_files:
-        return None
-    return Path(ds._get_cache_file_path(fingerprint))  # datasets' own naming of map caches
+    return Path(ds._get_cache_file_path(fingerprint)) if ds.cache_files else None  # datasets' naming of map caches
 

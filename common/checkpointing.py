@@ -38,16 +38,13 @@ def _fsync_dir(path: Path) -> None:
 def replace_dir(tmp: Path, final: Path) -> None:
     """Move a fully written `tmp` directory to `final`, replacing an older `final` (rename is atomic; a
     directory cannot be renamed over a non-empty one, so the old one is first moved aside, then deleted)."""
-    old = None
+    old = final.with_name(f".old-{final.name}")
+    shutil.rmtree(old, ignore_errors=True)  # left by a kill during an earlier replace
     if final.exists():
-        old = final.with_name(f".old-{final.name}")
-        if old.exists():
-            shutil.rmtree(old)
         os.replace(final, old)
     os.replace(tmp, final)
     _fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager

@@ -132,10 +132,8 @@ class StabilityProbe:
         mask = attention_mask.float()  # (B, L)
         self.act_sumsq = torch.stack(self.recorder.sumsq).float()  # (N,) over real tokens
         self.act_count = mask.sum() * self.model.config.hidden_size  # real tokens x features
-        self.logit_max = torch.stack([
-            m.float() if m is not None else torch.tensor(float("nan"), device=mask.device)
-            for m in self.recorder.logit_max
-        ])  # (N,)
+        nan = torch.tensor(float("nan"), device=mask.device)  # a block whose attention recorded nothing
+        self.logit_max = torch.stack([m.float() if m is not None else nan for m in self.recorder.logit_max])  # (N,)
         self.recorder.disarm()
 
     @torch.no_grad()
