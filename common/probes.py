@@ -73,7 +73,6 @@ class StabilityProbe:
         self.model = model  # unwrapped: attribute access to the blocks
         blocks = model.base_model.encoder.layers
         self.params = block_parameters(model)
-        self.num_layers = len(blocks)
         self.counters = StepCounters(next(model.parameters()).device)
         self.recorder = ForwardRecorder(blocks)
         bn = [[m for m in blk.modules() if isinstance(m, batch_stat_norm_cls or ())] for blk in blocks]
@@ -190,7 +189,7 @@ class StabilityProbe:
                 "train/tokens_per_s": real / elapsed if elapsed > 0 else 0.0}
 
     def _block_metrics(self, combined: dict) -> dict:
-        n, (act_count,) = self.num_layers, combined["act_count"]
+        n, (act_count,) = len(self.params), combined["act_count"]
         grad_norms = self.grad_norm.tolist()
         ratios = self.update_ratio.tolist() if self.update_ratio is not None else [float("nan")] * n
         row = {}

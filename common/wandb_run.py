@@ -57,21 +57,15 @@ def keep_offline_files_in(out_dir) -> None:
     os.environ.update(WANDB_DATA_DIR=str(root / "data"), WANDB_CACHE_DIR=str(root / "cache"))
 
 
-def run_tags(cfg: dict, variant: str | None = None) -> list[str]:
-    """Tags to filter a study by in the UI: norm, placement, task, lr=, warmup=, seed=, the variant (config file)
-    and the user's wandb.tags."""
-    m, t = cfg["model"], cfg["train"]
-    tags = [m["norm"], m["norm_placement"], cfg["task"], f"lr={t['lr']:g}", f"warmup={t['warmup_steps']}",
-            f"seed={cfg['seed']}", variant, *cfg["wandb"]["tags"]]
-    return list(dict.fromkeys(tag for tag in tags if tag))
-
-
 def init_kwargs(cfg: dict, mode: str, run_id: str, variant: str | None = None) -> dict:
     """wandb.init arguments for accelerate's init_trackers: grouped by wandb.group (a study's name) or
-    <norm>-<placement>, job_type train, resumable under the id the checkpoints keep."""
-    m, w = cfg["model"], cfg["wandb"]
+    <norm>-<placement>, job_type train, tagged to filter a study by (norm, placement, task, lr=, warmup=, seed=, the
+    variant's config file, wandb.tags), resumable under the id the checkpoints keep."""
+    m, t, w = cfg["model"], cfg["train"], cfg["wandb"]
+    tags = [m["norm"], m["norm_placement"], cfg["task"], f"lr={t['lr']:g}", f"warmup={t['warmup_steps']}",
+            f"seed={cfg['seed']}", variant, *w["tags"]]
     return {"dir": cfg["output_dir"], "group": w["group"] or f"{m['norm']}-{m['norm_placement']}",
-            "job_type": "train", "tags": run_tags(cfg, variant), "mode": mode,
+            "job_type": "train", "tags": list(dict.fromkeys(tag for tag in tags if tag)), "mode": mode,
             "name": Path(cfg["output_dir"]).name, "id": run_id, "resume": "allow"}
 
 
