@@ -1,18 +1,13 @@
-"""Caches NormLab can always rebuild: the trained tokenizer ($NORMLAB_CACHE/tokenizers/<key>/), the tokenized
-splits (datasets' cache files) and the C++ kernel builds (normlab_kernels/build_cache.py). Each is written
-atomically and checked when read; a damaged entry (a truncated or altered file) is rebuilt with one warning naming
-it, never a traceback or a parser's message.
+"""Caches NormLab can always rebuild (the trained tokenizer, the tokenized splits, the C++ kernel builds): written
+atomically, checked when read, and a damaged entry rebuilt with one warning naming it (docs/architecture.md,
+"Caches")."""
 
-A folder entry is filled in a temporary sibling folder, gets MANIFEST (every file's size and sha256) last, and is
-renamed into place: an entry whose files do not match its manifest, or that does not load, is damaged.
-"""
-
-import contextlib
 import hashlib
 import os
 import shutil
 import sys
 import tempfile
+from contextlib import suppress
 from pathlib import Path
 
 from common.io import atomic_write_json, read_json
@@ -39,14 +34,15 @@ def file_digest(path) -> list:
     return [os.path.getsize(path), h.hexdigest()]
 
 
-def _manifest(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): file_digest(p) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != MANIFEST}
+def folder_index(folder, skip: str, describe=file_digest) -> dict:
+    """{path relative to `folder`: describe(file)} for every file under `folder` except those named `skip`."""
+    return {str(p.relative_to(folder)): describe(p) for p in sorted(Path(folder).rglob("*"))
+            if p.is_file() and p.name != skip}
 
 
 def folder_problem(folder) -> str | None:
-    """What is wrong with a folder entry (None: nothing). An entry without a manifest (written before manifests
-    existed, renamed into place whole all the same) has nothing to compare: loading it is its check."""
+    """What is wrong with a folder entry (None: nothing). An older entry without a manifest (renamed into place
+    whole all the same) has nothing to compare: loading it is its check."""
     folder = Path(folder)
     if not (folder / MANIFEST).exists():
         return None
@@ -63,14 +59,14 @@ def folder_problem(folder) -> str | None:
 
 
 def write_folder(final: Path, save) -> None:
-    """save(tmp) fills a temporary folder next to `final`, which becomes `final` with its manifest. When another
-    process got there first, its entry (built from the same inputs) is kept. A write the filesystem refuses
-    raises its OSError, leaving nothing behind."""
+    """save(tmp) fills a temporary folder next to `final`, which becomes `final` with its manifest; an entry
+    another process renamed there first (built from the same inputs) is kept. A refused write raises its OSError,
+    leaving nothing behind."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}-"))
     try:
         save(tmp)
-        atomic_write_json(tmp / MANIFEST, _manifest(tmp))
+        atomic_write_json(tmp / MANIFEST, folder_index(tmp, MANIFEST))
         try:
             os.rename(tmp, final)
         except OSError:
@@ -83,17 +79,14 @@ def write_folder(final: Path, save) -> None:
 def discard(folder: Path) -> None:
     """Remove an entry: renamed aside first, so no reader ever sees it half-deleted."""
     aside = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-damaged-"))
-    try:
+    with suppress(OSError):  # another process removed it already
         os.replace(folder, aside / folder.name)
-    except OSError:
-        pass  # another process removed it already
     shutil.rmtree(aside, ignore_errors=True)
 
 
 def cached_folder(final, make, save, load, what: str):
-    """load(final), after checking it; if it is missing or damaged, the object make() builds, saved there with
-    save(obj, folder). A damaged entry is named in one warning; a cache the filesystem refuses to take is
-    named too, and the object is used uncached."""
+    """load(final), after checking it; if it is missing or damaged (one warning), the object make() builds, saved
+    there with save(obj, folder), or used uncached (one warning) when the filesystem refuses it."""
     final = Path(final)
     if final.exists():
         problem = folder_problem(final)
@@ -104,8 +97,8 @@ def cached_folder(final, make, save, load, what: str):
                 problem = short(e)
             else:
                 if not (final / MANIFEST).exists():  # an older entry that loads: checked from now on
-                    with contextlib.suppress(OSError):
-                        atomic_write_json(final / MANIFEST, _manifest(final))
+                    with suppress(OSError):
+                        atomic_write_json(final / MANIFEST, folder_index(final, MANIFEST))
                 return obj
         warn_rebuilding(what, final, problem)
         discard(final)
@@ -120,9 +113,8 @@ def cached_folder(final, make, save, load, what: str):
 
 
 def cached_map(ds, function, fingerprint: str, what: str, **map_kwargs):
-    """ds.map(function, new_fingerprint=fingerprint) with datasets' cache file (which datasets writes atomically:
-    a temporary file, then a rename). A cache file that does not load, or holds other than ds's rows, is
-    rebuilt with one warning naming it."""
+    """ds.map(function, new_fingerprint=fingerprint), whose cache file (written atomically by datasets) is rebuilt
+    with one warning when it does not load or holds other than ds's rows."""
     try:
         mapped = ds.map(function, new_fingerprint=fingerprint, **map_kwargs)
     except Exception as e:  # noqa: BLE001 - only when a cache file was there to read: then it is the cause
@@ -141,10 +133,5 @@ def cached_map(ds, function, fingerprint: str, what: str, **map_kwargs):
 
 def _map_cache_file(ds, fingerprint: str) -> Path | None:
     """Where ds.map keeps its result for `fingerprint` (None: an in-memory dataset, not cached)."""
-    if not ds.cache_files:
-        return None
-    return Path(ds._get_cache_file_path(fingerprint))  # datasets' own naming of map caches
+    return Path(ds._get_cache_file_path(fingerprint)) if ds.cache_files else None  # datasets' naming of map caches
 
-
-__all__ = ["MANIFEST", "warn_rebuilding", "short", "file_digest", "folder_problem", "write_folder", "discard",
-           "cached_folder", "cached_map"]

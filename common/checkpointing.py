@@ -1,27 +1,18 @@
-"""Run-directory bookkeeping for train.py: atomic checkpoints, exact resume, the final model, summary.json.
-
-A checkpoint is `<output_dir>/checkpoints/step_N/`: accelerate's `save_state` (model, optimizer, scheduler, grad
-scaler, every process's RNG) plus `trainer_state.json` (step, epoch, batches consumed in the epoch, spike
-detector, best metric, and the size of every file, so a truncated file is caught before it is loaded).
-
-Atomicity: everything is written into `checkpoints/.tmp-step_N/` and renamed to `step_N/` only once complete
-(a rename within one directory is atomic on POSIX). A kill during a save leaves a `.tmp-*` folder that is never
-read and is removed by the next save; the previous checkpoint stays intact. `final/` is written the same way.
-A write the filesystem refuses (full disk, no permission) removes the temporary folder at once and raises
-common.writes.WriteError; `record_write_failure` then puts status `failed` in summary.json if it still can.
-"""
+"""Run-directory bookkeeping for train.py: atomic checkpoints, exact resume, the final model, a failed write in
+summary.json. How checkpoints stay whole: docs/architecture.md, "Checkpoints and refused writes"."""
 
 import errno
 import os
 import random
 import re
 import shutil
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from common.cache import folder_index, short
 from common.io import atomic_write_json, read_json
 from common.writes import WriteError, guarded_write
 
@@ -35,36 +26,25 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, half-written or corrupted; the message names it and what to do."""
 
 
-# ----------------------------------------------------------------------------------------------------------
-# replacing a directory atomically
-
-
 def _fsync_dir(path: Path) -> None:
-    try:
+    with suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
     """Move a fully written `tmp` directory to `final`, replacing an older `final` (rename is atomic; a
     directory cannot be renamed over a non-empty one, so the old one is first moved aside, then deleted)."""
-    old = None
+    old = final.with_name(f".old-{final.name}")
+    shutil.rmtree(old, ignore_errors=True)  # left by a kill during an earlier replace
     if final.exists():
-        old = final.with_name(f".old-{final.name}")
-        if old.exists():
-            shutil.rmtree(old)
         os.replace(final, old)
     os.replace(tmp, final)
     _fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager
@@ -80,33 +60,14 @@ def atomic_dir(final: Path, what: str):
         replace_dir(tmp, final)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# finding checkpoints
-
-
 def checkpoints_root(output_dir) -> Path:
     return Path(output_dir) / CHECKPOINTS
 
 
 def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
     """(step, path) of every `step_N` directory (valid or not), oldest first."""
-    root = checkpoints_root(output_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def _file_sizes(folder: Path) -> dict:
-    return {
-        str(p.relative_to(folder)): p.stat().st_size
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != TRAINER_STATE
-    }
+    found = ((_STEP_DIR.match(p.name), p) for p in checkpoints_root(output_dir).glob("step_*"))
+    return sorted((int(m.group(1)), p) for m, p in found if m and p.is_dir())
 
 
 def validate_checkpoint(path) -> dict:
@@ -114,18 +75,19 @@ def validate_checkpoint(path) -> dict:
     path = Path(path)
     fix = "delete it, or resume from an earlier checkpoint with train.resume=<output_dir>/checkpoints/step_N"
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} does not exist; give train.resume=auto or an existing checkpoints/step_N")
+        raise CheckpointError(f"checkpoint {path} does not exist; give train.resume=auto or an existing "
+                              f"checkpoints/step_N")
     state = read_json(path / TRAINER_STATE)
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or "files" not in state:
-        raise CheckpointError(f"checkpoint {path} is half-written or corrupted ({TRAINER_STATE} missing or unreadable); {fix}")
+        raise CheckpointError(f"checkpoint {path} is half-written or corrupted ({TRAINER_STATE} missing or "
+                              f"unreadable); {fix}")
     for name, size in state["files"].items():
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing; {fix}")
         if f.stat().st_size != size:
             raise CheckpointError(
-                f"checkpoint {path} is corrupted: {name} has {f.stat().st_size} bytes, {size} were written; {fix}"
-            )
+                f"checkpoint {path} is corrupted: {name} has {f.stat().st_size} bytes, {size} were written; {fix}")
     return state
 
 
@@ -152,14 +114,11 @@ def resolve_resume(resume, output_dir) -> tuple[Path | None, list[str]]:
     if not (path / TRAINER_STATE).exists() and checkpoints_root(path).is_dir():  # a run directory
         found, skipped = find_latest_checkpoint(path)
         if found is None:
-            raise CheckpointError(f"train.resume={resume}: no valid checkpoint under {checkpoints_root(path)}; " + "; ".join(skipped))
+            raise CheckpointError(f"train.resume={resume}: no valid checkpoint under {checkpoints_root(path)}; "
+                                  + "; ".join(skipped))
         return found, skipped
     validate_checkpoint(path)
     return path, []
-
-
-# ----------------------------------------------------------------------------------------------------------
-# RNG: resuming mid-epoch must put the generators back *after* the data loader has started
 
 
 def capture_rng_state() -> dict:
@@ -178,10 +137,9 @@ def restore_rng_state(state: dict) -> None:
 
 
 def mid_epoch_rng(batches_in_epoch: int, epoch_length: int) -> dict | None:
-    """Call right after `load_checkpoint`. Resuming mid-epoch, starting the data loader that skips the consumed
-    batches draws from the global RNG (the DataLoader's base seed), which the uninterrupted run drew before this
-    checkpoint was written. The restored state, to be put back once that loader has produced its first batch
-    (`restore_after_first`); None at an epoch boundary, where the uninterrupted run starts a loader too."""
+    """Call right after `load_checkpoint`: the restored RNG state, to put back once the loader that skips the
+    consumed batches has drawn its base seed (`restore_after_first`), as the uninterrupted run drew it before this
+    checkpoint; None at an epoch boundary, where the uninterrupted run starts a loader too."""
     return capture_rng_state() if 0 < batches_in_epoch < epoch_length else None
 
 
@@ -193,22 +151,16 @@ def restore_after_first(batches, rng_state: dict | None):
         yield batch
 
 
-# ----------------------------------------------------------------------------------------------------------
-# save / load
-
-
 def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, keep: int, tokenizer=None) -> Path:
-    """Write checkpoints/step_{step} atomically on every process's behalf; keep the newest `keep`. Collective:
-    every process must call it (each saves its own RNG state). The tokenizer, when given, is saved alongside so
-    `AutoTokenizer.from_pretrained(checkpoint)` works on any checkpoint, not only on final/."""
+    """Write checkpoints/step_{step} atomically and keep the newest `keep`. Collective: every process saves its own
+    RNG state. The tokenizer, when given, is saved alongside: `AutoTokenizer.from_pretrained` works on any
+    checkpoint. A refused write removes the half-written folder and raises WriteError."""
     root = checkpoints_root(output_dir)
     final = root / f"step_{step}"
     tmp = root / f".tmp-step_{step}"
-    # A refused write (full disk, no permission) removes the half-written folder and raises WriteError; the
-    # previous checkpoints are untouched.
     with guarded_write(f"checkpoint step_{step}", final, cleanup=lambda: shutil.rmtree(tmp, ignore_errors=True)):
         if accelerator.is_main_process:
-            for stale in root.glob(".tmp-step_*") if root.is_dir() else []:
+            for stale in root.glob(".tmp-step_*"):
                 shutil.rmtree(stale, ignore_errors=True)  # left by a kill during an earlier save
         accelerator.wait_for_everyone()
         tmp.mkdir(parents=True, exist_ok=True)
@@ -217,7 +169,8 @@ def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, kee
         if accelerator.is_main_process:
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
-            state = {"format": STATE_FORMAT, **trainer_state, "files": _file_sizes(tmp)}
+            sizes = folder_index(tmp, TRAINER_STATE, describe=lambda f: f.stat().st_size)
+            state = {"format": STATE_FORMAT, **trainer_state, "files": sizes}
             atomic_write_json(tmp / TRAINER_STATE, state)  # written last: its presence marks a complete checkpoint
             replace_dir(tmp, final)
         # Keep the newest `keep` up to this step. Newer ones belong to a timeline abandoned by resuming from an
@@ -239,10 +192,8 @@ def record_write_failure(output_dir, error: WriteError, **fields) -> None:
     summary = {"status": "failed", **fields, "last_checkpoint": str(last) if last else None, "error": str(error),
                "failed_write": {"what": error.what, "path": str(error.path),
                                 "errno": errno.errorcode.get(error.os_error.errno), "reason": error.reason}}
-    try:
+    with suppress(OSError):  # the same full disk, most likely; the error line still says everything
         atomic_write_json(Path(output_dir) / "summary.json", summary)
-    except OSError:
-        pass  # the same full disk, most likely; the error line still says everything
 
 
 def load_checkpoint(accelerator, path) -> dict:
@@ -251,17 +202,8 @@ def load_checkpoint(accelerator, path) -> dict:
     try:
         accelerator.load_state(str(path))
     except Exception as e:  # a size mismatch, a truncated tensor file, an unpicklable RNG file...
-        msg = " ".join(str(e).split())[:300]
         raise CheckpointError(
-            f"checkpoint {path} could not be loaded ({type(e).__name__}: {msg}); it is corrupted or was written by a "
-            f"different model config; resume from another checkpoint or start a new output_dir"
-        ) from e
+            f"checkpoint {path} could not be loaded ({short(e, 300)}); it is corrupted or was written by a "
+            f"different model config; resume from another checkpoint or start a new output_dir") from e
     return state
 
-
-__all__ = [
-    "CheckpointError", "CHECKPOINTS", "TRAINER_STATE", "replace_dir", "atomic_dir", "checkpoints_root",
-    "list_checkpoints", "validate_checkpoint", "find_latest_checkpoint", "resolve_resume", "capture_rng_state",
-    "restore_rng_state", "mid_epoch_rng", "restore_after_first", "save_checkpoint", "load_checkpoint",
-    "record_write_failure",
-]

@@ -1,14 +1,12 @@
-"""Reading and writing the repo's small files: JSON, YAML, JSON Lines, and atomic writes.
-
-Readers of files that may legitimately be absent (a run without summary.json yet) return a default instead of
-raising; the caller decides whether that is an error. Writers replace a file atomically: readers (another process,
-a crash-and-resume) see the old content or the new one, never half of it.
-"""
+"""Reading and writing the repo's small files: JSON, YAML, JSON Lines. Writers replace a file atomically; readers
+of files that may be absent return a default."""
 
 import contextlib
 import json
 import os
 from pathlib import Path
+
+import yaml
 
 
 def atomic_write_text(path, text: str) -> None:
@@ -42,8 +40,6 @@ def read_json(path, default=None):
 
 def read_yaml(path, default=None):
     """The parsed YAML file, or `default` when it is missing or unreadable."""
-    import yaml
-
     try:
         return yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):
@@ -53,8 +49,6 @@ def read_yaml(path, default=None):
 def load_yaml_mapping(path) -> dict:
     """A YAML file that must hold a mapping (a config, a study grid); {} when it is empty. Unlike read_yaml this
     is for files the user wrote: a syntax error or another type raises ValueError naming the file and line."""
-    import yaml
-
     try:
         data = yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as e:
@@ -86,10 +80,8 @@ def read_jsonl(path) -> list[dict]:
 
 
 def write_jsonl(path, rows) -> None:
-    """Compact separators: the study's records are committed, and a few hundred KB is the difference."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # compact separators: the study's records are committed, and a few hundred KB is the difference
     atomic_write_text(path, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
 
-
-__all__ = ["atomic_write_text", "atomic_write_json", "read_json", "read_yaml", "load_yaml_mapping", "read_jsonl", "write_jsonl"]

@@ -1,22 +1,18 @@
 """What machine a measurement ran on: the CPU's name, the versions and the device, for benchmark outputs."""
 
-from __future__ import annotations
-
 import os
 import platform
+from contextlib import suppress
 from pathlib import Path
 
 
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo (platform.processor() is often just the architecture on Linux)."""
-    cpu = platform.processor() or platform.machine()
-    try:
+    with suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return cpu
+    return platform.processor() or platform.machine()
 
 
 def load_average() -> list[float] | None:

@@ -2,6 +2,7 @@
 
 import json
 import math
+from contextlib import suppress
 from pathlib import Path
 
 from common.io import atomic_write_text, read_jsonl
@@ -23,14 +24,10 @@ class MetricsWriter:
         with guarded_write("metrics.jsonl", self.path):
             if resume_step is None:
                 self.path.write_text("")
-            else:
-                self._rewind(resume_step)
+            else:  # the rows after the checkpoint resumed from go: the resumed run writes them again
+                kept = [row for row in read_jsonl(self.path) if row.get("step", 0) <= resume_step]
+                atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))  # as `write` wrote them
             self.file = open(self.path, "a")
-
-    def _rewind(self, step: int) -> None:
-        """Drop the rows after the checkpoint being resumed from: the resumed run writes them again."""
-        kept = [row for row in read_jsonl(self.path) if row.get("step", 0) <= step]
-        atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))  # as `write` wrote them
 
     def write(self, row: dict) -> None:
         # a refused write: WriteError (common.writes), and the file closed (its buffer would fail again at exit)
@@ -39,10 +36,6 @@ class MetricsWriter:
             self.file.flush()
 
     def close(self) -> None:
-        try:
+        with suppress(OSError):  # the flush of a line a full disk refused: write() has raised already
             self.file.close()
-        except OSError:  # the flush of a line a full disk refused: write() has raised already
-            pass
 
-
-__all__ = ["MetricsWriter"]

@@ -37,14 +37,12 @@ def check_output_dir(cfg: dict) -> None:
         raise ConfigError(
             f"output_dir={out} already holds a finished run of {what} ({summary.get('step')} steps), which is never "
             f"overwritten; for a new run pick another output_dir (e.g. output_dir={out}-2) or delete {out}; to train "
-            f"this one further pass train.resume=auto with a larger train.max_steps or train.epochs"
-        )
+            f"this one further pass train.resume=auto with a larger train.max_steps or train.epochs")
     if summary is not None or list_checkpoints(out):
         what = f"status {status}" if status else "checkpoints"
         raise ConfigError(
             f"output_dir={out} already holds an unfinished run ({what}); pass train.resume=auto to continue it, "
-            f"or pick another output_dir"
-        )
+            f"or pick another output_dir")
 
 
 def check_resume_config(cfg: dict, ckpt_cfg: dict, path: Path) -> list[str]:
@@ -55,8 +53,7 @@ def check_resume_config(cfg: dict, ckpt_cfg: dict, path: Path) -> list[str]:
     if fatal:
         shown = ", ".join(f"{k}={flatten_config(ckpt_cfg).get(k)!r}" for k in fatal[:4])
         raise ConfigError(
-            f"checkpoint {path} was trained with {shown}; resume with the same values (or start a new output_dir)"
-        )
+            f"checkpoint {path} was trained with {shown}; resume with the same values (or start a new output_dir)")
     return diff
 
 
@@ -87,8 +84,7 @@ def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
         raise ConfigError(
             "train.py does not run under DeepSpeed (its per-step stability metrics read every parameter's gradient "
             "and update, which ZeRO partitions and applies inside backward); use configs/accelerate/fsdp.yaml or "
-            "multi_gpu.yaml, or configs/accelerate/deepspeed_zero2.yaml with a transformers Trainer script"
-        )
+            "multi_gpu.yaml, or configs/accelerate/deepspeed_zero2.yaml with a transformers Trainer script")
     trackers, wandb_mode = resolve_trackers(cfg)
     os.environ.setdefault("WANDB_SILENT", "true")
     if "wandb" in trackers:
@@ -97,6 +93,3 @@ def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
             wandb_run.keep_offline_files_in(out)
     return resume_path, notices, trackers, wandb_mode
 
-
-__all__ = ["RESUMABLE_CHANGES", "config_diff", "check_output_dir", "check_resume_config", "resolve_trackers",
-           "preflight"]

@@ -1,21 +1,5 @@
-"""The stability probe: the training loop's per-step stability metrics, under the names the README lists (wandb
-and metrics.jsonl alike).
-
-Cost model: nothing here runs on a step that is not a logging step except `StabilityProbe.count` (two tensor
-adds, no host sync) and the probe's forward hooks, which return at once while disarmed. On a logging step the
-hooks take each block's sum of squares of the residual stream and each attention's largest logit from the
-forward the loop runs anyway; the probe takes per-block gradient norms with one `torch._foreach_norm`, copies the
-block weights into one flat buffer before the optimizer step and diffs them in place after it, gathers its dict
-of results over processes (one small all-gather per entry, none on one process), combines each entry by its own
-rule (`_ACROSS_PROCESSES`), and moves the lot to the host at once (one sync).
-
-Per-block metrics, for block i of `model.normlab.encoder.layers`:
-  layers/{i}/grad_norm       L2 norm of the block's gradients, before clipping
-  layers/{i}/act_rms         RMS of the residual stream after block i, over real (non-pad) tokens and features
-  layers/{i}/attn_logit_max  largest pre-softmax attention logit q.k/sqrt(d_head) over heads and real tokens
-  layers/{i}/update_ratio    ||w_after - w_before|| / ||w_before|| over all of the block's weights, for one step
-  bn/{i}/stat_drift          BN family: mean over the block's batch-statistics norms of `last_stat_drift`
-"""
+"""The stability probe: the training loop's per-step stability metrics, under the names docs/architecture.md
+lists ("Metric names"; how the probe keeps them off the training step: "The stability probe")."""
 
 import math
 import re
@@ -27,14 +11,9 @@ import torch
 _LAYER = re.compile(r"(?:^|\.)encoder\.layers\.(\d+)\.")
 
 
-def blocks_of(model) -> torch.nn.ModuleList:
-    """The encoder blocks of a NormLab model with any head (`model.normlab.encoder.layers`)."""
-    return model.base_model.encoder.layers
-
-
 def block_parameters(model) -> list[list[torch.nn.Parameter]]:
-    """Trainable parameters per block i (names contain `encoder.layers.{i}.`), in block order."""
-    groups = [[] for _ in blocks_of(model)]
+    """Trainable parameters per encoder block i (names contain `encoder.layers.{i}.`), in block order."""
+    groups = [[] for _ in model.base_model.encoder.layers]
     for name, p in model.named_parameters():
         m = _LAYER.search(name)
         if m and p.requires_grad:
@@ -84,34 +63,20 @@ _ACROSS_PROCESSES = {
 
 
 class StabilityProbe:
-    """The training loop's metrics (see the module docstring): counters on every micro-batch (`count`), and on a
-    logging step the per-block measurements, taken by two context managers around the forward and around the
-    optimizer step, then `collect`ed into one metrics row.
-
-        probe.count(loss, attention_mask)                  # every micro-batch
-        with probe.forward(attention_mask):                # a logging step's forward
-            ...
-        with probe.update(grad_norm, max_grad_norm):       # its optimizer step, after clipping
-            optimizer.step()
-        row = probe.collect(accelerator, grad_norm, lr)    # combined over processes; restarts the counters
-
-    The steps inside the contexts (`arm`, `read_forward`, `read_grads`, `snapshot`, `read_update`) are public for
-    the tests that check each measurement against a direct computation. Build the probe before the model's first
-    forward: its hooks (`ForwardRecorder`) must be in place when torch.compile traces the model.
+    """`count` on every micro-batch; on a logging step, `forward` around the forward and `update` around the
+    optimizer step (after clipping) take the per-block measurements, and `collect` makes them one metrics row,
+    combined over processes. Build it before the model's first forward: torch.compile traces the hooks present at
+    its first call. The steps inside the contexts are public for the tests that check each measurement.
     """
 
     def __init__(self, model, batch_stat_norm_cls=None):
         self.model = model  # unwrapped: attribute access to the blocks
-        self.blocks = blocks_of(model)
+        blocks = model.base_model.encoder.layers
         self.params = block_parameters(model)
-        self.num_layers = len(self.blocks)
         self.counters = StepCounters(next(model.parameters()).device)
-        self.recorder = ForwardRecorder(self.blocks)
-        self.bn_by_block = []
-        if batch_stat_norm_cls is not None:
-            self.bn_by_block = [[m for m in blk.modules() if isinstance(m, batch_stat_norm_cls)] for blk in self.blocks]
-            if not any(self.bn_by_block):
-                self.bn_by_block = []
+        self.recorder = ForwardRecorder(blocks)
+        bn = [[m for m in blk.modules() if isinstance(m, batch_stat_norm_cls or ())] for blk in blocks]
+        self.bn_by_block = bn if any(bn) else []
         # The weight snapshot: all block weights in one flat float32 buffer (block after block), allocated at the
         # first snapshot, with one view of it per parameter for the in-place diff.
         self._flat_params = [p for group in self.params for p in group]
@@ -120,11 +85,8 @@ class StabilityProbe:
         self._reset()
 
     def _reset(self):
-        self.act_sumsq = self.act_count = self.logit_max = self.grad_norm = None
+        self.act_sumsq = self.act_count = self.logit_max = self.grad_norm = self.update_ratio = None
         self._before_sq = None
-        self.update_ratio = None
-
-    # --- the loop's interface ---
 
     def count(self, loss: torch.Tensor, attention_mask: torch.Tensor) -> None:
         self.counters.add(loss, attention_mask)
@@ -147,8 +109,8 @@ class StabilityProbe:
         self.read_update()
 
     def collect(self, accelerator, grad_norm: float, lr: float, measured: bool = True) -> dict:
-        """One metrics row (the README's names) combined over processes, then restart the counters. `measured`
-        False: the counters only (a step whose probe measurements were not taken, e.g. a non-finite one)."""
+        """One metrics row combined over processes; restarts the counters. `measured` False: the counters only
+        (a step whose measurements were not taken, e.g. a non-finite one)."""
         local = self._local_values(measured)
         everyone = accelerator.gather({k: v.unsqueeze(0) for k, v in local.items()})  # each (P, ...)
         combined = _to_host({k: _ACROSS_PROCESSES[k](v.reshape(accelerator.num_processes, *local[k].shape))
@@ -158,8 +120,6 @@ class StabilityProbe:
             row.update(self._block_metrics(combined))
         self.counters.reset()
         return row
-
-    # --- the measurements ---
 
     def arm(self) -> None:
         self._reset()
@@ -171,16 +131,14 @@ class StabilityProbe:
         mask = attention_mask.float()  # (B, L)
         self.act_sumsq = torch.stack(self.recorder.sumsq).float()  # (N,) over real tokens
         self.act_count = mask.sum() * self.model.config.hidden_size  # real tokens x features
-        self.logit_max = torch.stack([
-            m.float() if m is not None else torch.tensor(float("nan"), device=mask.device)
-            for m in self.recorder.logit_max
-        ])  # (N,)
+        nan = torch.tensor(float("nan"), device=mask.device)  # a block whose attention recorded nothing
+        self.logit_max = torch.stack([m.float() if m is not None else nan for m in self.recorder.logit_max])  # (N,)
         self.recorder.disarm()
 
     @torch.no_grad()
     def read_grads(self, clip_coef: float) -> None:
-        """Per-block grad norms before clipping. Read after `clip_grad_norm_` (which also unscales fp16
-        gradients), so the clipped norms are divided by the clip coefficient that was applied."""
+        """Per-block grad norms before clipping: read after `clip_grad_norm_` (which also unscales fp16 gradients),
+        divided by the clip coefficient it applied."""
         grads = [[p.grad for p in group if p.grad is not None] for group in self.params]
         self.grad_norm = _per_block_norm(grads) / clip_coef
 
@@ -210,16 +168,6 @@ class StabilityProbe:
         self.update_ratio = (diff_sq / self._before_sq.clamp_min(1e-24)).sqrt().float()  # (N,)
         self._before_sq = None
 
-    def stat_drift(self) -> torch.Tensor | None:
-        if not self.bn_by_block:
-            return None
-        return torch.stack([
-            torch.stack([m.last_stat_drift.float() for m in norms]).mean() if norms else torch.tensor(float("nan"))
-            for norms in self.bn_by_block
-        ])  # (N,)
-
-    # --- building the row ---
-
     def _local_values(self, measured: bool) -> dict[str, torch.Tensor]:
         """This process's values, float32 on the counters' device, keyed as in _ACROSS_PROCESSES."""
         c, dev = self.counters, self.counters.device
@@ -227,9 +175,10 @@ class StabilityProbe:
                  "loss": c.loss_sum / max(c.loss_count, 1)}
         if measured:
             local.update(act_sumsq=self.act_sumsq, act_count=self.act_count.float(), logit_max=self.logit_max)
-            drift = self.stat_drift()
-            if drift is not None:
-                local["stat_drift"] = drift
+            if self.bn_by_block:  # (N,) mean of each block's BN drifts
+                local["stat_drift"] = torch.stack([
+                    torch.stack([m.last_stat_drift.float() for m in norms]).mean() if norms
+                    else torch.tensor(float("nan")) for norms in self.bn_by_block])
         return {k: v.to(dev).float() for k, v in local.items()}
 
     def _counter_metrics(self, combined: dict, grad_norm: float, lr: float) -> dict:
@@ -240,7 +189,7 @@ class StabilityProbe:
                 "train/tokens_per_s": real / elapsed if elapsed > 0 else 0.0}
 
     def _block_metrics(self, combined: dict) -> dict:
-        n, (act_count,) = self.num_layers, combined["act_count"]
+        n, (act_count,) = len(self.params), combined["act_count"]
         grad_norms = self.grad_norm.tolist()
         ratios = self.update_ratio.tolist() if self.update_ratio is not None else [float("nan")] * n
         row = {}
@@ -255,10 +204,9 @@ class StabilityProbe:
 
 
 class ForwardRecorder:
-    """Forward hooks on the encoder blocks that record, while armed, each block's sum of squares of the residual
-    stream it outputs and its attention's largest logit, from the queries and keys the attention attends with
-    (the outputs of its `q_norm` and `k_norm`, identities without QK-norm). Disarmed, the hooks return at once.
-    They stay registered: torch.compile traces the hooks present at its first call, and guards on `armed`."""
+    """Forward hooks that record, while armed, each block's sum of squares of the residual stream it outputs and
+    its attention's largest logit, from the outputs of its `q_norm` and `k_norm` (identities without QK-norm).
+    Disarmed, they return at once; they stay registered, as torch.compile guards on `armed`."""
 
     def __init__(self, blocks):
         self.armed = False
@@ -266,8 +214,8 @@ class ForwardRecorder:
         self.logit_max = [None] * len(blocks)
         self._q = self._k = None
         for i, block in enumerate(blocks):
-            block.attention.q_norm.register_forward_hook(self._keep_query)
-            block.attention.k_norm.register_forward_hook(self._keep_key)
+            block.attention.q_norm.register_forward_hook(self._keep("_q"))
+            block.attention.k_norm.register_forward_hook(self._keep("_k"))
             block.register_forward_hook(self._block_hook(i, block.attention.scale))
 
     def arm(self) -> None:
@@ -279,13 +227,11 @@ class ForwardRecorder:
         self.armed = False
         self._q = self._k = None
 
-    def _keep_query(self, module, args, q) -> None:
-        if self.armed:
-            self._q = q
-
-    def _keep_key(self, module, args, k) -> None:
-        if self.armed:
-            self._k = k
+    def _keep(self, name: str):
+        def keep(module, args, output) -> None:
+            if self.armed:
+                setattr(self, name, output)
+        return keep
 
     def _block_hook(self, i: int, scale: float):
         def record(block, args, output) -> None:  # args: (x, layout, ...); output: (x, attention weights)
@@ -310,10 +256,8 @@ def real_sumsq(x, layout) -> torch.Tensor:
 
 @torch.no_grad()
 def attention_logit_max(q, k, layout, scale: float) -> torch.Tensor:
-    """Largest pre-softmax logit q.k * scale over heads, real queries and real keys; q, k (B, H, L, Dh). Padding is
-    excluded, so the probe, like the outputs, does not depend on how much padding the batch has. Computed in
-    float32, autocast off: half-precision logits of growing q and k overflow (fp16 ends at 65504), and the growth
-    is what the probe exists to show. In float32 the scale can come after the max (the same number: rounding is
+    """Largest pre-softmax logit q.k * scale over heads, real queries and real keys; q, k (B, H, L, Dh). In float32
+    with autocast off, as half-precision logits overflow; scaled after the max (the same number: rounding is
     monotonic), which saves a pass over the (B, H, L, L) logits."""
     with torch.autocast(q.device.type, enabled=False):
         logits = torch.matmul(q.float(), k.float().transpose(-2, -1))  # (B, H, L, L)
@@ -326,19 +270,11 @@ def attention_logit_max(q, k, layout, scale: float) -> torch.Tensor:
 
 def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, list[float]]:
     """Every tensor of the dict as a list of floats, in one device-to-host copy (one sync)."""
-    flat = torch.cat([t.reshape(-1) for t in tensors.values()]).tolist()
-    out, i = {}, 0
-    for k, t in tensors.items():
-        out[k], i = flat[i:i + t.numel()], i + t.numel()
-    return out
+    host = torch.cat([t.reshape(-1) for t in tensors.values()]).cpu()
+    return {k: part.tolist() for k, part in zip(tensors, host.split([t.numel() for t in tensors.values()]))}
 
 
 def clip_coefficient(total_norm: float, max_norm: float) -> float:
     """The factor torch.nn.utils.clip_grad_norm_ multiplied the gradients by (same formula)."""
     return min(1.0, max_norm / (total_norm + 1e-6)) if math.isfinite(total_norm) else 1.0
 
-
-__all__ = [
-    "blocks_of", "block_parameters", "StabilityProbe", "StepCounters", "ForwardRecorder", "real_sumsq",
-    "attention_logit_max", "clip_coefficient",
-]

@@ -10,18 +10,11 @@ from common.io import read_jsonl
 
 
 def tokens_per_s(metrics_path) -> float | None:
-    """The training throughput: the median of the logged train/tokens_per_s (real tokens per second of training
-    across all processes; the median, so the first steps' warm-up does not count). None without rows."""
-    path = Path(metrics_path)
-    rows = read_jsonl(path) if path.exists() else []
-    rates = [r["train/tokens_per_s"] for r in rows if isinstance(r.get("train/tokens_per_s"), (int, float))]
+    """The median of the logged train/tokens_per_s (the median: the first steps' warm-up does not count); None
+    without rows."""
+    rates = [r["train/tokens_per_s"] for r in read_jsonl(metrics_path)
+             if isinstance(r.get("train/tokens_per_s"), (int, float))]
     return statistics.median(rates) if rates else None
-
-
-def offline_wandb_dir(out_dir) -> Path | None:
-    """The run's newest wandb offline run folder (RUN_DIR/wandb/offline-run-<time>-<id>), None if it has none."""
-    runs = sorted(Path(out_dir).glob("wandb/offline-run-*"))
-    return runs[-1] if runs else None
 
 
 def _q(path) -> str:
@@ -61,13 +54,11 @@ def format_summary(summary: dict, out_dir, eval_split: str, wandb_mode: str | No
         lines.append(f"  state:  {summary['last_checkpoint'] or 'no checkpoint'} (before the non-finite step); "
                      f"no final/ model: try a lower train.lr or more train.warmup_steps")
     if summary.get("wandb_run_id"):
-        local = offline_wandb_dir(out) if wandb_mode == "offline" else None
-        if local is not None:
-            lines.append(f"  W&B:    {local}    upload: wandb sync {_q(local)}")
+        local = sorted(out.glob("wandb/offline-run-*")) if wandb_mode == "offline" else []  # newest last
+        if local:
+            lines.append(f"  W&B:    {local[-1]}    upload: wandb sync {_q(local[-1])}")
             lines.append(f"  charts: python scripts/wandb_charts.py {_q(out)}    (depth charts, drawn locally)")
         elif wandb_url:
             lines.append(f"  W&B:    {wandb_url}")
     return "\n".join(lines)
 
-
-__all__ = ["tokens_per_s", "offline_wandb_dir", "headline", "format_summary"]

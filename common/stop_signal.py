@@ -37,5 +37,3 @@ class StopSignal:
             for s, handler in self._previous.items():
                 signal.signal(s, handler)
 
-
-__all__ = ["StopSignal"]

@@ -1,13 +1,7 @@
-"""Read an offline wandb run back from its `run-<id>.wandb` file: what `wandb sync` would upload.
-
-The file is wandb's transaction log: a 7-byte header (":W&B", magic 0xBEE1, version 0), then LevelDB's log
-format (32 KiB blocks of chunks: CRC-32 of type byte + payload, 2-byte length, 1-byte type full/first/middle/last)
-whose payloads are `wandb_internal_pb2.Record` protobufs. wandb itself ships no Python reader for it any more (its
-Go core writes it), so the framing is read here and every payload is parsed with wandb's own protobuf classes.
-
-`OfflineRun` folds the records into what the W&B UI shows: the run's metadata, config (with the custom charts under
-`_wandb.visualize`), summary, history rows, and the artifacts logged (type, name, aliases, files, metadata).
-"""
+"""Read an offline wandb run back from its `run-<id>.wandb` file: what `wandb sync` would upload. wandb ships no
+Python reader for this transaction log, so the framing is read here (format: docs/wandb.md, "Reading offline runs
+back") and every payload is parsed with wandb's own protobuf classes. `OfflineRun` folds the records into what the
+W&B UI shows: metadata, config (custom charts under `_wandb.visualize`), summary, history and artifacts."""
 
 import json
 import struct
@@ -35,11 +29,8 @@ def read_records(path):
     pos, payload = _HEADER.size, b""
     while pos + _CHUNK.size <= len(data):
         left_in_block = _BLOCK - pos % _BLOCK
-        if left_in_block < _CHUNK.size:  # a block's tail too short for a chunk header is zero padding
-            pos += left_in_block
-            continue
-        crc, length, kind = _CHUNK.unpack_from(data, pos)
-        if kind == 0 and length == 0:  # zero padding to the end of the block
+        crc, length, kind = _CHUNK.unpack_from(data, pos) if left_in_block >= _CHUNK.size else (0, 0, 0)
+        if kind == 0 and length == 0:  # zero padding to the end of the block (or a tail too short for a header)
             pos += left_in_block
             continue
         chunk = data[pos + _CHUNK.size: pos + _CHUNK.size + length]
@@ -65,7 +56,7 @@ def _set(tree: dict, item) -> None:
 
 @dataclass
 class OfflineRun:
-    """An offline run folded from its records (see the module docstring)."""
+    """An offline run folded from its records."""
 
     directory: Path
     id: str = ""
@@ -143,5 +134,3 @@ def offline_runs(wandb_dir) -> list[OfflineRun]:
     """Every offline run under a wandb directory (e.g. <output_dir>/wandb), oldest first."""
     return [OfflineRun.read(d) for d in sorted(Path(wandb_dir).glob("offline-run-*"))]
 
-
-__all__ = ["RecordsError", "read_records", "OfflineRun", "offline_runs"]

@@ -1,14 +1,5 @@
-"""A study's report run in Weights & Biases: one run per study, in the group of the study's training runs
-(job_type "report"), holding
-
-  - `study/runs`: one row per training run (every seed, every LR: config and results), a wandb.Table;
-  - `study/<sweep>`: interactive line series (e.g. accuracy against the learning rate, one line per variant);
-  - `study/verdicts`: the report's verdict table;
-  - `study/<image>`: the report's figures;
-  - config `runs`: the wandb ids of the runs it summarises (the `wandb_run_id` column), so the report links to them.
-
-Generic on purpose: the caller (scripts/report.py) decides what the rows, sweeps and verdicts are.
-"""
+"""A study's report run in Weights & Biases, in the group of the study's training runs (job_type "report"; what
+it holds: docs/wandb.md). Generic on purpose: scripts/report.py decides what the rows, sweeps and verdicts are."""
 
 import math
 from pathlib import Path
@@ -18,9 +9,7 @@ def _cell(value):
     """A table cell wandb accepts: NaN/inf as empty, containers as text."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    if isinstance(value, (list, tuple, dict)):
-        return str(value)
-    if isinstance(value, Path):
+    if isinstance(value, (list, tuple, dict, Path)):
         return str(value)
     return value
 
@@ -33,19 +22,19 @@ def rows_table(rows: list[dict]):
     return wandb.Table(columns=columns, data=[[_cell(row.get(c)) for c in columns] for row in rows])
 
 
-def sweep_chart(xs, ys: dict, title: str = "", xname: str = "x"):
-    """wandb.plot.line_series with one line per `ys` entry (values aligned with `xs`); missing points (None, NaN)
-    are left out of their line instead of breaking it."""
+def line_chart(lines: dict, title: str = "", xname: str = "x"):
+    """wandb.plot.line_series with one line per `{name: (xs, ys)}` entry; missing points (None, NaN) are left out of
+    their line instead of breaking it."""
     import wandb
 
-    lines = {}
-    for line, values in ys.items():
-        points = [(x, y) for x, y in zip(xs, values) if isinstance(y, (int, float)) and math.isfinite(y)]
+    kept = {}
+    for name, (xs, ys) in lines.items():
+        points = [(x, y) for x, y in zip(xs, ys) if isinstance(y, (int, float)) and math.isfinite(y)]
         if points:
-            lines[line] = points
-    return wandb.plot.line_series(xs=[[x for x, _ in p] for p in lines.values()],
-                                  ys=[[y for _, y in p] for p in lines.values()],
-                                  keys=list(lines), title=title, xname=xname)
+            kept[name] = points
+    return wandb.plot.line_series(xs=[[x for x, _ in p] for p in kept.values()],
+                                  ys=[[y for _, y in p] for p in kept.values()],
+                                  keys=list(kept), title=title, xname=xname)
 
 
 def log_study(study_dir, name: str, runs: list[dict], sweeps: dict, verdicts: list[dict], images: dict,
@@ -68,8 +57,8 @@ def log_study(study_dir, name: str, runs: list[dict], sweeps: dict, verdicts: li
                      config={"study": name, "study_dir": str(study_dir), "num_runs": len(runs), "runs": run_ids})
     logged = {"study/runs": rows_table(runs), "study/verdicts": rows_table(verdicts)}
     for key, sweep in sweeps.items():
-        logged[f"study/{key}"] = sweep_chart(sweep["xs"], sweep["ys"], sweep.get("title", key),
-                                             sweep.get("xname", "x"))
+        lines = {line: (sweep["xs"], ys) for line, ys in sweep["ys"].items()}
+        logged[f"study/{key}"] = line_chart(lines, sweep.get("title", key), sweep.get("xname", "x"))
     for key, image in images.items():
         path, caption = image if isinstance(image, tuple) else (image, None)
         logged[f"study/{key}"] = wandb.Image(str(path), caption=caption)
@@ -78,5 +67,3 @@ def log_study(study_dir, name: str, runs: list[dict], sweeps: dict, verdicts: li
     run.finish()
     return info
 
-
-__all__ = ["rows_table", "sweep_chart", "log_study"]

@@ -1,24 +1,16 @@
-"""What a training run shows in Weights & Biases beyond its scalar rows (train.py calls these on the main process,
-with the run accelerate's wandb tracker holds: `accelerator.get_tracker("wandb", unwrap=True)`).
-
-  - every metric against the optimizer step: `step` (and `epoch`) are logged with each row, as in metrics.jsonl,
-    and `define_metric("*", step_metric="step")` makes `step` the x-axis of every panel, eval metrics included;
-  - `depth/<quantity>`: one chart per per-layer quantity (layers/{i}/grad_norm, act_rms, attn_logit_max,
-    update_ratio, bn/{i}/stat_drift) with every layer as a line (`wandb.plot.line_series`), so how a norm behaves
-    with depth is one glance instead of one panel per layer. They are drawn from metrics.jsonl at each evaluation
-    and at the end (never per step: nothing is added to the training step), so a resumed run's charts cover the
-    whole run;
-  - tags and config to filter a study by (norm, placement, LR, warmup, seed, variant; group and job_type);
-  - the summary: summary.json's keys (status, final and best eval metrics, spike count, and whatever else train.py
-    records there, e.g. the kernel backend when it records one);
-  - final/ as a `model` artifact (evaluate.py loads it back) and, with `wandb.log_checkpoints=true`, every checkpoint
-    as a `checkpoint` artifact.
-"""
+"""What a training run shows in Weights & Biases beyond its scalar rows (docs/wandb.md, "What you will see in
+W&B"). train.py calls these on the main process with accelerate's wandb run
+(`accelerator.get_tracker("wandb", unwrap=True)`)."""
 
 import math
+import netrc
 import os
 import re
 from pathlib import Path
+from urllib.parse import urlparse
+
+from common.io import read_jsonl
+from common.wandb_report import line_chart
 
 # Per-layer metric names (common/probes.py) -> what their depth chart shows.
 DEPTH_CHARTS = {
@@ -37,9 +29,6 @@ def api_key_present() -> bool:
     """A wandb API key in the environment or in ~/.netrc (what `wandb login` writes); never prompts."""
     if os.environ.get("WANDB_API_KEY"):
         return True
-    import netrc
-    from urllib.parse import urlparse
-
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
     try:
         return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
@@ -61,32 +50,22 @@ def resolve_mode(setting: str) -> str:
     return setting
 
 
-def keep_offline_files_in(out_dir, env=os.environ) -> dict:
-    """An offline run's staged files inside its run directory: wandb copies every logged artifact and table to a
-    staging folder ($WANDB_DATA_DIR, default ~/.local/share/wandb) to wait for `wandb sync`, and keeps a cache
-    ($WANDB_CACHE_DIR, default ~/.cache/wandb). Under RUN_DIR/wandb/ instead, copying RUN_DIR keeps them with the run.
-    Sets them in `env`; returns what it set."""
+def keep_offline_files_in(out_dir) -> None:
+    """Sets $WANDB_DATA_DIR (where wandb stages logged artifacts and tables for `wandb sync`) and $WANDB_CACHE_DIR
+    to RUN_DIR/wandb/data and cache, so a copy of RUN_DIR keeps them."""
     root = Path(out_dir).resolve() / "wandb"
-    dirs = {"WANDB_DATA_DIR": str(root / "data"), "WANDB_CACHE_DIR": str(root / "cache")}
-    env.update(dirs)
-    return dirs
-
-
-def run_tags(cfg: dict, variant: str | None = None) -> list[str]:
-    """Tags to filter a study by in the UI: norm, placement, task, lr=, warmup=, seed=, the variant (config file)
-    and the user's wandb.tags."""
-    m, t = cfg["model"], cfg["train"]
-    tags = [m["norm"], m["norm_placement"], cfg["task"], f"lr={t['lr']:g}", f"warmup={t['warmup_steps']}",
-            f"seed={cfg['seed']}", variant, *cfg["wandb"]["tags"]]
-    return list(dict.fromkeys(tag for tag in tags if tag))
+    os.environ.update(WANDB_DATA_DIR=str(root / "data"), WANDB_CACHE_DIR=str(root / "cache"))
 
 
 def init_kwargs(cfg: dict, mode: str, run_id: str, variant: str | None = None) -> dict:
     """wandb.init arguments for accelerate's init_trackers: grouped by wandb.group (a study's name) or
-    <norm>-<placement>, job_type train, resumable under the id the checkpoints keep."""
-    m, w = cfg["model"], cfg["wandb"]
+    <norm>-<placement>, job_type train, tagged to filter a study by (norm, placement, task, lr=, warmup=, seed=, the
+    variant's config file, wandb.tags), resumable under the id the checkpoints keep."""
+    m, t, w = cfg["model"], cfg["train"], cfg["wandb"]
+    tags = [m["norm"], m["norm_placement"], cfg["task"], f"lr={t['lr']:g}", f"warmup={t['warmup_steps']}",
+            f"seed={cfg['seed']}", variant, *w["tags"]]
     return {"dir": cfg["output_dir"], "group": w["group"] or f"{m['norm']}-{m['norm_placement']}",
-            "job_type": "train", "tags": run_tags(cfg, variant), "mode": mode,
+            "job_type": "train", "tags": list(dict.fromkeys(tag for tag in tags if tag)), "mode": mode,
             "name": Path(cfg["output_dir"]).name, "id": run_id, "resume": "allow"}
 
 
@@ -120,23 +99,17 @@ def _thin(xs: list, ys: list, points: int):
 
 
 def depth_charts(rows, points: int = CHART_POINTS) -> dict:
-    """{"depth/<quantity>": wandb.plot.line_series with one line per layer} from metrics.jsonl rows."""
-    import wandb
-
+    """{"depth/<quantity>": a line chart with one line per layer} from metrics.jsonl rows."""
     charts = {}
     for quantity, by_layer in depth_series(rows).items():
-        layers = sorted(by_layer)
-        lines = [_thin(*by_layer[i], points) for i in layers]
-        charts[f"depth/{quantity}"] = wandb.plot.line_series(
-            xs=[xs for xs, _ in lines], ys=[ys for _, ys in lines], keys=[f"layer {i}" for i in layers],
-            title=DEPTH_CHARTS.get(quantity, quantity), xname="step")
+        lines = {f"layer {i}": _thin(*by_layer[i], points) for i in sorted(by_layer)}
+        charts[f"depth/{quantity}"] = line_chart(lines, DEPTH_CHARTS.get(quantity, quantity), xname="step")
     return charts
 
 
 def log_depth_charts(run, metrics_path) -> None:
-    """Draw the depth charts from the run's metrics.jsonl, at its last logged step."""
-    from common.io import read_jsonl
-
+    """Draw the depth charts from the run's metrics.jsonl (so a resumed run's cover the whole run), at its last
+    logged step."""
     rows = read_jsonl(metrics_path)
     charts = depth_charts(rows)
     if charts:
@@ -146,16 +119,13 @@ def log_depth_charts(run, metrics_path) -> None:
 def write_summary(run, summary: dict) -> None:
     """summary.json into the run summary; nested dicts one level flat (final/eval/accuracy, best/step, ...)."""
     for key, value in summary.items():
-        if isinstance(value, dict):
-            for sub, v in value.items():
-                run.summary[f"{key}/{sub}"] = v
-        else:
-            run.summary[key] = value
+        flat = {f"{key}/{sub}": v for sub, v in value.items()} if isinstance(value, dict) else {key: value}
+        run.summary.update(flat)
 
 
 def log_model(run, final_dir, cfg: dict, summary: dict) -> str:
-    """final/ as the run's `model` artifact (aliases final and step_N); returns its name:alias. The files are
-    copied to wandb's staging area, so an offline run uploads them with `wandb sync` later."""
+    """final/ as the run's `model` artifact (aliases final and step_N), staged for `wandb sync`; returns its
+    name:alias."""
     import wandb
 
     m = cfg["model"]
@@ -173,15 +143,11 @@ def log_model(run, final_dir, cfg: dict, summary: dict) -> str:
 
 
 def log_checkpoint(run, checkpoint_dir, step: int) -> None:
-    """A training checkpoint (full state: resumable) as a version of the run's `checkpoint` artifact. Copied to
-    staging at once, so rotating old checkpoints away locally does not lose what is to be uploaded."""
+    """A checkpoint as a version of the run's `checkpoint` artifact, staged at once: rotating old checkpoints away
+    does not lose what is to be uploaded."""
     import wandb
 
     artifact = wandb.Artifact(f"checkpoint-{run.id}", type="checkpoint", metadata={"step": step})
     artifact.add_dir(str(checkpoint_dir))
     run.log_artifact(artifact, aliases=[f"step_{step}"])
 
-
-__all__ = ["DEPTH_CHARTS", "CHART_POINTS", "api_key_present", "resolve_mode", "keep_offline_files_in", "run_tags", "init_kwargs",
-           "define_metrics", "depth_series", "depth_charts", "log_depth_charts", "write_summary", "log_model",
-           "log_checkpoint"]

@@ -1,11 +1,5 @@
-"""Writes the filesystem refuses: a full disk, a folder without write permission, a read-only filesystem.
-
-A run writes its checkpoints, final/ and its records (config.yaml, metrics.jsonl, summary.json) inside
-`guarded_write`: however the refusal surfaces (an OSError, or torch's and safetensors' own errors around one), it
-becomes one WriteError naming what could not be written where, the operating system's reason and what to do.
-train.py ends such a run with one `error:` line and exit code 3; nothing complete is ever overwritten by a failed
-write, so once the cause is fixed `train.resume=auto` continues from the last complete checkpoint.
-"""
+"""Writes the filesystem refuses (a full disk, no permission, a read-only filesystem) as one WriteError naming
+what could not be written where, why, and what to do (docs/architecture.md, "Checkpoints and refused writes")."""
 
 import errno
 import os
@@ -77,13 +71,13 @@ def _os_error_in(exc: BaseException) -> OSError | None:
     return None
 
 
-def probe(path) -> OSError | None:
-    """Why a write next to `path` fails now (None: it does not). Writes and syncs PROBE_BYTES to an unnamed
+def probe(path, size: int = PROBE_BYTES) -> OSError | None:
+    """Why a write next to `path` fails now (None: it does not). Writes and syncs `size` bytes to an unnamed
     temporary file, which vanishes when closed."""
     try:
         with tempfile.TemporaryFile(dir=nearest_existing(path)) as f:
-            chunk = b"\0" * (1 << 20)
-            for _ in range(PROBE_BYTES // len(chunk)):
+            chunk = b"\0" * min(size, 1 << 20)
+            for _ in range(size // len(chunk)):
                 os.write(f.fileno(), chunk)
             os.fsync(f.fileno())
     except OSError as e:
@@ -92,19 +86,17 @@ def probe(path) -> OSError | None:
 
 
 @contextmanager
-def guarded_write(what: str, path, cleanup=None):
+def guarded_write(what: str, path, cleanup=lambda: None):
     """Writes inside the block that the filesystem refuses raise WriteError(what, path) (after `cleanup()`, which
     removes the half-written files); any other error passes through unchanged (after `cleanup()` too)."""
     try:
         yield
     except WriteError:
-        if cleanup is not None:
-            cleanup()
+        cleanup()
         raise
     except Exception as e:
         cause = _os_error_in(e) or probe(path)  # before cleanup: removing the partial files frees space
-        if cleanup is not None:
-            cleanup()
+        cleanup()
         if cause is None:
             raise
         raise WriteError(what, path, cause) from e
@@ -118,14 +110,8 @@ def check_writable_dir(path, key: str = "output_dir") -> None:
     if not existing.is_dir():
         raise ConfigError(f"{key}={path} cannot be created: {existing} is not a folder (a file, or a broken link); "
                           f"pick another {key}")
-    try:  # one byte, synced: a full disk refuses it too
-        with tempfile.TemporaryFile(dir=existing) as f:
-            os.write(f.fileno(), b"\0")
-            os.fsync(f.fileno())
-    except OSError as e:
+    refused = probe(existing, size=1)  # one byte, synced: a full disk refuses it too
+    if refused is not None:
         action = f"write in {key}={path}" if existing == path else f"create {key}={path} in {existing}"
-        raise WriteError(key, existing, e, then=f"run again, or pick another {key}", action=action) from None
+        raise WriteError(key, existing, refused, then=f"run again, or pick another {key}", action=action)
 
-
-__all__ = ["WriteError", "guarded_write", "check_writable_dir", "nearest_existing", "probe", "NO_SPACE",
-           "NO_PERMISSION"]

@@ -1,6 +1,5 @@
-"""Look at training runs side by side without uploading anything: their W&B depth charts, drawn locally from what
-each run logged offline (RUN_DIR/wandb): one row per run, one panel per per-layer quantity (`depth/*`), one line
-per layer: the data of the runs' `depth/*` panels in the W&B workspace, in one PNG.
+"""Look at training runs' W&B depth charts side by side without uploading anything, drawn locally from what each
+run logged offline (RUN_DIR/wandb): one row per run, one panel per `depth/*` chart, one line per layer, in one PNG.
 
     python scripts/wandb_charts.py runs/post_ln runs/pre_ln          # writes depth-charts.png
     python scripts/wandb_charts.py runs/default --out default.png --linear
@@ -29,9 +28,8 @@ def training_run(run_dir: Path):
 
 def row_label(run) -> str:
     c, s = run.config, run.summary
-    label = f"{c.get('model.norm')} ({c.get('model.norm_placement')}-norm), lr {c.get('train.lr')}"
+    label = f"{c.get('model.norm')} ({c.get('model.norm_placement')}-norm), lr {c.get('train.lr')}\n{s.get('status')}"
     accuracy = s.get("final/eval/accuracy")
-    label += f"\n{s.get('status')}"
     return label + (f", val acc {accuracy:.3f}" if isinstance(accuracy, float) else "")
 
 
@@ -47,9 +45,9 @@ def draw(runs, out: Path, log_y: bool = True) -> None:
                 continue
             lines = {}
             for step, line, value in run.table(f"depth/{quantity}")["data"]:
-                lines.setdefault(line, ([], []))
-                lines[line][0].append(step)
-                lines[line][1].append(value)
+                xs, ys = lines.setdefault(line, ([], []))
+                xs.append(step)
+                ys.append(value)
             colors = plt.cm.viridis([i / max(len(lines) - 1, 1) for i in range(len(lines))])
             for (line, (xs, ys)), color in zip(lines.items(), colors):
                 ax.plot(xs, ys, color=color, linewidth=1, label=line)
