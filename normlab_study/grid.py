@@ -1,10 +1,5 @@
-"""A study file (configs/study/*.yaml), read and checked, and expanded into its runs.
-
-A study is data: experiments, each a grid of variants x learning rates x warmup settings x seeds. An experiment's
-`lr` is a list, `{min, max, num}` (log-spaced), or `{best_of: EXPERIMENT}`: each variant then runs at the LR that
-EXPERIMENT's sweep of it chose on the dev split (normlab_study/selection.py), times the variant's `lr_scale`.
-With `share_runs: true` a run is named by its variant, LR, warmup and seed only, so two experiments that need the
-same configuration train it once (a variant name must then mean the same configuration in every experiment).
+"""A study file (configs/study/*.yaml), read and checked, and expanded into its runs (docs/studies.md: the format,
+chosen LRs and shared runs).
 """
 
 import json
@@ -16,7 +11,7 @@ from common.io import load_yaml_mapping
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
 AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
-# FINISHED (engines.py): a rerun skips these statuses; anything else (failed, interrupted) is run again
+FINISHED = ("completed", "diverged")  # a run that ended so is a result: never trained again (failed ones are)
 GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project",
              "experiments", "init", "score", "share_runs"}
 VARIANT_KEYS = {"config", "overrides", "warmup", "tune", "lr_scale", "seeds"}
