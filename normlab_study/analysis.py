@@ -1,7 +1,5 @@
-"""The numbers of study v3's report, from its committed records alone (runs.jsonl, selection.json, e1.jsonl):
-no model, no training. Each hypothesis of docs/study-v3/predictions.md is one function returning per-seed paired
-differences and their test; `verdicts` calibrates the test on the A/A control, applies Holm to the primary family
-and checks the horizon rule before naming an outcome.
+"""The numbers of study v3's report, from its committed records alone (no model, no training): arms, their
+horizon, the A/A calibration, the largest learning LR and LR sensitivity (hypotheses.py turns them into verdicts).
 """
 
 import math
@@ -9,6 +7,7 @@ import math
 import numpy as np
 
 from normlab_study import outcomes as oc
+from normlab_study.grid import FINISHED
 from normlab_study.seedstats import false_positive_rate, paired_test
 
 VAL, DEV = "val/sorted/running", "dev/sorted/running"
@@ -17,7 +16,6 @@ HORIZON_FRACTION = 0.75  # an arm must leave the plateau by this share of its st
 MAX_NEVER_LEARNED = 0.2  # ... and at most this share of its seeds may never learn
 BOARD = ("ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm", "no_norm")
 BATCH_STAT = ("batchnorm", "masked_batchnorm", "powernorm")
-FINISHED = ("completed", "diverged")
 
 
 class Records:
@@ -119,10 +117,9 @@ def aa_calibration(rec: Records, test: str = "t") -> dict:
 def largest_lr_by_seed(rec: Records, variant: str, warmup: str, experiment: str = "placement") -> dict:
     """{seed: log10 of the largest grid LR at which the seed learned}; a quarter decade below the grid if none."""
     grid = rec.lrs(experiment)
-    out = {}
-    for seed in sorted({r["seed"] for r in rec.arm(experiment, variant, warmup)}):
-        runs = [r for r in rec.arm(experiment, variant, warmup) if r["seed"] == seed]
-        lr = oc.largest_learning_lr({r["lr"]: outcome_of(r) for r in runs})
+    runs, out = rec.arm(experiment, variant, warmup), {}
+    for seed in sorted({r["seed"] for r in runs}):
+        lr = oc.largest_learning_lr({r["lr"]: outcome_of(r) for r in runs if r["seed"] == seed})
         out[seed] = math.log10(lr) if lr else math.log10(min(grid)) - 0.25
     return out
 

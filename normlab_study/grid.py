@@ -70,14 +70,22 @@ def _on_off(value):
     return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else str(value)
 
 
+def _check_keys(where, mapping, valid: set) -> None:
+    unknown = set(mapping) - valid
+    if unknown:
+        raise StudyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(valid))}")
+
+
+def _check_seeds(where, seeds) -> None:
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+        raise StudyError(f"{where}: seeds must be a non-empty list of integers")
+
+
 def _load_variants(where, variants_spec, warmup) -> dict:
     variants = {}
     for name, spec in variants_spec.items():
         spec = {"config": spec} if isinstance(spec, str) or spec is None else dict(spec)
-        bad = set(spec) - VARIANT_KEYS
-        if bad:
-            raise StudyError(f"{where}: variant {name}: unknown key(s) {', '.join(sorted(bad))}; "
-                             f"valid: {', '.join(sorted(VARIANT_KEYS))}")
+        _check_keys(f"{where}: variant {name}", spec, VARIANT_KEYS)
         settings = [_on_off(w) for w in spec.get("warmup", list(warmup))]
         if not set(settings) <= set(warmup):
             raise StudyError(f"{where}: variant {name}: warmup {settings} not among the study's settings {list(warmup)}")
@@ -91,8 +99,8 @@ def _load_variants(where, variants_spec, warmup) -> dict:
         if not (isinstance(scale, (int, float)) and scale > 0):
             raise StudyError(f"{where}: variant {name}: lr_scale {scale!r} must be a positive number")
         seeds = spec.get("seeds")
-        if seeds is not None and not (isinstance(seeds, list) and seeds and all(isinstance(x, int) for x in seeds)):
-            raise StudyError(f"{where}: variant {name}: seeds must be a non-empty list of integers")
+        if seeds is not None:
+            _check_seeds(f"{where}: variant {name}", seeds)
         variants[name] = {"config": config, "overrides": _overrides(spec.get("overrides"), f"variant {name} overrides"),
                           "warmup": list(settings), "tune": str(spec.get("tune", name)), "lr_scale": float(scale),
                           "seeds": seeds}
@@ -111,8 +119,7 @@ def _load_experiment(where, spec: dict, defaults: dict) -> dict:
     if not isinstance(warmup, dict) or not set(warmup) <= {"on", "off"}:
         raise StudyError(f"{where}: warmup must map on/off to train.warmup_steps, e.g. {{on: 30, off: 0}}")
     seeds = spec["seeds"]
-    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
-        raise StudyError(f"{where}: seeds must be a non-empty list of integers")
+    _check_seeds(where, seeds)
     best_of = spec["lr"].get("best_of") if isinstance(spec["lr"], dict) and set(spec["lr"]) == {"best_of"} else None
     return {"description": spec.get("description", ""), "variants": _load_variants(where, spec["variants"], warmup),
             "overrides": _overrides(spec.get("overrides"), f"{where} overrides"),
@@ -127,9 +134,7 @@ def load_grid(path: Path) -> dict:
         grid = load_yaml_mapping(path)
     except ValueError as e:
         raise StudyError(str(e)) from None
-    unknown = set(grid) - GRID_KEYS
-    if unknown:
-        raise StudyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(GRID_KEYS))}")
+    _check_keys(path, grid, GRID_KEYS)
     if "name" not in grid:
         raise StudyError(f"{path}: missing 'name'")
     shared = {k: grid[k] for k in ("variants", "lr", "warmup", "seeds") if k in grid}
@@ -138,10 +143,7 @@ def load_grid(path: Path) -> dict:
             raise StudyError(f"{path}: experiments must map names to grids (variants, lr, warmup, seeds)")
         experiments = {}
         for name, spec in grid["experiments"].items():
-            bad = set(spec or {}) - EXPERIMENT_KEYS
-            if bad:
-                raise StudyError(f"{path}: experiment {name}: unknown key(s) {', '.join(sorted(bad))}; "
-                                 f"valid: {', '.join(sorted(EXPERIMENT_KEYS))}")
+            _check_keys(f"{path}: experiment {name}", spec or {}, EXPERIMENT_KEYS)
             experiments[str(name)] = _load_experiment(f"{path}: experiment {name}", spec or {}, shared)
     else:
         experiments = {"": _load_experiment(str(path), shared, {})}

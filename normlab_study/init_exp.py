@@ -1,17 +1,8 @@
-"""E1 of the norm study: gradients at initialization and the first Adam updates, per placement and depth.
+"""E1 of the norm study, no training (docs/studies.md, "E1"): per placement, depth and seed, each block's gradient
+norm at initialization and the encoder output's relative change over the first Adam steps, on the same fixed SST-2
+batches for every model. Writes STUDY/e1.jsonl, one record per (placement, depth, seed).
 
     python scripts/init_study.py studies/quick            # the `init` block of STUDY/study.json
-    python scripts/init_study.py studies/quick --preset quick
-
-No training run: for every placement (post, pre, deepnorm), depth and seed this builds a fresh classifier
-(torch's LayerNorm, dropout off) and, on the same fixed SST-2 batches for every model,
-1. takes one loss and backward pass at initialization and records each block's gradient norm (Xiong et al.
-   2020: post-LN's gradients grow toward the output at init, pre-LN's do not);
-2. takes `adam_steps` Adam steps (no warmup, no clipping: the update the optimizer takes on its own) and records,
-   after each, the relative change of the encoder's output on a held-out batch, ||F(theta_t) - F(theta_0)|| /
-   ||F(theta_0)|| over real tokens (Wang et al. 2022, DeepNet: post-LN's early model update grows with depth,
-   DeepNorm bounds it).
-Writes STUDY/e1.jsonl, one record per (placement, depth, seed).
 """
 
 import argparse

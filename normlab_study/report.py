@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.io import atomic_write_json, read_json
+from common.io import atomic_write_json, read_json, read_jsonl
 from normlab_study import outcomes as oc
 from normlab_study import plots
 from normlab_study.analysis import (BATCH_STAT, DEV, Records, by_seed, leaderboard, outcome_grid, outcome_of, paired,
@@ -31,9 +31,8 @@ def copy_records(study_dir: Path, out: Path) -> None:
         raise FileNotFoundError(f"{study_dir}/runs.jsonl not found: score the study first "
                                 f"(python scripts/score_runs.py {study_dir})")
     study = read_json(study_dir / "study.json")
-    runs = [json.loads(line) for line in (study_dir / "runs.jsonl").read_text().splitlines()]
     with gzip.open(out / RECORDS, "wt") as f:
-        for r in runs:
+        for r in read_jsonl(study_dir / "runs.jsonl"):
             entry = study["runs"].get(r["name"], {})
             r.update({k: entry[k] for k in ("experiments", "commit", "machine", "started_at") if k in entry})
             for key, score in r.get("scores", {}).items():
@@ -57,22 +56,22 @@ def record_digest(record: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def read_records(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
 def rerun_matches(folder: Path, rerun: str = "rerun") -> tuple[int, int]:
     """(runs of FOLDER/RERUN whose record digest equals the committed record's, runs of the rerun)."""
-    folder = Path(folder)
-    with gzip.open(folder / RECORDS, "rt") as f:
-        committed = {r["name"]: record_digest(r) for r in map(json.loads, f)}
-    with gzip.open(folder / rerun / RECORDS, "rt") as f:
-        rows = [json.loads(line) for line in f]
+    committed = {r["name"]: record_digest(r) for r in read_records(Path(folder) / RECORDS)}
+    rows = read_records(Path(folder) / rerun / RECORDS)
     return sum(committed.get(r["name"]) == r["record_sha256"] for r in rows), len(rows)
 
 
 def load(folder: Path) -> Records:
     folder = Path(folder)
-    with gzip.open(folder / RECORDS, "rt") as f:
-        runs = [json.loads(line) for line in f]
-    e1 = [json.loads(x) for x in (folder / "e1.jsonl").read_text().splitlines()] if (folder / "e1.jsonl").is_file() else []
-    return Records(runs, read_json(folder / "selection.json", {}) or {}, e1)
+    selection = read_json(folder / "selection.json", {}) or {}
+    return Records(read_records(folder / RECORDS), selection, read_jsonl(folder / "e1.jsonl"))
 
 
 def _ci(values) -> str:
