@@ -48,11 +48,6 @@ def outcome_of(run: dict) -> str:
     return oc.outcome(run.get("curves", {}).get("loss", []), run["status"])
 
 
-def exit_step(run: dict) -> int | None:
-    c = run.get("curves", {})
-    return oc.plateau_exit_step(c.get("step", []), c.get("loss", []))
-
-
 def by_seed(runs: list[dict], fn) -> dict:
     return {r["seed"]: fn(r) for r in runs}
 
@@ -61,14 +56,11 @@ def paired(a: dict, b: dict) -> list[float]:
     return [a[s] - b[s] for s in sorted(set(a) & set(b))]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Arms and their horizon
-
-
 def arm_summary(runs: list[dict]) -> dict:
     """Accuracy, loss, outcomes and plateau exits of one arm's runs (one per seed)."""
     outcomes = [outcome_of(r) for r in runs]
-    exits = [exit_step(r) for r in runs]
+    exits = [oc.plateau_exit_step(r.get("curves", {}).get("step", []), r.get("curves", {}).get("loss", []))
+             for r in runs]
     steps = max((r["curves"]["step"][-1] for r in runs if r.get("curves", {}).get("step")), default=0)
     acc = np.array([value(r) for r in runs])
     learned_exits = [e for e in exits if e is not None]
@@ -96,11 +88,8 @@ def leaderboard(rec: Records) -> list[dict]:
     return rows
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The A/A control: the test is trusted only if it holds its false-positive rate here
-
-
 def aa_calibration(rec: Records, test: str = "t") -> dict:
+    """The A/A control: `test` is trusted only if it holds its false-positive rate on it (else: permutation)."""
     aa = by_seed(rec.arm("aa", "custom_ln_aa"), value)
     ln = by_seed(rec.arm("leaderboard", "ln_pre"), value)
     diffs = paired(aa, ln)
@@ -108,10 +97,6 @@ def aa_calibration(rec: Records, test: str = "t") -> dict:
     fpr = {t: false_positive_rate(diffs, n_seeds=len(diffs), test=t, reps=1000) for t in ("t", "permutation")}
     ok = fpr[test] <= ALPHA and not (est.lo > 0 or est.hi < 0)
     return {"diffs": diffs, "estimate": est, "fpr": fpr, "ok": ok, "test": test if ok else "permutation"}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Placement: the largest LR at which a seed learns, and LR sensitivity
 
 
 def largest_lr_by_seed(rec: Records, variant: str, warmup: str, experiment: str = "placement") -> dict:

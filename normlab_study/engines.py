@@ -73,10 +73,13 @@ def make_engine(name: str, parallel=None, address=None, max_retries=None, warm=T
     return LocalEngine(parallel=parallel or 1, runner=runner)  # CPU or one GPU: one run at a time unless asked
 
 
-def wait_for_exit(proc: subprocess.Popen, terminate: bool = False) -> int:
-    """proc's exit code. On Ctrl-C (or a Ray cancel, raised here as KeyboardInterrupt) train.py saves a checkpoint
-    and writes summary.json (status interrupted), which the next study.py resumes: it gets the time to, after one
-    SIGTERM with `terminate` (when the Ctrl-C cannot reach it); a second interrupt kills it."""
+def run_logged(cmd: list[str], log, env: dict, cwd=REPO_ROOT, own_session: bool = False) -> int:
+    """Run cmd, its output into the open file `log`, to its exit code. On Ctrl-C (or a Ray cancel, raised here as
+    KeyboardInterrupt) train.py saves a checkpoint and writes summary.json (status interrupted), which the next
+    study.py resumes: it gets the time to (own_session, out of a terminal's reach: after one SIGTERM); a second
+    interrupt kills it."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd, env=env,
+                            start_new_session=own_session)
     try:
         while True:
             try:
@@ -84,7 +87,7 @@ def wait_for_exit(proc: subprocess.Popen, terminate: bool = False) -> int:
             except subprocess.TimeoutExpired:
                 pass
     except KeyboardInterrupt:
-        if terminate:
+        if own_session:
             proc.terminate()
         try:
             proc.wait(timeout=300)
@@ -111,9 +114,7 @@ class Engine:
 
 def subprocess_runner(cmd: list[str], log_path: Path, env: dict) -> int:
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
-                                env=env)
-        return wait_for_exit(proc)  # the terminal's Ctrl-C reaches train.py too
+        return run_logged(cmd, log, env)  # the terminal's Ctrl-C reaches train.py too
 
 
 class LocalEngine(Engine):
@@ -212,10 +213,7 @@ def _attempt(cmd: list[str], run_dir: str, log: str, env: dict, cwd: str, driver
         out.flush()
         if sys.platform == "linux":
             cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *cmd]
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-                                env={**os.environ, **env},
-                                start_new_session=True)  # a terminal's Ctrl-C reaches it once, through wait_for_exit
-        returncode = wait_for_exit(proc, terminate=True)
+        returncode = run_logged(cmd, out, {**os.environ, **env}, cwd, own_session=True)  # Ctrl-C reaches it once
     if returncode < 0:
         raise RunKilled(f"train.py was killed by signal {-returncode} (attempt {attempt} on {host})")
     return {"returncode": returncode, "duration_s": round(time.time() - start, 1), "attempts": attempt, "host": host}

@@ -22,10 +22,6 @@ class StudyError(ValueError):
     pass
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The grid
-
-
 def resolve_preset(preset: str) -> Path:
     path = Path(preset)
     if path.suffix in (".yaml", ".yml") and path.is_file():
@@ -127,9 +123,8 @@ def _load_experiment(where, spec: dict, defaults: dict) -> dict:
 
 
 def load_grid(path: Path) -> dict:
-    """The study file, checked and normalised: experiments -> {variants, lr, warmup, seeds, overrides}.
-
-    A file without `experiments` is one unnamed experiment (its run names carry no experiment prefix)."""
+    """The study file, checked and normalised: experiments -> {variants, lr, warmup, seeds, overrides}; a file
+    without `experiments` is one unnamed experiment (its run names carry no experiment prefix)."""
     try:
         grid = load_yaml_mapping(path)
     except ValueError as e:
@@ -245,10 +240,8 @@ def pending_selections(grid: dict, selection: dict) -> dict:
 
 
 def parse_only(items: list[str]) -> dict:
-    """["variant=post_ln,pre_ln,seed=0"] -> {"variant": {"post_ln", "pre_ln"}, "seed": {"0"}}.
-
-    Comma-separated key=value items; an item without "=" is one more value of the previous key; repeated keys
-    (within one --only or across several) are alternatives, different keys must all match."""
+    """["variant=post_ln,pre_ln,seed=0"] -> {"variant": {"post_ln", "pre_ln"}, "seed": {"0"}}: an item without "="
+    is one more value of the previous key; a repeated key gives alternatives, different keys must all match."""
     only = {}
     for text in items:
         key = None

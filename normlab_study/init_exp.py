@@ -1,8 +1,6 @@
 """E1 of the norm study, no training (docs/studies.md, "E1"): per placement, depth and seed, each block's gradient
 norm at initialization and the encoder output's relative change over the first Adam steps, on the same fixed SST-2
-batches for every model. Writes STUDY/e1.jsonl, one record per (placement, depth, seed).
-
-    python scripts/init_study.py studies/quick            # the `init` block of STUDY/study.json
+batches for every model. Writes STUDY/e1.jsonl, one record per (placement, depth, seed) (scripts/init_study.py).
 """
 
 import argparse

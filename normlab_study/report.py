@@ -1,14 +1,12 @@
-"""Study v3's report: report.md and its figures, regenerated from the committed records alone.
-
-    python scripts/report.py studies/quick --out docs/study-v3    # a scored study; copies its records to --out
-    python scripts/report.py docs/study-v3                         # regenerate from the committed records
-"""
+"""Study v3's report: report.md and its figures, regenerated from the committed records alone (scripts/report.py
+is the entry point; docs/studies.md says what the report reads and writes)."""
 
 import gzip
 import hashlib
 import json
 import math
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -223,10 +221,7 @@ def write_markdown(rec: Records, meta: dict) -> str:
              f"({sum(c['cpu_s'] for c in calls) / 60:.1f} CPU-minutes); commands: "
              + " ; ".join(f"`{c['command']}`" for c in calls)]
     if rec.unfinished:
-        missing = {}
-        for r in rec.unfinished:
-            for e in r.get("experiments", [r["experiment"]]):
-                missing[e] = missing.get(e, 0) + 1
+        missing = Counter(e for r in rec.unfinished for e in r.get("experiments", [r["experiment"]]))
         lines.append(f"- **Not trained** (the study was stopped before them, or they crashed): {len(rec.unfinished)} "
                      "runs, " + ", ".join(f"{e} {n}" for e, n in sorted(missing.items())) + "; they are left out")
     lines += ["", "![answer](answer.png)", ""]

@@ -55,10 +55,6 @@ def validate_commands(grid, runs, extra):
             raise StudyError(f"{experiment + ' ' if experiment else ''}variant {variant}: {err}") from None
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Running
-
-
 def _tail(path: Path, n=3) -> str:
     try:
         lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
@@ -285,29 +281,24 @@ def dry_run(grid, runs, study_dir: Path, overrides) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (see the module docstring).",
+        description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (docs/studies.md).",
         usage="study.py --preset quick|full|FILE.yaml [--only key=value,...] [--study-dir DIR] [--dry-run] "
               "[--engine local|ray [--address A] [--max-retries N]] [key=value ...]")
     parser.add_argument("--preset", required=True, help="quick, full (configs/study/<name>.yaml) or a study YAML file")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE,...",
-                        help="narrow the grid: keys experiment (e1 too), variant, lr, warmup (on/off), seed; e.g. "
-                             "--only variant=post_ln,pre_ln --only seed=0 (repeat a key for alternatives)")
+                        help="narrow by experiment (e1 too), variant, lr, warmup (on/off), seed: variant=a,b,seed=0")
     parser.add_argument("--study-dir", type=Path, default=None, help="default: studies/<study name>")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
     parser.add_argument("--parallel", type=int, default=None,
-                        help="runs at once (default: one per visible GPU, 1 on CPU; on CPU the cores are split "
-                             "between them: train.cpu_threads and OMP_NUM_THREADS)")
+                        help="runs at once (default: one per visible GPU, else 1; CPU runs split the cores)")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
-                        help="local: this machine's GPUs or cores (default); ray: every run a Ray task, on a new "
-                             "local Ray instance or the cluster at --address (docs/studies.md)")
+                        help="local: this machine (default); ray: every run a Ray task, here or at --address")
     parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
                         help="--engine ray: an existing Ray cluster (auto: the one `ray start` runs on this node)")
     parser.add_argument("--max-retries", type=int, default=None,
-                        help="--engine ray: attempts after the first for a run whose worker died or whose train.py "
-                             "was killed, each resuming from its last checkpoint (default 2)")
+                        help="--engine ray: retries of a run whose worker or train.py was killed (default 2)")
     parser.add_argument("--process-per-run", action="store_true",
-                        help="local engine: start a fresh Python process for every run instead of reusing one warm "
-                             "worker per parallel slot (slower; the same numbers)")
+                        help="local engine: a fresh process per run instead of warm workers (slower, same numbers)")
     parser.add_argument("--no-report", action="store_true", help="do not run scripts/report.py at the end")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py overrides for every run")
     return parser

@@ -1,7 +1,5 @@
-"""Score every finished run of a study and write the compact per-run records the report reads (docs/studies.md,
-"The records": which splits, batchings and statistics each run is scored with, and what a record holds).
-
-    python scripts/score_runs.py studies/quick [--out docs/study-v2/runs.jsonl]
+"""Score every finished run of a study and write the compact per-run records the report reads (scripts/score_runs.py;
+docs/studies.md, "The records": which splits, batchings and statistics each run is scored with, what a record holds).
 """
 
 import argparse
@@ -22,6 +20,7 @@ from model.norms import real_token_mask
 # longest; fixed: the sorted batches padded to data.max_length
 BATCHINGS = ("sorted", "shuffled", "fixed")
 SHUFFLE_SEED = 1234  # one order for every model, so their shuffled batches hold the same sentences
+SCORE_DEFAULTS = {"dev_rows": 2000, "batch_size": 32}  # a study file's `score` block overrides them
 
 
 def _sig(x, digits=5):
@@ -103,21 +102,16 @@ def score_sets(cfg: dict, dev_rows: int) -> dict:
     return {"dev": (dev[col], dev[lab]), "val": (val[col], val[lab])}
 
 
-def load_final(run_dir: Path):
-    """(model in eval mode, tokenizer) of a run's final/, quietly: a study loads hundreds."""
+def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) -> tuple[dict, dict | None]:
+    """({split/batching/statistics: predict()}, running_stat_gap() on the validation split, if `sets` has it)"""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # quietly: a study loads hundreds of models
     model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
-    return model, AutoTokenizer.from_pretrained(run_dir / "final")
-
-
-def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) -> tuple[dict, dict | None]:
-    """({split/batching/statistics: predict()}, running_stat_gap() on the validation split, if `sets` has it)"""
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
     cfg = read_yaml(run_dir / "config.yaml")
     max_length = cfg["data"]["max_length"]
-    model, tokenizer = load_final(run_dir)
     out, rows = {}, {}
     for split, (texts, labels) in sets.items():
         rows[split] = encode_rows(tokenizer, texts, max_length, labels)
@@ -162,7 +156,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     k, n = (int(x) for x in args.shard.split("/"))
     study = read_json(args.study_dir / "study.json")
-    score = {"dev_rows": 2000, "batch_size": 32, **(study.get("score") or {})}
+    score = {**SCORE_DEFAULTS, **(study.get("score") or {})}
     torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
     sets, out = None, args.out or args.study_dir / "runs.jsonl"
     rows = []

@@ -11,7 +11,7 @@ import torch
 
 from common.io import atomic_write_json, read_json, read_yaml
 from normlab_study.engines import read_status
-from normlab_study.scoring import score_run, score_sets
+from normlab_study.scoring import SCORE_DEFAULTS, score_run, score_sets
 
 
 def dev_loss(run_dir: Path, dev, batch_size: int) -> float:
@@ -32,14 +32,15 @@ def select(study_dir: Path, candidates: dict, score: dict) -> dict:
     merged into STUDY/selection.json (earlier choices are kept as they are)."""
     path = study_dir / "selection.json"
     chosen = read_json(path, {}) or {}
+    score = {**SCORE_DEFAULTS, **score}
     todo = {k: v for k, v in candidates.items() if k not in chosen}
     if todo:
         first = next(n for runs in todo.values() for names in runs.values() for n in names)
         cfg = read_yaml(study_dir / "runs" / first / "config.yaml")
-        dev = score_sets(cfg, score.get("dev_rows", 2000))["dev"]
+        dev = score_sets(cfg, score["dev_rows"])["dev"]
         torch.set_num_threads(1)
         for key, by_lr in todo.items():
-            losses = {lr: [dev_loss(study_dir / "runs" / n, dev, score.get("batch_size", 32)) for n in names]
+            losses = {lr: [dev_loss(study_dir / "runs" / n, dev, score["batch_size"]) for n in names]
                       for lr, names in by_lr.items()}
             lr = best_lr(losses)
             chosen[key] = {"lr": lr, "dev_loss": {f"{k:g}": round(float(np.mean(v)), 5) for k, v in losses.items()},
