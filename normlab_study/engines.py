@@ -4,6 +4,7 @@ dies. An engine runs Jobs and reports each start and end; what a run's end means
 """
 
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -142,16 +143,15 @@ class LocalEngine(Engine):
     def run_all(self, jobs: list[Job], started, finished) -> None:
         # GPU ids as this process sees them (a CUDA_VISIBLE_DEVICES set by the user is honoured, not replaced)
         visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-        free_gpus = visible[:self.gpus] if len(visible) >= self.gpus else [str(i) for i in range(self.gpus)]
-        gpu_lock = threading.Lock()
-        host = socket.gethostname()
+        ids = visible[:self.gpus] if len(visible) >= self.gpus else [str(i) for i in range(self.gpus)]
+        free_gpus, host = queue.SimpleQueue(), socket.gethostname()
+        for gpu in ids:
+            free_gpus.put(gpu)
 
         def one(job):
             env = {**os.environ, **job.env}
-            gpu = None
-            if self.gpus:
-                with gpu_lock:
-                    gpu = free_gpus.pop(0)
+            gpu = free_gpus.get() if self.gpus else None
+            if gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = gpu
             started(job)
             start = time.time()
@@ -161,8 +161,7 @@ class LocalEngine(Engine):
                 returncode, error = -1, f"{type(err).__name__}: {err}"
             finally:
                 if gpu is not None:
-                    with gpu_lock:
-                        free_gpus.append(gpu)
+                    free_gpus.put(gpu)
             finished(job, Outcome(returncode, round(time.time() - start, 1), error, 1, host))
 
         if self.parallel <= 1:

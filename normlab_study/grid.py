@@ -2,6 +2,7 @@
 chosen LRs and shared runs).
 """
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -214,16 +215,15 @@ def expand(grid: dict, selection: dict | None = None) -> list[dict]:
     runs, by_name = [], {}
     for experiment, exp in grid["experiments"].items():
         for variant, spec in exp["variants"].items():
-            for lr in run_lrs(grid, experiment, variant, selection or {}):
-                for warmup in spec["warmup"]:
-                    for seed in spec["seeds"] or exp["seeds"]:
-                        name = run_name(variant, lr, warmup, seed, "" if grid.get("share_runs") else experiment)
-                        if name in by_name:
-                            by_name[name]["experiments"].append(experiment)
-                            continue
-                        by_name[name] = {"name": name, "experiment": experiment, "experiments": [experiment],
-                                         "variant": variant, "lr": lr, "warmup": warmup, "seed": seed}
-                        runs.append(by_name[name])
+            lrs = run_lrs(grid, experiment, variant, selection or {})
+            for lr, warmup, seed in itertools.product(lrs, spec["warmup"], spec["seeds"] or exp["seeds"]):
+                name = run_name(variant, lr, warmup, seed, "" if grid.get("share_runs") else experiment)
+                if name in by_name:
+                    by_name[name]["experiments"].append(experiment)
+                    continue
+                by_name[name] = {"name": name, "experiment": experiment, "experiments": [experiment],
+                                 "variant": variant, "lr": lr, "warmup": warmup, "seed": seed}
+                runs.append(by_name[name])
     return runs
 
 

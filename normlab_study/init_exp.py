@@ -4,6 +4,7 @@ batches for every model. Writes STUDY/e1.jsonl, one record per (placement, depth
 """
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -77,14 +78,11 @@ def measure(placement: str, depth: int, seed: int, init: dict, train, probe, voc
 def run(init: dict, out: Path, tokenizer_rows: int, vocab_size: int) -> list[dict]:
     train, probe, vocab = fixed_batches(init, vocab_size, tokenizer_rows)
     rows = []
-    for placement in init["placements"]:
-        for depth in init["depths"]:
-            for seed in init["seeds"]:
-                rows.append(measure(placement, depth, seed, init, train, probe, vocab))
-                r = rows[-1]
-                print(f"e1 {placement} depth {depth} seed {seed}: grad last/first "
-                      f"{r['grad_norm'][-1] / r['grad_norm'][0]:.3g}, output change {r['output_change'][-1]:.3g}",
-                      flush=True)
+    for placement, depth, seed in itertools.product(init["placements"], init["depths"], init["seeds"]):
+        rows.append(measure(placement, depth, seed, init, train, probe, vocab))
+        r = rows[-1]
+        print(f"e1 {placement} depth {depth} seed {seed}: grad last/first "
+              f"{r['grad_norm'][-1] / r['grad_norm'][0]:.3g}, output change {r['output_change'][-1]:.3g}", flush=True)
     write_jsonl(out, rows)
     return rows
 
@@ -94,8 +92,7 @@ def main(argv=None) -> int:
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--preset", type=Path, default=None, help="a study YAML (default: STUDY/study.json)")
     args = parser.parse_args(argv)
-    source = (read_yaml(args.preset) if args.preset
-              else read_json(args.study_dir / "study.json"))
+    source = read_yaml(args.preset) if args.preset else read_json(args.study_dir / "study.json")
     if not source.get("init"):
         print("init_study.py: error: the study has no `init` block (E1 settings)", file=sys.stderr)
         return 2
