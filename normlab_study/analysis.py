@@ -33,8 +33,9 @@ class Records:
                 and r["variant"] == variant and r["warmup"] == warmup and (lr is None or math.isclose(r["lr"], lr))]
         return sorted(rows, key=lambda r: (r["lr"], r["seed"]))
 
-    def lrs(self, experiment: str) -> list[float]:
-        return sorted({r["lr"] for r in self.runs if experiment in r.get("experiments", [r["experiment"]])})
+    def lrs(self, *experiments: str) -> list[float]:
+        """The LRs the runs of any of these experiments trained at, sorted."""
+        return sorted({r["lr"] for r in self.runs if set(experiments) & set(r.get("experiments", [r["experiment"]]))})
 
     def chosen_lr(self, variant: str, warmup: str = "on") -> float | None:
         return (self.selection.get(f"tune/{variant}/wu{warmup}") or {}).get("lr")
@@ -62,9 +63,8 @@ def arm_summary(runs: list[dict]) -> dict:
     exits = [oc.plateau_exit_step(r.get("curves", {}).get("step", []), r.get("curves", {}).get("loss", []))
              for r in runs]
     steps = max((r["curves"]["step"][-1] for r in runs if r.get("curves", {}).get("step")), default=0)
-    acc = np.array([value(r) for r in runs])
     learned_exits = [e for e in exits if e is not None]
-    return {"n": len(runs), "accuracy": acc, "loss": np.array([value(r, "loss") for r in runs]),
+    return {"n": len(runs), "accuracy": np.array([value(r) for r in runs]), "loss": np.array([value(r, "loss") for r in runs]),
             "outcomes": {o: outcomes.count(o) for o in oc.OUTCOMES}, "exits": exits, "steps": steps,
             "median_exit": float(np.median(learned_exits)) if learned_exits else None,
             "horizon_ok": horizon_ok(exits, outcomes, steps)}
@@ -90,9 +90,7 @@ def leaderboard(rec: Records) -> list[dict]:
 
 def aa_calibration(rec: Records, test: str = "t") -> dict:
     """The A/A control: `test` is trusted only if it holds its false-positive rate on it (else: permutation)."""
-    aa = by_seed(rec.arm("aa", "custom_ln_aa"), value)
-    ln = by_seed(rec.arm("leaderboard", "ln_pre"), value)
-    diffs = paired(aa, ln)
+    diffs = paired(by_seed(rec.arm("aa", "custom_ln_aa"), value), by_seed(rec.arm("leaderboard", "ln_pre"), value))
     est = paired_test(diffs, test)
     fpr = {t: false_positive_rate(diffs, n_seeds=len(diffs), test=t, reps=1000) for t in ("t", "permutation")}
     ok = fpr[test] <= ALPHA and not (est.lo > 0 or est.hi < 0)

@@ -115,16 +115,16 @@ def leaderboard_lines(rec: Records) -> list[str]:
 
 
 def placement_lines(rec: Records) -> list[str]:
-    lrs = rec.lrs("placement") + [lr for lr in rec.lrs("placement_more") if lr not in rec.lrs("placement")]
+    lrs = rec.lrs("placement", "placement_more")
     rows = {}
     for exp in ("placement", "placement_more"):
         for g in outcome_grid(rec, exp):
             rows.setdefault((g["variant"], g["warmup"]), {})[g["lr"]] = f"{g[oc.LEARNED]}/{g['n']}" + \
                 (f" ({g[oc.DIVERGED]} div)" if g[oc.DIVERGED] else "")
-    table = [[v, w] + [cells.get(lr, "") for lr in sorted(lrs)] for (v, w), cells in sorted(rows.items())]
+    table = [[v, w] + [cells.get(lr, "") for lr in lrs] for (v, w), cells in sorted(rows.items())]
     return ["## Placement: how large an LR still learns", "",
             "Seeds that learned / seeds run, per LR (diverged runs in brackets; the rest never left the plateau).", ""] + \
-        _table(["arm", "warmup"] + [f"{lr:g}" for lr in sorted(lrs)], table)
+        _table(["arm", "warmup"] + [f"{lr:g}" for lr in lrs], table)
 
 
 def peak_logit(run: dict) -> float | None:
@@ -135,7 +135,7 @@ def peak_logit(run: dict) -> float | None:
 
 def logit_lines(rec: Records) -> list[str]:
     """Wortsman et al. (2023)'s attention-logit growth, measured on the placement runs: not a prediction."""
-    rows, lrs = [], sorted(set(rec.lrs("placement")) | set(rec.lrs("placement_more")))
+    rows, lrs = [], rec.lrs("placement", "placement_more")
     for exp in ("placement", "placement_more"):
         for variant in sorted({r["variant"] for r in rec.runs if exp in r.get("experiments", [r["experiment"]])}):
             for warmup in ("off", "on"):

@@ -129,7 +129,6 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
     print_fn(f"study {grid['name']}: {len(runs)} runs selected, {len(runs) - len(todo)} already finished, "
              f"{len(todo)} to train -> {study_dir}")
     counter = iter(range(1, len(todo) + 1))
-
     where = {"commit": git_commit(), "machine": machine()}
 
     def started(job):
