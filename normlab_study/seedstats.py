@@ -91,14 +91,11 @@ def false_positive_rate(aa_diffs, n_seeds: int, test: str = "t", alpha: float = 
 def seeds_needed(sd_diff: float, effect: float, alpha: float = 0.05, power: float = 0.8) -> int:
     """Seeds for a two-sided paired t test to detect `effect` with `power`, given the SD of per-seed differences
     (iterated: the t quantiles depend on n)."""
-    n = 2
-    while n < 1000:
-        df = n - 1
-        needed = ((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * sd_diff / effect) ** 2
+    for n in range(2, 1000):
+        needed = ((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd_diff / effect) ** 2
         if n >= needed:
             return n
-        n += 1
-    return n
+    return 1000
 
 
 def binomial_interval(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
