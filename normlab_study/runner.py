@@ -49,7 +49,7 @@ def validate_commands(grid, runs, extra):
     for (experiment, variant, warmup), run in first.items():
         config, overrides, _ = variant_overrides(grid, experiment, variant, warmup)
         try:
-            load_config(config and str(REPO_ROOT / config),
+            load_config(str(REPO_ROOT / config) if config else None,
                         grid["overrides"] + list(overrides) + list(extra) + [f"train.lr={run['lr']:g}"])
         except ConfigError as err:
             raise StudyError(f"{experiment + ' ' if experiment else ''}variant {variant}: {err}") from None
