@@ -63,7 +63,8 @@ def arm_summary(runs: list[dict]) -> dict:
     exits = [oc.plateau_exit_step(r.get("curves", {}).get("step", []), r.get("curves", {}).get("loss", []))
              for r in runs]
     steps = max((r["curves"]["step"][-1] for r in runs if r.get("curves", {}).get("step")), default=0)
-    acc, learned_exits = np.array([value(r) for r in runs]), [e for e in exits if e is not None]
+    acc = np.array([value(r) for r in runs])
+    learned_exits = [e for e in exits if e is not None]
     return {"n": len(runs), "accuracy": acc, "loss": np.array([value(r, "loss") for r in runs]),
             "outcomes": {o: outcomes.count(o) for o in oc.OUTCOMES}, "exits": exits, "steps": steps,
             "median_exit": float(np.median(learned_exits)) if learned_exits else None,
