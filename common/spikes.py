@@ -1,14 +1,10 @@
-"""Loss spikes, counted live by train.py and over a finished curve; and the LR sensitivity of a variant.
+"""Loss spikes, counted live by train.py and over a finished curve.
 
 Loss spike (the definition the README quotes): step t is a spike when its loss exceeds the exponential moving
 average of the previous losses by more than `threshold` times their exponential moving standard deviation,
 and by at least `min_rel` of the average (so tiny wiggles on a flat curve never count). The first `warmup`
 steps only feed the averages: early losses fall fast and are not spikes. A spike does not update the averages,
 so one spike does not hide the next. Defaults: beta=0.98 (about a 50-step window), threshold=6, min_rel=0.2.
-
-LR sensitivity (Wortsman et al. 2023, "Small-scale proxies for large-scale Transformer training
-instabilities", Sec. 3): E_lr[ min(final_loss(lr), initial_loss) - min_lr final_loss(lr) ] over the LR grid.
-A diverged run (non-finite final loss) counts as `initial_loss`, i.e. as no progress at all.
 """
 
 import math
@@ -59,11 +55,3 @@ def count_loss_spikes(losses: Iterable[float], **detector_kwargs) -> int:
         detector.update(float(loss))
     return detector.spikes
 
-
-def lr_sensitivity(final_loss_by_lr: Mapping[float, float], initial_loss: float) -> float:
-    """Wortsman et al. 2023 LR sensitivity of one variant over its LR grid (see module docstring)."""
-    if not final_loss_by_lr:
-        raise ValueError("lr_sensitivity needs at least one learning rate")
-    capped = [min(loss, initial_loss) if math.isfinite(loss) else initial_loss for loss in final_loss_by_lr.values()]
-    best = min(capped)
-    return sum(c - best for c in capped) / len(capped)

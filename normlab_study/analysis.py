@@ -1,7 +1,5 @@
-"""The numbers of study v3's report, from its committed records alone (runs.jsonl, selection.json, e1.jsonl):
-no model, no training. Each hypothesis of docs/study-v3/predictions.md is one function returning per-seed paired
-differences and their test; `verdicts` calibrates the test on the A/A control, applies Holm to the primary family
-and checks the horizon rule before naming an outcome.
+"""The numbers of study v3's report, from its committed records alone (no model, no training): arms, their
+horizon, the A/A calibration, the largest learning LR and LR sensitivity (hypotheses.py turns them into verdicts).
 """
 
 import math
@@ -9,6 +7,7 @@ import math
 import numpy as np
 
 from normlab_study import outcomes as oc
+from normlab_study.grid import FINISHED
 from normlab_study.seedstats import false_positive_rate, paired_test
 
 VAL, DEV = "val/sorted/running", "dev/sorted/running"
@@ -17,7 +16,6 @@ HORIZON_FRACTION = 0.75  # an arm must leave the plateau by this share of its st
 MAX_NEVER_LEARNED = 0.2  # ... and at most this share of its seeds may never learn
 BOARD = ("ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm", "no_norm")
 BATCH_STAT = ("batchnorm", "masked_batchnorm", "powernorm")
-FINISHED = ("completed", "diverged")
 
 
 class Records:
@@ -35,8 +33,9 @@ class Records:
                 and r["variant"] == variant and r["warmup"] == warmup and (lr is None or math.isclose(r["lr"], lr))]
         return sorted(rows, key=lambda r: (r["lr"], r["seed"]))
 
-    def lrs(self, experiment: str) -> list[float]:
-        return sorted({r["lr"] for r in self.runs if experiment in r.get("experiments", [r["experiment"]])})
+    def lrs(self, *experiments: str) -> list[float]:
+        """The LRs the runs of any of these experiments trained at, sorted."""
+        return sorted({r["lr"] for r in self.runs if set(experiments) & set(r.get("experiments", [r["experiment"]]))})
 
     def chosen_lr(self, variant: str, warmup: str = "on") -> float | None:
         return (self.selection.get(f"tune/{variant}/wu{warmup}") or {}).get("lr")
@@ -50,11 +49,6 @@ def outcome_of(run: dict) -> str:
     return oc.outcome(run.get("curves", {}).get("loss", []), run["status"])
 
 
-def exit_step(run: dict) -> int | None:
-    c = run.get("curves", {})
-    return oc.plateau_exit_step(c.get("step", []), c.get("loss", []))
-
-
 def by_seed(runs: list[dict], fn) -> dict:
     return {r["seed"]: fn(r) for r in runs}
 
@@ -63,14 +57,11 @@ def paired(a: dict, b: dict) -> list[float]:
     return [a[s] - b[s] for s in sorted(set(a) & set(b))]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Arms and their horizon
-
-
 def arm_summary(runs: list[dict]) -> dict:
     """Accuracy, loss, outcomes and plateau exits of one arm's runs (one per seed)."""
     outcomes = [outcome_of(r) for r in runs]
-    exits = [exit_step(r) for r in runs]
+    exits = [oc.plateau_exit_step(r.get("curves", {}).get("step", []), r.get("curves", {}).get("loss", []))
+             for r in runs]
     steps = max((r["curves"]["step"][-1] for r in runs if r.get("curves", {}).get("step")), default=0)
     acc = np.array([value(r) for r in runs])
     learned_exits = [e for e in exits if e is not None]
@@ -98,31 +89,21 @@ def leaderboard(rec: Records) -> list[dict]:
     return rows
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The A/A control: the test is trusted only if it holds its false-positive rate here
-
-
 def aa_calibration(rec: Records, test: str = "t") -> dict:
-    aa = by_seed(rec.arm("aa", "custom_ln_aa"), value)
-    ln = by_seed(rec.arm("leaderboard", "ln_pre"), value)
-    diffs = paired(aa, ln)
+    """The A/A control: `test` is trusted only if it holds its false-positive rate on it (else: permutation)."""
+    diffs = paired(by_seed(rec.arm("aa", "custom_ln_aa"), value), by_seed(rec.arm("leaderboard", "ln_pre"), value))
     est = paired_test(diffs, test)
     fpr = {t: false_positive_rate(diffs, n_seeds=len(diffs), test=t, reps=1000) for t in ("t", "permutation")}
     ok = fpr[test] <= ALPHA and not (est.lo > 0 or est.hi < 0)
     return {"diffs": diffs, "estimate": est, "fpr": fpr, "ok": ok, "test": test if ok else "permutation"}
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Placement: the largest LR at which a seed learns, and LR sensitivity
-
-
 def largest_lr_by_seed(rec: Records, variant: str, warmup: str, experiment: str = "placement") -> dict:
     """{seed: log10 of the largest grid LR at which the seed learned}; a quarter decade below the grid if none."""
     grid = rec.lrs(experiment)
-    out = {}
-    for seed in sorted({r["seed"] for r in rec.arm(experiment, variant, warmup)}):
-        runs = [r for r in rec.arm(experiment, variant, warmup) if r["seed"] == seed]
-        lr = oc.largest_learning_lr({r["lr"]: outcome_of(r) for r in runs})
+    runs, out = rec.arm(experiment, variant, warmup), {}
+    for seed in sorted({r["seed"] for r in runs}):
+        lr = oc.largest_learning_lr({r["lr"]: outcome_of(r) for r in runs if r["seed"] == seed})
         out[seed] = math.log10(lr) if lr else math.log10(min(grid)) - 0.25
     return out
 

@@ -1,18 +1,10 @@
-"""How a study (normlab_study/runner.py) runs a study's runs: on this machine (LocalEngine) or as Ray tasks (RayEngine).
-
-An engine is handed a list of Jobs -- one train.py command each, with its run directory, log file and what it
-needs -- and runs every one to its end, calling `started(job)` when a job begins and `finished(job, outcome)` when it
-ends. What the end of a run means for the study (summary.json's status, study.json) stays in study.py, so both
-engines fill the same study directory.
-
-    LocalEngine: one run per GPU at a time (pinned with CUDA_VISIBLE_DEVICES), or `parallel` CPU runs at once,
-                 each slot's runs in one warm worker process (normlab_study/worker.py).
-    RayEngine:   every run a Ray task asking for one GPU (or its share of a node's cores), on a local Ray instance
-                 or a cluster; a run whose worker died, or whose train.py was killed, is retried from its last
-                 checkpoint (the command carries train.resume=auto) up to max_retries times.
+"""Who starts a study's runs (docs/studies.md, "Where a study runs"): LocalEngine on this machine (one run per GPU,
+or `parallel` CPU runs in warm workers), RayEngine as Ray tasks, retried from their last checkpoint when a worker
+dies. An engine runs Jobs and reports each start and end; what a run's end means for the study stays in runner.py.
 """
 
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -23,20 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.io import read_json
+from normlab_study.grid import FINISHED, REPO_ROOT, StudyError
 from normlab_study.worker import WarmRunner
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-FINISHED = ("completed", "diverged")  # a run with this summary.json status is never trained again
 DEFAULT_RETRIES = 2
 ATTEMPT_MARK = "[study.py] attempt"  # the line a Ray task writes into the run's log before each attempt
 # the driver's settings a Ray worker on another node would otherwise not see (a local instance inherits them)
 FORWARDED_ENV = ("WANDB_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 RAY_INSTALL = 'pip install "ray[default]"'
-
-
-class EngineError(ValueError):
-    pass
 
 
 @dataclass
@@ -65,30 +51,62 @@ def read_status(run_dir: Path) -> str | None:
     return (read_json(Path(run_dir) / "summary.json") or {}).get("status")
 
 
-def gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except ImportError:
-        return 0
+def attempts_logged(log: Path) -> int:
+    return log.read_text(errors="replace").count(ATTEMPT_MARK) if log.exists() else 0
 
 
 def make_engine(name: str, parallel=None, address=None, max_retries=None, warm=True):
-    """The engine study.py's command line asks for (EngineError: one line on what is wrong). `warm`: the local
+    """The engine study.py's command line asks for (StudyError: one line on what is wrong). `warm`: the local
     engine runs train.py in warm workers (normlab_study/worker.py) instead of a fresh process per run."""
     if name == "ray":
         retries = DEFAULT_RETRIES if max_retries is None else max_retries
         if retries < 0:
-            raise EngineError(f"--max-retries {retries}: must be 0 or more")
+            raise StudyError(f"--max-retries {retries}: must be 0 or more")
         return RayEngine(address=address, parallel=parallel, max_retries=retries)
     if address is not None or max_retries is not None:
-        raise EngineError("--address and --max-retries apply to --engine ray only")
-    gpus = gpu_count()
+        raise StudyError("--address and --max-retries apply to --engine ray only")
+    import torch
+
+    gpus = torch.cuda.device_count()
     if gpus > 1:  # one run per GPU, pinned: each by its own `accelerate launch`, so no warm workers
         return LocalEngine(parallel=min(parallel or gpus, gpus), gpus=gpus)
     runner = WarmRunner(subprocess_runner) if warm else subprocess_runner
     return LocalEngine(parallel=parallel or 1, runner=runner)  # CPU or one GPU: one run at a time unless asked
+
+
+def run_logged(cmd: list[str], log, env: dict, cwd=REPO_ROOT, own_session: bool = False) -> int:
+    """Run cmd, its output into the open file `log`, to its exit code. On Ctrl-C (or a Ray cancel, raised here as
+    KeyboardInterrupt) train.py saves a checkpoint and writes summary.json (status interrupted), which the next
+    study.py resumes: it gets the time to (own_session, out of a terminal's reach: after one SIGTERM); a second
+    interrupt kills it."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd, env=env,
+                            start_new_session=own_session)
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=1)  # short waits: an interrupt is delivered between them
+            except subprocess.TimeoutExpired:
+                pass
+    except KeyboardInterrupt:
+        if own_session:
+            proc.terminate()
+        try:
+            proc.wait(timeout=300)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+        raise
+
+
+class Engine:
+    """Runs Jobs to their end: run_all(jobs, started(job), finished(job, Outcome)); close() when done."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -97,21 +115,10 @@ def make_engine(name: str, parallel=None, address=None, max_retries=None, warm=T
 
 def subprocess_runner(cmd: list[str], log_path: Path, env: dict) -> int:
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
-                                env=env)
-        try:
-            return proc.wait()
-        except KeyboardInterrupt:
-            # Ctrl-C reached train.py too: it saves a checkpoint and writes summary.json (status interrupted), which
-            # the next `study.py` resumes. Give it the time to do so; a second Ctrl-C kills it.
-            try:
-                proc.wait(timeout=300)
-            except (KeyboardInterrupt, subprocess.TimeoutExpired):
-                proc.kill()
-            raise
+        return run_logged(cmd, log, env)  # the terminal's Ctrl-C reaches train.py too
 
 
-class LocalEngine:
+class LocalEngine(Engine):
     """Runs on this machine: with `gpus`, one run per GPU at a time; otherwise `parallel` runs at once, the cores
     split between them. `runner(cmd, log_path, env) -> exit code` starts one run (tests pass a fake)."""
 
@@ -129,27 +136,22 @@ class LocalEngine:
         where = f"{self.gpus} GPUs, one run each" if self.gpus else f"{self.parallel} run(s) at once"
         return f"local engine: {where}"
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
+    def close(self) -> None:
         if hasattr(self.runner, "close"):
             self.runner.close()
-        return False
 
     def run_all(self, jobs: list[Job], started, finished) -> None:
         # GPU ids as this process sees them (a CUDA_VISIBLE_DEVICES set by the user is honoured, not replaced)
         visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-        free_gpus = visible[:self.gpus] if len(visible) >= self.gpus else [str(i) for i in range(self.gpus)]
-        gpu_lock = threading.Lock()
-        host = socket.gethostname()
+        ids = visible[:self.gpus] if len(visible) >= self.gpus else [str(i) for i in range(self.gpus)]
+        free_gpus, host = queue.SimpleQueue(), socket.gethostname()
+        for gpu in ids:
+            free_gpus.put(gpu)
 
         def one(job):
             env = {**os.environ, **job.env}
-            gpu = None
-            if self.gpus:
-                with gpu_lock:
-                    gpu = free_gpus.pop(0)
+            gpu = free_gpus.get() if self.gpus else None
+            if gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = gpu
             started(job)
             start = time.time()
@@ -159,8 +161,7 @@ class LocalEngine:
                 returncode, error = -1, f"{type(err).__name__}: {err}"
             finally:
                 if gpu is not None:
-                    with gpu_lock:
-                        free_gpus.append(gpu)
+                    free_gpus.put(gpu)
             finished(job, Outcome(returncode, round(time.time() - start, 1), error, 1, host))
 
         if self.parallel <= 1:
@@ -197,30 +198,11 @@ _DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, 
                     "os.getppid() == int(sys.argv[1]) or os._exit(1); os.execvp(sys.argv[2], sys.argv[2:])")
 
 
-def _wait(proc: subprocess.Popen) -> int:
-    """proc's exit code. A cancelled task (ray.cancel raises KeyboardInterrupt here) gives train.py one SIGTERM and
-    the time to save a checkpoint and write summary.json (status interrupted); a second cancel kills it."""
-    try:
-        while True:
-            try:
-                return proc.wait(timeout=1)  # short waits: a cancel is delivered between them
-            except subprocess.TimeoutExpired:
-                pass
-    except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            proc.wait(timeout=300)
-        except (KeyboardInterrupt, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait()
-        raise
-
-
 def _attempt(cmd: list[str], run_dir: str, log: str, env: dict, cwd: str, driver_python: str) -> dict:
     """One attempt at a run, as a Ray task on some node (which must see the repo and the study directory at the
     same paths as the driver). Appends to the run's log; raises RunKilled when train.py dies by a signal."""
     host, start, log = socket.gethostname(), time.time(), Path(log)
-    attempt = 1 + (log.read_text(errors="replace").count(ATTEMPT_MARK) if log.exists() else 0)
+    attempt = 1 + attempts_logged(log)
     if read_status(Path(run_dir)) in FINISHED:  # an earlier attempt finished the run before its worker died
         return {"returncode": 0, "duration_s": 0.0, "attempts": attempt, "host": host}
     if cmd[0] == driver_python:  # this node's interpreter, wherever it is installed
@@ -230,16 +212,13 @@ def _attempt(cmd: list[str], run_dir: str, log: str, env: dict, cwd: str, driver
         out.flush()
         if sys.platform == "linux":
             cmd = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *cmd]
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-                                env={**os.environ, **env},
-                                start_new_session=True)  # a terminal's Ctrl-C reaches it once, through _wait
-        returncode = _wait(proc)
+        returncode = run_logged(cmd, out, {**os.environ, **env}, cwd, own_session=True)  # Ctrl-C reaches it once
     if returncode < 0:
         raise RunKilled(f"train.py was killed by signal {-returncode} (attempt {attempt} on {host})")
     return {"returncode": returncode, "duration_s": round(time.time() - start, 1), "attempts": attempt, "host": host}
 
 
-class RayEngine:
+class RayEngine(Engine):
     """Every run a Ray task: one GPU each when the cluster has GPUs, else `cpus` cores each (the smallest node's
     cores split `parallel` ways). No address: a new local Ray instance, shut down at the end; "auto" or
     "ray://host:port": an existing cluster. Already connected (ray.init called before): that connection."""
@@ -248,7 +227,7 @@ class RayEngine:
         try:
             import ray
         except ImportError:
-            raise EngineError(f"--engine ray needs Ray, which is not installed: {RAY_INSTALL}") from None
+            raise StudyError(f"--engine ray needs Ray, which is not installed: {RAY_INSTALL}") from None
         self.ray, self.max_retries, self.poll_s = ray, max_retries, poll_s
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
@@ -256,12 +235,12 @@ class RayEngine:
                 ray.init(address=address or "local", log_to_driver=False)
             except Exception as err:  # noqa: BLE001 - no cluster at that address, a version mismatch, ...
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                raise EngineError(f"--address {address}: cannot start or reach Ray ({first})") from None
+                raise StudyError(f"--address {address}: cannot start or reach Ray ({first})") from None
         resources = ray.cluster_resources()
         node_cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
         node_cpus = [int(c) for c in node_cpus if c >= 1]
         if not node_cpus:
-            raise EngineError("the Ray cluster has no node with a CPU to run on")
+            raise StudyError("the Ray cluster has no node with a CPU to run on")
         self.gpus_per_run = 1 if resources.get("GPU", 0) >= 1 else 0
         self.threads_per_run = None if self.gpus_per_run else max(1, min(node_cpus) // (parallel or 1))
         self.summary = (f"{int(resources.get('CPU', 0))} CPUs, {int(resources.get('GPU', 0))} GPUs "
@@ -273,13 +252,9 @@ class RayEngine:
         each = "1 GPU" if self.gpus_per_run else f"{self.threads_per_run} CPU(s)"
         return f"ray engine: {self.summary}; {each} per run, up to {self.max_retries} retries"
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
+    def close(self) -> None:
         if self.owns_ray:
             self.ray.shutdown()
-        return False
 
     def run_all(self, jobs: list[Job], started, finished) -> None:
         forwarded = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)}
@@ -311,8 +286,8 @@ class RayEngine:
         except self.ray.exceptions.RayError as err:  # the task raised, or its worker/node died too often
             cause = getattr(err, "cause", None)
             first = str(cause if cause is not None else err).strip().splitlines()
-            tries = job.log.read_text(errors="replace").count(ATTEMPT_MARK) if job.log.exists() else 0
-            return Outcome(None, None, f"{type(cause or err).__name__}: {first[0] if first else ''}", tries, None)
+            error = f"{type(cause or err).__name__}: {first[0] if first else ''}"
+            return Outcome(None, None, error, attempts_logged(job.log), None)
 
     def _stop(self, refs):
         """Ctrl-C: queued runs never start; running ones save a checkpoint first (study.py resumes them)."""

@@ -1,12 +1,8 @@
-"""A study file (configs/study/*.yaml), read and checked, and expanded into its runs.
-
-A study is data: experiments, each a grid of variants x learning rates x warmup settings x seeds. An experiment's
-`lr` is a list, `{min, max, num}` (log-spaced), or `{best_of: EXPERIMENT}`: each variant then runs at the LR that
-EXPERIMENT's sweep of it chose on the dev split (normlab_study/selection.py), times the variant's `lr_scale`.
-With `share_runs: true` a run is named by its variant, LR, warmup and seed only, so two experiments that need the
-same configuration train it once (a variant name must then mean the same configuration in every experiment).
+"""A study file (configs/study/*.yaml), read and checked, and expanded into its runs (docs/studies.md: the format,
+chosen LRs and shared runs).
 """
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -16,7 +12,7 @@ from common.io import load_yaml_mapping
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
 AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
-# FINISHED (engines.py): a rerun skips these statuses; anything else (failed, interrupted) is run again
+FINISHED = ("completed", "diverged")  # a run that ended so is a result: never trained again (failed ones are)
 GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project",
              "experiments", "init", "score", "share_runs"}
 VARIANT_KEYS = {"config", "overrides", "warmup", "tune", "lr_scale", "seeds"}
@@ -25,10 +21,6 @@ EXPERIMENT_KEYS = {"description", "overrides", "variants", "lr", "warmup", "seed
 
 class StudyError(ValueError):
     pass
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The grid
 
 
 def resolve_preset(preset: str) -> Path:
@@ -75,14 +67,22 @@ def _on_off(value):
     return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else str(value)
 
 
+def _check_keys(where, mapping, valid: set) -> None:
+    unknown = set(mapping) - valid
+    if unknown:
+        raise StudyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(valid))}")
+
+
+def _check_seeds(where, seeds) -> None:
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+        raise StudyError(f"{where}: seeds must be a non-empty list of integers")
+
+
 def _load_variants(where, variants_spec, warmup) -> dict:
     variants = {}
     for name, spec in variants_spec.items():
         spec = {"config": spec} if isinstance(spec, str) or spec is None else dict(spec)
-        bad = set(spec) - VARIANT_KEYS
-        if bad:
-            raise StudyError(f"{where}: variant {name}: unknown key(s) {', '.join(sorted(bad))}; "
-                             f"valid: {', '.join(sorted(VARIANT_KEYS))}")
+        _check_keys(f"{where}: variant {name}", spec, VARIANT_KEYS)
         settings = [_on_off(w) for w in spec.get("warmup", list(warmup))]
         if not set(settings) <= set(warmup):
             raise StudyError(f"{where}: variant {name}: warmup {settings} not among the study's settings {list(warmup)}")
@@ -96,8 +96,8 @@ def _load_variants(where, variants_spec, warmup) -> dict:
         if not (isinstance(scale, (int, float)) and scale > 0):
             raise StudyError(f"{where}: variant {name}: lr_scale {scale!r} must be a positive number")
         seeds = spec.get("seeds")
-        if seeds is not None and not (isinstance(seeds, list) and seeds and all(isinstance(x, int) for x in seeds)):
-            raise StudyError(f"{where}: variant {name}: seeds must be a non-empty list of integers")
+        if seeds is not None:
+            _check_seeds(f"{where}: variant {name}", seeds)
         variants[name] = {"config": config, "overrides": _overrides(spec.get("overrides"), f"variant {name} overrides"),
                           "warmup": list(settings), "tune": str(spec.get("tune", name)), "lr_scale": float(scale),
                           "seeds": seeds}
@@ -116,8 +116,7 @@ def _load_experiment(where, spec: dict, defaults: dict) -> dict:
     if not isinstance(warmup, dict) or not set(warmup) <= {"on", "off"}:
         raise StudyError(f"{where}: warmup must map on/off to train.warmup_steps, e.g. {{on: 30, off: 0}}")
     seeds = spec["seeds"]
-    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
-        raise StudyError(f"{where}: seeds must be a non-empty list of integers")
+    _check_seeds(where, seeds)
     best_of = spec["lr"].get("best_of") if isinstance(spec["lr"], dict) and set(spec["lr"]) == {"best_of"} else None
     return {"description": spec.get("description", ""), "variants": _load_variants(where, spec["variants"], warmup),
             "overrides": _overrides(spec.get("overrides"), f"{where} overrides"),
@@ -125,16 +124,13 @@ def _load_experiment(where, spec: dict, defaults: dict) -> dict:
 
 
 def load_grid(path: Path) -> dict:
-    """The study file, checked and normalised: experiments -> {variants, lr, warmup, seeds, overrides}.
-
-    A file without `experiments` is one unnamed experiment (its run names carry no experiment prefix)."""
+    """The study file, checked and normalised: experiments -> {variants, lr, warmup, seeds, overrides}; a file
+    without `experiments` is one unnamed experiment (its run names carry no experiment prefix)."""
     try:
         grid = load_yaml_mapping(path)
     except ValueError as e:
         raise StudyError(str(e)) from None
-    unknown = set(grid) - GRID_KEYS
-    if unknown:
-        raise StudyError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(GRID_KEYS))}")
+    _check_keys(path, grid, GRID_KEYS)
     if "name" not in grid:
         raise StudyError(f"{path}: missing 'name'")
     shared = {k: grid[k] for k in ("variants", "lr", "warmup", "seeds") if k in grid}
@@ -143,10 +139,7 @@ def load_grid(path: Path) -> dict:
             raise StudyError(f"{path}: experiments must map names to grids (variants, lr, warmup, seeds)")
         experiments = {}
         for name, spec in grid["experiments"].items():
-            bad = set(spec or {}) - EXPERIMENT_KEYS
-            if bad:
-                raise StudyError(f"{path}: experiment {name}: unknown key(s) {', '.join(sorted(bad))}; "
-                                 f"valid: {', '.join(sorted(EXPERIMENT_KEYS))}")
+            _check_keys(f"{path}: experiment {name}", spec or {}, EXPERIMENT_KEYS)
             experiments[str(name)] = _load_experiment(f"{path}: experiment {name}", spec or {}, shared)
     else:
         experiments = {"": _load_experiment(str(path), shared, {})}
@@ -222,16 +215,15 @@ def expand(grid: dict, selection: dict | None = None) -> list[dict]:
     runs, by_name = [], {}
     for experiment, exp in grid["experiments"].items():
         for variant, spec in exp["variants"].items():
-            for lr in run_lrs(grid, experiment, variant, selection or {}):
-                for warmup in spec["warmup"]:
-                    for seed in spec["seeds"] or exp["seeds"]:
-                        name = run_name(variant, lr, warmup, seed, "" if grid.get("share_runs") else experiment)
-                        if name in by_name:
-                            by_name[name]["experiments"].append(experiment)
-                            continue
-                        by_name[name] = {"name": name, "experiment": experiment, "experiments": [experiment],
-                                         "variant": variant, "lr": lr, "warmup": warmup, "seed": seed}
-                        runs.append(by_name[name])
+            lrs = run_lrs(grid, experiment, variant, selection or {})
+            for lr, warmup, seed in itertools.product(lrs, spec["warmup"], spec["seeds"] or exp["seeds"]):
+                name = run_name(variant, lr, warmup, seed, "" if grid.get("share_runs") else experiment)
+                if name in by_name:
+                    by_name[name]["experiments"].append(experiment)
+                    continue
+                by_name[name] = {"name": name, "experiment": experiment, "experiments": [experiment],
+                                 "variant": variant, "lr": lr, "warmup": warmup, "seed": seed}
+                runs.append(by_name[name])
     return runs
 
 
@@ -248,10 +240,8 @@ def pending_selections(grid: dict, selection: dict) -> dict:
 
 
 def parse_only(items: list[str]) -> dict:
-    """["variant=post_ln,pre_ln,seed=0"] -> {"variant": {"post_ln", "pre_ln"}, "seed": {"0"}}.
-
-    Comma-separated key=value items; an item without "=" is one more value of the previous key; repeated keys
-    (within one --only or across several) are alternatives, different keys must all match."""
+    """["variant=post_ln,pre_ln,seed=0"] -> {"variant": {"post_ln", "pre_ln"}, "seed": {"0"}}: an item without "="
+    is one more value of the previous key; a repeated key gives alternatives, different keys must all match."""
     only = {}
     for text in items:
         key = None

@@ -1,20 +1,10 @@
-"""E1 of the norm study: gradients at initialization and the first Adam updates, per placement and depth.
-
-    python scripts/init_study.py studies/quick            # the `init` block of STUDY/study.json
-    python scripts/init_study.py studies/quick --preset quick
-
-No training run: for every placement (post, pre, deepnorm), depth and seed this builds a fresh classifier
-(torch's LayerNorm, dropout off) and, on the same fixed SST-2 batches for every model,
-1. takes one loss and backward pass at initialization and records each block's gradient norm (Xiong et al.
-   2020: post-LN's gradients grow toward the output at init, pre-LN's do not);
-2. takes `adam_steps` Adam steps (no warmup, no clipping: the update the optimizer takes on its own) and records,
-   after each, the relative change of the encoder's output on a held-out batch, ||F(theta_t) - F(theta_0)|| /
-   ||F(theta_0)|| over real tokens (Wang et al. 2022, DeepNet: post-LN's early model update grows with depth,
-   DeepNorm bounds it).
-Writes STUDY/e1.jsonl, one record per (placement, depth, seed).
+"""E1 of the norm study, no training (docs/studies.md, "E1"): per placement, depth and seed, each block's gradient
+norm at initialization and the encoder output's relative change over the first Adam steps, on the same fixed SST-2
+batches for every model. Writes STUDY/e1.jsonl, one record per (placement, depth, seed) (scripts/init_study.py).
 """
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -88,14 +78,11 @@ def measure(placement: str, depth: int, seed: int, init: dict, train, probe, voc
 def run(init: dict, out: Path, tokenizer_rows: int, vocab_size: int) -> list[dict]:
     train, probe, vocab = fixed_batches(init, vocab_size, tokenizer_rows)
     rows = []
-    for placement in init["placements"]:
-        for depth in init["depths"]:
-            for seed in init["seeds"]:
-                rows.append(measure(placement, depth, seed, init, train, probe, vocab))
-                r = rows[-1]
-                print(f"e1 {placement} depth {depth} seed {seed}: grad last/first "
-                      f"{r['grad_norm'][-1] / r['grad_norm'][0]:.3g}, output change {r['output_change'][-1]:.3g}",
-                      flush=True)
+    for placement, depth, seed in itertools.product(init["placements"], init["depths"], init["seeds"]):
+        rows.append(measure(placement, depth, seed, init, train, probe, vocab))
+        r = rows[-1]
+        print(f"e1 {placement} depth {depth} seed {seed}: grad last/first "
+              f"{r['grad_norm'][-1] / r['grad_norm'][0]:.3g}, output change {r['output_change'][-1]:.3g}", flush=True)
     write_jsonl(out, rows)
     return rows
 
@@ -105,8 +92,7 @@ def main(argv=None) -> int:
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--preset", type=Path, default=None, help="a study YAML (default: STUDY/study.json)")
     args = parser.parse_args(argv)
-    source = (read_yaml(args.preset) if args.preset
-              else read_json(args.study_dir / "study.json"))
+    source = read_yaml(args.preset) if args.preset else read_json(args.study_dir / "study.json")
     if not source.get("init"):
         print("init_study.py: error: the study has no `init` block (E1 settings)", file=sys.stderr)
         return 2

@@ -1,10 +1,5 @@
-"""What a training run ended as, read from its per-step train loss.
-
-A binary classifier starts at ln 2 (it predicts 50/50) and sits on that *plateau* until it starts to learn. Two
-different failures look alike in a final accuracy: a run that never left the plateau (too small an LR, too short a
-horizon, or a norm that slows the start) and a run that learned and then blew up (too large an LR). The study
-counts them apart, and reports the step at which each run left the plateau so that a horizon that is too short
-shows as such instead of as a worse norm.
+"""What a training run ended as, read from its per-step train loss: learned, never left the ln 2 plateau (a binary
+classifier's start), or diverged; and the step at which it left the plateau (docs/studies.md, "Outcomes apart").
 """
 
 import math
@@ -56,10 +51,9 @@ def outcome(losses: Sequence[float], status: str = "completed", plateau: float =
 
 
 def lr_sensitivity(loss_by_lr: Mapping[float, float], best_reference: float, plateau: float = PLATEAU) -> float:
-    """Wortsman et al. (2023)'s LR sensitivity with a reference shared by the arms compared: the mean over the LR
-    grid of min(L(lr), plateau) - best_reference, where best_reference is the lowest loss any compared arm reached
-    at any LR. A diverged or non-finite run counts as the plateau. Taking the minimum per arm instead would give a
-    model that never learns (L = plateau at every LR) a perfect score of 0."""
+    """Wortsman et al. (2023)'s LR sensitivity, with a reference shared by the arms compared (the lowest loss any of
+    them reached at any LR; a per-arm minimum would give a model that never learns a perfect 0): the mean over the
+    LR grid of min(L(lr), plateau) - best_reference. A diverged or non-finite run counts as the plateau."""
     if not loss_by_lr:
         raise ValueError("lr_sensitivity needs at least one learning rate")
     capped = [min(x, plateau) if math.isfinite(x) else plateau for x in loss_by_lr.values()]

@@ -17,7 +17,7 @@ LABELS = {"ln_pre": "LayerNorm (pre-LN)", "ln_post": "LayerNorm post-LN", "custo
           "powernorm": "PowerNorm", "no_norm": "no norm"}
 
 
-def plot_answer(rec: Records, path: Path) -> None:
+def plot_answer(rec: Records):
     """Left: each norm at its own tuned LR, one dot per seed, mean and 95% t interval. Right: the share of seeds
     that learn at each LR, post-LN vs pre-LN, with and without warmup."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
@@ -45,12 +45,10 @@ def plot_answer(rec: Records, path: Path) -> None:
     right.set_ylabel("share of seeds that learn")
     right.legend(fontsize=8)
     fig.suptitle("Which norm, and where? (6-layer width-64 encoder, 320 steps on SST-2, 10 seeds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def plot_curves(rec: Records, path: Path) -> None:
+def plot_curves(rec: Records):
     """Train loss (20-step moving mean, mean over seeds) of every leaderboard arm: when each leaves ln 2."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for row in leaderboard(rec):
@@ -64,12 +62,10 @@ def plot_curves(rec: Records, path: Path) -> None:
     ax.set_ylabel("train loss (moving mean)")
     ax.set_ylim(0.2, 0.8)
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def plot_sweep(rec: Records, path: Path) -> None:
+def plot_sweep(rec: Records):
     """Mean dev loss against the LR in the tuning sweep, per arm: where each arm's LR was chosen."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for key, chosen in sorted(rec.selection.items()):
@@ -82,13 +78,14 @@ def plot_sweep(rec: Records, path: Path) -> None:
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("mean dev loss (capped at 1; a diverged run is off the chart)")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def all_figures(rec: Records, out: Path) -> list[str]:
     figures = {"answer.png": plot_answer, "curves.png": plot_curves, "sweep.png": plot_sweep}
     for name, plot in figures.items():
-        plot(rec, out / name)
+        fig = plot(rec)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
     return list(figures)

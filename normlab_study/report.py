@@ -1,19 +1,17 @@
-"""Study v3's report: report.md and its figures, regenerated from the committed records alone.
-
-    python scripts/report.py studies/quick --out docs/study-v3    # a scored study; copies its records to --out
-    python scripts/report.py docs/study-v3                         # regenerate from the committed records
-"""
+"""Study v3's report: report.md and its figures, regenerated from the committed records alone (scripts/report.py
+is the entry point; docs/studies.md says what the report reads and writes)."""
 
 import gzip
 import hashlib
 import json
 import math
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-from common.io import atomic_write_json, read_json
+from common.io import atomic_write_json, read_json, read_jsonl
 from normlab_study import outcomes as oc
 from normlab_study import plots
 from normlab_study.analysis import (BATCH_STAT, DEV, Records, by_seed, leaderboard, outcome_grid, outcome_of, paired,
@@ -31,9 +29,8 @@ def copy_records(study_dir: Path, out: Path) -> None:
         raise FileNotFoundError(f"{study_dir}/runs.jsonl not found: score the study first "
                                 f"(python scripts/score_runs.py {study_dir})")
     study = read_json(study_dir / "study.json")
-    runs = [json.loads(line) for line in (study_dir / "runs.jsonl").read_text().splitlines()]
     with gzip.open(out / RECORDS, "wt") as f:
-        for r in runs:
+        for r in read_jsonl(study_dir / "runs.jsonl"):
             entry = study["runs"].get(r["name"], {})
             r.update({k: entry[k] for k in ("experiments", "commit", "machine", "started_at") if k in entry})
             for key, score in r.get("scores", {}).items():
@@ -57,22 +54,22 @@ def record_digest(record: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def read_records(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
 def rerun_matches(folder: Path, rerun: str = "rerun") -> tuple[int, int]:
     """(runs of FOLDER/RERUN whose record digest equals the committed record's, runs of the rerun)."""
-    folder = Path(folder)
-    with gzip.open(folder / RECORDS, "rt") as f:
-        committed = {r["name"]: record_digest(r) for r in map(json.loads, f)}
-    with gzip.open(folder / rerun / RECORDS, "rt") as f:
-        rows = [json.loads(line) for line in f]
+    committed = {r["name"]: record_digest(r) for r in read_records(Path(folder) / RECORDS)}
+    rows = read_records(Path(folder) / rerun / RECORDS)
     return sum(committed.get(r["name"]) == r["record_sha256"] for r in rows), len(rows)
 
 
 def load(folder: Path) -> Records:
     folder = Path(folder)
-    with gzip.open(folder / RECORDS, "rt") as f:
-        runs = [json.loads(line) for line in f]
-    e1 = [json.loads(x) for x in (folder / "e1.jsonl").read_text().splitlines()] if (folder / "e1.jsonl").is_file() else []
-    return Records(runs, read_json(folder / "selection.json", {}) or {}, e1)
+    selection = read_json(folder / "selection.json", {}) or {}
+    return Records(read_records(folder / RECORDS), selection, read_jsonl(folder / "e1.jsonl"))
 
 
 def _ci(values) -> str:
@@ -118,16 +115,16 @@ def leaderboard_lines(rec: Records) -> list[str]:
 
 
 def placement_lines(rec: Records) -> list[str]:
-    lrs = rec.lrs("placement") + [lr for lr in rec.lrs("placement_more") if lr not in rec.lrs("placement")]
+    lrs = rec.lrs("placement", "placement_more")
     rows = {}
     for exp in ("placement", "placement_more"):
         for g in outcome_grid(rec, exp):
             rows.setdefault((g["variant"], g["warmup"]), {})[g["lr"]] = f"{g[oc.LEARNED]}/{g['n']}" + \
                 (f" ({g[oc.DIVERGED]} div)" if g[oc.DIVERGED] else "")
-    table = [[v, w] + [cells.get(lr, "") for lr in sorted(lrs)] for (v, w), cells in sorted(rows.items())]
+    table = [[v, w] + [cells.get(lr, "") for lr in lrs] for (v, w), cells in sorted(rows.items())]
     return ["## Placement: how large an LR still learns", "",
             "Seeds that learned / seeds run, per LR (diverged runs in brackets; the rest never left the plateau).", ""] + \
-        _table(["arm", "warmup"] + [f"{lr:g}" for lr in sorted(lrs)], table)
+        _table(["arm", "warmup"] + [f"{lr:g}" for lr in lrs], table)
 
 
 def peak_logit(run: dict) -> float | None:
@@ -138,7 +135,7 @@ def peak_logit(run: dict) -> float | None:
 
 def logit_lines(rec: Records) -> list[str]:
     """Wortsman et al. (2023)'s attention-logit growth, measured on the placement runs: not a prediction."""
-    rows, lrs = [], sorted(set(rec.lrs("placement")) | set(rec.lrs("placement_more")))
+    rows, lrs = [], rec.lrs("placement", "placement_more")
     for exp in ("placement", "placement_more"):
         for variant in sorted({r["variant"] for r in rec.runs if exp in r.get("experiments", [r["experiment"]])}):
             for warmup in ("off", "on"):
@@ -224,10 +221,7 @@ def write_markdown(rec: Records, meta: dict) -> str:
              f"({sum(c['cpu_s'] for c in calls) / 60:.1f} CPU-minutes); commands: "
              + " ; ".join(f"`{c['command']}`" for c in calls)]
     if rec.unfinished:
-        missing = {}
-        for r in rec.unfinished:
-            for e in r.get("experiments", [r["experiment"]]):
-                missing[e] = missing.get(e, 0) + 1
+        missing = Counter(e for r in rec.unfinished for e in r.get("experiments", [r["experiment"]]))
         lines.append(f"- **Not trained** (the study was stopped before them, or they crashed): {len(rec.unfinished)} "
                      "runs, " + ", ".join(f"{e} {n}" for e, n in sorted(missing.items())) + "; they are left out")
     lines += ["", "![answer](answer.png)", ""]

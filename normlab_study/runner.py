@@ -1,24 +1,6 @@
-"""Run a norm study (scripts/study.py is the entry point): the grid's runs, stage by stage, then E1, the records and
-the report.
-
-    python scripts/study.py --preset quick --parallel 2         # configs/study/quick.yaml
-    python scripts/study.py --preset quick --only variant=post_ln,pre_ln --only seed=0
-    python scripts/study.py --preset full --study-dir studies/full-a100 train.max_steps=2000
-    python scripts/study.py --preset quick --dry-run            # print the runs, train nothing
-
-The grid is data (configs/study/<preset>.yaml, documented there; normlab_study/grid.py reads it). LR sweeps train
-first; each arm's LR is then chosen on the dev split (selection.py) and the runs it unlocks train next. Each run is
-one `train.py` command (in a warm worker on this machine, worker.py):
-    python train.py --config <variant file> <study overrides> <variant overrides> train.lr=.. train.warmup_steps=..
-        seed=.. output_dir=STUDY/runs/<run> wandb.group=<study name> <command-line overrides>
-writing STUDY/runs/<run>/ and its log to STUDY/logs/<run>.log. With several GPUs, one run per GPU at a time
-(`accelerate launch` with CUDA_VISIBLE_DEVICES=<gpu>); otherwise one run after another. `--engine ray` runs every
-run as a Ray task instead, here or on a cluster (normlab_study/engines.py; docs/studies.md).
-
-STUDY/study.json records the grid, the command and every run's status. A run that diverges or crashes is
-recorded there and the study goes on; running the same command again skips runs whose summary.json says
-completed or diverged (and resumes interrupted ones from their last checkpoint). At the end the report is
-written (scripts/report.py) unless --no-report.
+"""Run a norm study (scripts/study.py is the entry point; docs/studies.md explains the stages, engines and files):
+train the grid's runs stage by stage (LR sweeps first, then what their choices unlock), then E1, the records and
+the report. STUDY/study.json records the grid, the commands and every run's status.
 """
 
 import argparse
@@ -29,33 +11,29 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
-
 from common.io import atomic_write_json, atomic_write_text, read_json
-from normlab_study.engines import FINISHED, EngineError, Job, LocalEngine, make_engine, read_status, subprocess_runner
+from common.machine import cpu_name
+from normlab_study.engines import Job, LocalEngine, make_engine, read_status, subprocess_runner
 from normlab_study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
-    StudyError, expand, format_override, load_grid, lr_grid, narrow, parse_only, pending_selections, resolve_preset,
+    FINISHED, REPO_ROOT, StudyError, expand, format_override, load_grid, lr_grid, narrow, parse_only,
+    pending_selections, resolve_preset, variant_overrides,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def train_command(grid, run, study_dir: Path, extra: list[str], launcher: list[str]) -> list[str]:
-    exp = grid["experiments"][run["experiment"]]
-    spec = exp["variants"][run["variant"]]
+    config, overrides, warmup_steps = variant_overrides(grid, run["experiment"], run["variant"], run["warmup"])
     cmd = list(launcher) + [str(REPO_ROOT / "train.py")]
-    if spec["config"]:
-        cmd += ["--config", spec["config"]]
-    warmup_steps = exp["warmup"][run["warmup"]]
-    cmd += (grid["overrides"] + exp["overrides"] + spec["overrides"]
-            + [f"train.lr={run['lr']:g}", f"seed={run['seed']}"])
+    if config:
+        cmd += ["--config", config]
+    cmd += grid["overrides"] + list(overrides) + [f"train.lr={run['lr']:g}", f"seed={run['seed']}"]
     if warmup_steps is not None:
         cmd.append(f"train.warmup_steps={warmup_steps}")
+    tags = [t for t in (grid["name"], run["experiment"], run["variant"], f"warmup-{run['warmup']}") if t]
     cmd += [f"output_dir={study_dir / 'runs' / run['name']}", f"wandb.group={grid['name']}",
-            format_override("wandb.tags", [t for t in (grid["name"], run["experiment"], run["variant"],
-                                                         f"warmup-{run['warmup']}") if t]),
-            "train.resume=auto"]  # an interrupted run continues from its last checkpoint
+            format_override("wandb.tags", tags), "train.resume=auto"]  # an interrupted run resumes from its checkpoint
     if grid.get("wandb_project"):
         cmd.append(f"wandb.project={grid['wandb_project']}")
     return cmd + list(extra)
@@ -65,24 +43,16 @@ def validate_commands(grid, runs, extra):
     """Check every run's config with train.py's own loader before training anything (a typo costs seconds)."""
     from common.config import ConfigError, load_config
 
-    seen = set()
+    first = {}
     for run in runs:
-        exp = grid["experiments"][run["experiment"]]
-        spec = exp["variants"][run["variant"]]
-        key = (run["experiment"], run["variant"], run["warmup"])
-        if key in seen:
-            continue
-        seen.add(key)
-        overrides = grid["overrides"] + exp["overrides"] + spec["overrides"] + list(extra) + [f"train.lr={run['lr']:g}"]
-        config = str(REPO_ROOT / spec["config"]) if spec["config"] else None
+        first.setdefault((run["experiment"], run["variant"], run["warmup"]), run)
+    for (experiment, variant, warmup), run in first.items():
+        config, overrides, _ = variant_overrides(grid, experiment, variant, warmup)
         try:
-            load_config(config, overrides)
+            load_config(str(REPO_ROOT / config) if config else None,
+                        grid["overrides"] + list(overrides) + list(extra) + [f"train.lr={run['lr']:g}"])
         except ConfigError as err:
-            raise StudyError(f"{run['experiment'] + ' ' if run['experiment'] else ''}variant {run['variant']}: {err}") from None
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Running
+            raise StudyError(f"{experiment + ' ' if experiment else ''}variant {variant}: {err}") from None
 
 
 def _tail(path: Path, n=3) -> str:
@@ -97,7 +67,6 @@ class Study:
     """study.json, kept current after every run (safe to read while the study runs)."""
 
     def __init__(self, study_dir: Path, grid: dict, grid_file: Path, command: str):
-        self.dir = study_dir
         self.path = study_dir / "study.json"
         self.lock = threading.Lock()
         old = read_json(self.path, {})
@@ -142,8 +111,7 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
     """Train every run not finished yet; returns {run name: status}. Never raises for a run's failure.
     `engine` (engines.py) runs them; default: LocalEngine(parallel, gpus, runner)."""
     engine = engine or LocalEngine(parallel=parallel, gpus=gpus, runner=runner)
-    study_dir.mkdir(parents=True, exist_ok=True)
-    (study_dir / "logs").mkdir(exist_ok=True)
+    (study_dir / "logs").mkdir(parents=True, exist_ok=True)
     study = Study(study_dir, grid, grid_file, command)
     launcher = [sys.executable]
     if engine.gpus_per_run:  # one process per GPU, given its GPU by the engine
@@ -161,7 +129,6 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
     print_fn(f"study {grid['name']}: {len(runs)} runs selected, {len(runs) - len(todo)} already finished, "
              f"{len(todo)} to train -> {study_dir}")
     counter = iter(range(1, len(todo) + 1))
-
     where = {"commit": git_commit(), "machine": machine()}
 
     def started(job):
@@ -183,25 +150,18 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
                  + (f" (exit {outcome.returncode}; see {job.log})" if status == "failed" else ""))
 
     engine.run_all(todo, started, finished)
-    counts = {}
-    for status in statuses.values():
-        counts[status] = counts.get(status, 0) + 1
-    print_fn(f"study {grid['name']} done: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    counts = sorted(Counter(statuses.values()).items())
+    print_fn(f"study {grid['name']} done: " + ", ".join(f"{k} {v}" for k, v in counts))
     return statuses
 
 
 def machine() -> str:
-    import platform
+    """What study.json records a run ran on: the GPUs, or the CPU's name; and the cores."""
+    import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, {os.cpu_count()} CPU cores"
-    except ImportError:
-        pass
-    return f"{cpu}, {os.cpu_count()} CPU cores, no GPU"
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, {os.cpu_count()} CPU cores"
+    return f"{cpu_name()}, {os.cpu_count()} CPU cores, no GPU"
 
 
 def git_commit() -> str | None:
@@ -216,26 +176,24 @@ def record_invocation(study_dir: Path, command: str, started: float) -> None:
     """Append this command's commit, machine, wall time and CPU time (of the runs it started) to study.json."""
     path = study_dir / "study.json"
     data = read_json(path)
-    commit = git_commit()
     times = os.times()
     data.setdefault("invocations", []).append({
-        "command": command, "commit": commit, "machine": machine(), "started": time.strftime(
+        "command": command, "commit": git_commit(), "machine": machine(), "started": time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 1),
         "cpu_s": round(times.children_user + times.children_system, 1)})
     atomic_write_json(path, data, indent=1)
 
 
 def wants_e1(grid: dict, only: dict) -> bool:
-    """E1 (normlab_study/init_exp.py) runs when the study has an `init` block and --only experiment=... names e1 or
-    no experiment; `e1` is then taken out of the experiment filter (it has no training runs)."""
+    """E1 (normlab_study/init_exp.py) runs when the study has an `init` block and --only narrows nothing or names
+    e1 among its experiments; `e1` is then taken out of the experiment filter (it has no training runs)."""
     if not grid.get("init"):
         return False
-    wanted = only.get("experiment")
-    if wanted is None:
-        return "seed" not in only and "variant" not in only and "lr" not in only and "warmup" not in only
-    if "e1" not in wanted:
+    if "experiment" not in only:
+        return not only
+    if "e1" not in only["experiment"]:
         return False
-    wanted.discard("e1")
+    only["experiment"].discard("e1")
     return True
 
 
@@ -312,40 +270,34 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
 
 def dry_run(grid, runs, study_dir: Path, overrides) -> int:
     """Print each run's command and whether a rerun would train or skip it; write nothing."""
-    for run in runs:
-        status = read_status(study_dir / "runs" / run["name"])
+    statuses = [read_status(study_dir / "runs" / run["name"]) for run in runs]
+    for run, status in zip(runs, statuses):
         action = f"skip ({status})" if status in FINISHED else "train"
         print(f"{action:18s} {shlex.join(train_command(grid, run, study_dir, overrides, [sys.executable]))}")
-    print(f"{len(runs)} runs ({sum(read_status(study_dir / 'runs' / r['name']) not in FINISHED for r in runs)} to train)"
-          f" in {study_dir}")
+    print(f"{len(runs)} runs ({sum(s not in FINISHED for s in statuses)} to train) in {study_dir}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (see the module docstring).",
+        description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (docs/studies.md).",
         usage="study.py --preset quick|full|FILE.yaml [--only key=value,...] [--study-dir DIR] [--dry-run] "
               "[--engine local|ray [--address A] [--max-retries N]] [key=value ...]")
     parser.add_argument("--preset", required=True, help="quick, full (configs/study/<name>.yaml) or a study YAML file")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE,...",
-                        help="narrow the grid: keys experiment (e1 too), variant, lr, warmup (on/off), seed; e.g. "
-                             "--only variant=post_ln,pre_ln --only seed=0 (repeat a key for alternatives)")
+                        help="narrow by experiment (e1 too), variant, lr, warmup (on/off), seed: variant=a,b,seed=0")
     parser.add_argument("--study-dir", type=Path, default=None, help="default: studies/<study name>")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
     parser.add_argument("--parallel", type=int, default=None,
-                        help="runs at once (default: one per visible GPU, 1 on CPU; on CPU the cores are split "
-                             "between them: train.cpu_threads and OMP_NUM_THREADS)")
+                        help="runs at once (default: one per visible GPU, else 1; CPU runs split the cores)")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
-                        help="local: this machine's GPUs or cores (default); ray: every run a Ray task, on a new "
-                             "local Ray instance or the cluster at --address (docs/studies.md)")
+                        help="local: this machine (default); ray: every run a Ray task, here or at --address")
     parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
                         help="--engine ray: an existing Ray cluster (auto: the one `ray start` runs on this node)")
     parser.add_argument("--max-retries", type=int, default=None,
-                        help="--engine ray: attempts after the first for a run whose worker died or whose train.py "
-                             "was killed, each resuming from its last checkpoint (default 2)")
+                        help="--engine ray: retries of a run whose worker or train.py was killed (default 2)")
     parser.add_argument("--process-per-run", action="store_true",
-                        help="local engine: start a fresh Python process for every run instead of reusing one warm "
-                             "worker per parallel slot (slower; the same numbers)")
+                        help="local engine: a fresh process per run instead of warm workers (slower, same numbers)")
     parser.add_argument("--no-report", action="store_true", help="do not run scripts/report.py at the end")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py overrides for every run")
     return parser
@@ -353,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    command = shlex.join(["python", "scripts/study.py", *(argv if argv is not None else sys.argv[1:])])
     try:
         bad = [o for o in args.overrides if "=" not in o]
         if bad:
@@ -364,21 +317,12 @@ def main(argv=None) -> int:
         study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
         runs = selected_runs(grid, only, read_json(study_dir / "selection.json", {}) or {})
         validate_commands(grid, runs, args.overrides)
-    except StudyError as err:
-        print(f"study.py: error: {err}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        return dry_run(grid, runs, study_dir, args.overrides)
-    command = shlex.join(["python", "scripts/study.py", *(argv if argv is not None else sys.argv[1:])])
-    started = time.time()
-    try:
-        engine = make_engine(args.engine, parallel=args.parallel, address=args.address, max_retries=args.max_retries,
-                             warm=not args.process_per_run)
-    except EngineError as err:
-        print(f"study.py: error: {err}", file=sys.stderr)
-        return 2
-    print(engine.describe())
-    try:
+        if args.dry_run:
+            return dry_run(grid, runs, study_dir, args.overrides)
+        started = time.time()
+        engine = make_engine(args.engine, parallel=args.parallel, address=args.address,
+                             max_retries=args.max_retries, warm=not args.process_per_run)
+        print(engine.describe())
         with engine:
             run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine)
     except StudyError as err:
@@ -391,4 +335,3 @@ def main(argv=None) -> int:
     record_invocation(study_dir, command, started)
     after_training(study_dir, run_e1, bool(grid["score"]), not args.no_report, shards=args.parallel or 1)
     return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed
-

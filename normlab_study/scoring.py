@@ -1,27 +1,5 @@
-"""Score every finished run of a study and write the compact per-run records the report reads.
-
-    python scripts/score_runs.py studies/quick [--out docs/study-v2/runs.jsonl]
-
-For each run in STUDY/study.json this loads final/ and predicts, with running statistics and length-sorted
-batches, the *dev* rows (the last `score.dev_rows` rows of the training split, which no run trains on: they pick
-best learning rates) and the validation split (what the report states). Runs of batch-statistics norms, and every
-run of experiment e3, are also scored on the validation split batched three ways, the same sentences each time:
-
-    sorted    length-sorted batches, padded to the longest sentence of the batch (little padding)
-    shuffled  one fixed random order shared by every model, padded to the batch's longest (much padding)
-    fixed     the sorted batches padded to data.max_length (same batches as `sorted`, more padding)
-
-each with running statistics and (BN family) with the batch's own statistics. A sentence's prediction can only
-depend on its batch through batch statistics, so a prediction that changes between batchings is a "flip".
-
-Runs of norms with a running mean and variance also get a `running_stats` record: per layer, how far those running
-statistics (what eval normalizes with) sit from the mean and variance of the real tokens each layer sees when
-the validation split is evaluated. Running statistics averaged over padded positions are biased; this measures it.
-
-A record holds the run's grid coordinates, status, per-step curves (train loss, gradient norm, the largest
-attention logit over layers, the mean BN stat drift), the evaluations logged in training, and per batching the
-mean loss, the accuracy and every prediction as a string of class ids (one character per example; the gold labels
-go to labels.json beside the records), so the report can pair examples across runs without retraining.
+"""Score every finished run of a study and write the compact per-run records the report reads (scripts/score_runs.py;
+docs/studies.md, "The records": which splits, batchings and statistics each run is scored with, what a record holds).
 """
 
 import argparse
@@ -38,8 +16,11 @@ from common.io import atomic_write_json, read_json, read_jsonl, read_yaml, write
 from model import BATCH_STAT_NORMS, NormLabForSequenceClassification
 from model.norms import real_token_mask
 
+# sorted: length-sorted batches padded to their longest; shuffled: one fixed random order, padded to the batch's
+# longest; fixed: the sorted batches padded to data.max_length
 BATCHINGS = ("sorted", "shuffled", "fixed")
 SHUFFLE_SEED = 1234  # one order for every model, so their shuffled batches hold the same sentences
+SCORE_DEFAULTS = {"dev_rows": 2000, "batch_size": 32}  # a study file's `score` block overrides them
 
 
 def _sig(x, digits=5):
@@ -62,19 +43,14 @@ def curves(metrics: list[dict]) -> dict:
     return out
 
 
-def batchings(rows: list[dict], how: str, batch_size: int, max_length: int, pad_id: int):
-    """The padded batches of one batching (see the module docstring) of encode_rows' rows."""
-    order = "shuffled" if how == "shuffled" else "sorted"
-    width = max_length if how == "fixed" else None
-    return row_batches(rows, batch_size, pad_id, order=order, width=width, seed=SHUFFLE_SEED)
-
-
 def predict(model, rows: list[dict], how: str, batch_size: int, max_length: int, pad_id: int,
             batch_stats: bool = False) -> dict:
-    """Mean loss, accuracy and the predicted class of every example (in dataset order) under one batching, with
-    running statistics or (batch_stats) each batch's own."""
-    batches = score_batches(None, model, batchings(rows, how, batch_size, max_length, pad_id), batch_stats=batch_stats)
-    scores = in_row_order(batches, ("loss", "prediction", "label"))
+    """Mean loss, accuracy and the predicted class of every example (in dataset order) under one batching of
+    encode_rows' rows (BATCHINGS), with running statistics or (batch_stats) each batch's own."""
+    order = "shuffled" if how == "shuffled" else "sorted"
+    batches = row_batches(rows, batch_size, pad_id, order=order, width=max_length if how == "fixed" else None,
+                          seed=SHUFFLE_SEED)
+    scores = in_row_order(score_batches(None, model, batches, batch_stats=batch_stats), ("loss", "prediction", "label"))
     losses, preds = scores["loss"].numpy().astype(np.float64), scores["prediction"].numpy()
     return {"loss": _sig(losses.mean()), "accuracy": _sig(float((preds == scores["label"].numpy()).mean())),
             "pred": "".join(map(str, preds.tolist()))}
@@ -126,21 +102,16 @@ def score_sets(cfg: dict, dev_rows: int) -> dict:
     return {"dev": (dev[col], dev[lab]), "val": (val[col], val[lab])}
 
 
-def load_final(run_dir: Path):
-    """(model in eval mode, tokenizer) of a run's final/, quietly: a study loads hundreds."""
+def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) -> tuple[dict, dict | None]:
+    """({split/batching/statistics: predict()}, running_stat_gap() on the validation split, if `sets` has it)"""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
+    hf_logging.disable_progress_bar()  # quietly: a study loads hundreds of models
     model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
-    return model, AutoTokenizer.from_pretrained(run_dir / "final")
-
-
-def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) -> tuple[dict, dict | None]:
-    """({split/batching/statistics: predict()}, running_stat_gap() on the validation split)"""
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
     cfg = read_yaml(run_dir / "config.yaml")
     max_length = cfg["data"]["max_length"]
-    model, tokenizer = load_final(run_dir)
     out, rows = {}, {}
     for split, (texts, labels) in sets.items():
         rows[split] = encode_rows(tokenizer, texts, max_length, labels)
@@ -151,7 +122,8 @@ def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) 
             for how in hows:
                 out[f"{split}/{how}/{mode}"] = predict(model, rows[split], how, batch_size, max_length,
                                                        tokenizer.pad_token_id, batch_stats=mode == "batch")
-    return out, running_stat_gap(model, rows["val"], batch_size, tokenizer.pad_token_id)
+    gap = running_stat_gap(model, rows["val"], batch_size, tokenizer.pad_token_id) if "val" in rows else None
+    return out, gap
 
 
 def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> dict:
@@ -184,7 +156,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     k, n = (int(x) for x in args.shard.split("/"))
     study = read_json(args.study_dir / "study.json")
-    score = {"dev_rows": 2000, "batch_size": 32, **(study.get("score") or {})}
+    score = {**SCORE_DEFAULTS, **(study.get("score") or {})}
     torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
     sets, out = None, args.out or args.study_dir / "runs.jsonl"
     rows = []

@@ -1,10 +1,5 @@
-"""Seed-level statistics for the study: the seed is the unit of replication.
-
-Arms that share a seed share initial weights and data order, so a comparison is a list of per-seed differences
-d_1..d_n (one number per seed, e.g. a difference in validation accuracy) and every test here takes that list.
-Resampling examples as well as seeds (v2's bootstrap) treats the validation sentences as if they were new
-training runs: at a handful of seeds it gives intervals that are too narrow. `false_positive_rate` checks a test on
-the A/A control (two arms that are the same model) before the test is trusted with anything else.
+"""Seed-level statistics for the study: the seed is the unit of replication, so every test takes a list of per-seed
+differences (docs/studies.md, "The seed is the unit" and "Calibrated first").
 """
 
 import itertools
@@ -44,16 +39,18 @@ def t_interval(d: np.ndarray, conf: float = 0.95) -> tuple[float, float]:
     return float(d.mean()) - half, float(d.mean()) + half
 
 
+def sign_patterns(n: int, exact_up_to: int, reps: int, rng: np.random.Generator) -> np.ndarray:
+    """Every one of the 2^n sign patterns of n values while n <= exact_up_to, else `reps` random ones."""
+    if n <= exact_up_to:
+        return np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+    return rng.choice((1.0, -1.0), size=(reps, n))
+
+
 def sign_flip_p(d: np.ndarray, reps: int = 20000, seed: int = 0) -> float:
     """Two-sided permutation p of mean(d) = 0: under the null each seed's difference is as likely to have the
-    other sign. Exact (all 2^n sign patterns) up to 16 seeds, Monte Carlo beyond."""
-    n = len(d)
-    observed = abs(d.sum())
-    if n <= 16:
-        signs = np.array(list(itertools.product((1.0, -1.0), repeat=n)))
-    else:
-        signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(reps, n))
-    return float(np.mean(np.abs(signs @ d) >= observed - 1e-12))
+    other sign. Exact up to 16 seeds, Monte Carlo beyond."""
+    signs = sign_patterns(len(d), 16, reps, np.random.default_rng(seed))
+    return float(np.mean(np.abs(signs @ d) >= abs(d.sum()) - 1e-12))
 
 
 def paired_test(diffs, test: str = "t") -> Paired:
@@ -76,23 +73,16 @@ def paired_test(diffs, test: str = "t") -> Paired:
 
 def false_positive_rate(aa_diffs, n_seeds: int, test: str = "t", alpha: float = 0.05, reps: int = 2000,
                         seed: int = 0) -> float:
-    """How often `test` calls the A/A control significant at `alpha` with n_seeds seeds.
-
-    The A/A arms are the same model, so their per-seed differences are noise around 0: centred, each is as likely
-    with either sign. With exactly n_seeds differences, every sign pattern of them is one replicate (exact up to
-    12 seeds, `reps` random patterns beyond). With a larger pool (e.g. several LRs), each replicate draws n_seeds of
-    them with replacement and random signs. Drawing n_seeds from only n_seeds values with replacement would repeat
-    values and shrink their spread: that resampling is itself anti-conservative at 10 seeds."""
+    """How often `test` calls the A/A control significant at `alpha` with n_seeds seeds: each replicate is a sign
+    pattern of the centred differences (exact up to 12 seeds), or, from a larger pool, n_seeds of them drawn with
+    replacement and random signs (resampling n_seeds values from n_seeds would shrink their spread)."""
     d = _clean(aa_diffs)
     if len(d) < 2:
         return float("nan")
     d = d - d.mean()
     rng = np.random.default_rng(seed)
     if len(d) == n_seeds:
-        if n_seeds <= 12:
-            samples = np.array(list(itertools.product((1.0, -1.0), repeat=n_seeds))) * d
-        else:
-            samples = rng.choice((1.0, -1.0), size=(reps, n_seeds)) * d
+        samples = sign_patterns(n_seeds, 12, reps, rng) * d
     else:
         samples = rng.choice(d, size=(reps, n_seeds), replace=True) * rng.choice((1.0, -1.0), size=(reps, n_seeds))
     return float(np.mean([paired_test(sample, test).p < alpha for sample in samples]))
@@ -101,14 +91,11 @@ def false_positive_rate(aa_diffs, n_seeds: int, test: str = "t", alpha: float = 
 def seeds_needed(sd_diff: float, effect: float, alpha: float = 0.05, power: float = 0.8) -> int:
     """Seeds for a two-sided paired t test to detect `effect` with `power`, given the SD of per-seed differences
     (iterated: the t quantiles depend on n)."""
-    n = 2
-    while n < 1000:
-        df = n - 1
-        needed = ((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * sd_diff / effect) ** 2
+    for n in range(2, 1000):
+        needed = ((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd_diff / effect) ** 2
         if n >= needed:
             return n
-        n += 1
-    return n
+    return 1000
 
 
 def binomial_interval(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:

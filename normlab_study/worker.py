@@ -1,11 +1,6 @@
-"""Warm workers: many `python train.py ...` runs in one long-lived Python process each.
-
-A study trains hundreds of small runs. Started as fresh processes, each would pay Python's start, the imports of
-torch, transformers and accelerate, and the kernel registration again: several seconds, which for a run of a few
-hundred small steps is as much as the training. A warm worker pays them once and then calls `train.main(argv)`
-for each run it is given, with the run's stdout and stderr sent to the run's log at the file-descriptor level (so
-tqdm, warnings and C++ output land there too). Every run seeds itself (`set_seed`) and builds its own model,
-optimizer and accelerator, so its numbers are those of a fresh process (tests/test_study_worker.py).
+"""Warm workers: many `python train.py ...` runs in one long-lived Python process each (docs/studies.md), paying
+Python's start and the imports once. Each run's output goes to its own log and its numbers are those of a fresh
+process (tests/test_study_worker.py).
 
     python -m normlab_study.worker      # reads one JSON job per line on stdin, answers one JSON line per job
 """
@@ -19,7 +14,8 @@ import threading
 import traceback
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from normlab_study.grid import REPO_ROOT
+
 TRAIN = str(REPO_ROOT / "train.py")
 
 

@@ -1,10 +1,8 @@
-"""Spike counting and LR sensitivity on hand-made numbers."""
+"""Spike counting on hand-made numbers."""
 
 import math
 
-import pytest
-
-from common.spikes import LossSpikeDetector, count_loss_spikes, lr_sensitivity
+from common.spikes import LossSpikeDetector, count_loss_spikes
 
 
 def test_smooth_decreasing_curve_has_no_spikes():
@@ -34,15 +32,3 @@ def test_detector_state_round_trip_continues_identically():
     assert [a.update(x) for x in losses[50:]] == [b.update(x) for x in losses[50:]]
     assert a.spikes == b.spikes == 1
 
-
-def test_lr_sensitivity_hand_computed():
-    # initial loss 0.7; finals 0.5, 0.3, 0.9 (worse than start -> capped at 0.7), nan (diverged -> 0.7)
-    finals = {1e-4: 0.5, 1e-3: 0.3, 1e-2: 0.9, 1e-1: float("nan")}
-    # capped = [0.5, 0.3, 0.7, 0.7], best 0.3 -> mean([0.2, 0, 0.4, 0.4]) = 0.25
-    assert lr_sensitivity(finals, initial_loss=0.7) == pytest.approx(0.25)
-
-
-def test_lr_sensitivity_zero_when_flat_and_error_when_empty():
-    assert lr_sensitivity({1e-3: 0.4, 1e-2: 0.4}, initial_loss=0.7) == 0.0
-    with pytest.raises(ValueError):
-        lr_sensitivity({}, initial_loss=0.7)

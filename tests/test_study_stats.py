@@ -51,6 +51,15 @@ def test_lr_sensitivity_scores_a_model_that_never_learns_badly():
     assert oc.lr_sensitivity({1e-3: float("nan")}, 0.4) == pytest.approx(LN2 - 0.4)  # diverged counts as plateau
 
 
+def test_lr_sensitivity_hand_computed_zero_when_flat_and_error_when_empty():
+    # 0.9 is worse than the plateau (capped at ln 2), nan diverged (counts as ln 2); the reference is 0.3
+    finals = {1e-4: 0.5, 1e-3: 0.3, 1e-2: 0.9, 1e-1: float("nan")}
+    assert oc.lr_sensitivity(finals, 0.3) == pytest.approx((0.5 + 0.3 + 2 * LN2) / 4 - 0.3)
+    assert oc.lr_sensitivity({1e-3: 0.4, 1e-2: 0.4}, 0.4) == 0.0
+    with pytest.raises(ValueError):
+        oc.lr_sensitivity({}, 0.4)
+
+
 def test_largest_learning_lr():
     assert oc.largest_learning_lr({1e-3: oc.LEARNED, 1e-2: oc.LEARNED, 3e-2: oc.DIVERGED}) == 1e-2
     assert oc.largest_learning_lr({1e-3: oc.NEVER_LEARNED}) is None
