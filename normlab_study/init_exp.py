@@ -96,8 +96,9 @@ def main(argv=None) -> int:
     if not source.get("init"):
         print("init_study.py: error: the study has no `init` block (E1 settings)", file=sys.stderr)
         return 2
-    overrides = source.get("overrides") or {}
-    if isinstance(overrides, list):  # study.json keeps them as key=value strings
+    # a preset names them `overrides` (a mapping); study.json `common_overrides` (key=value strings)
+    overrides = source.get("common_overrides", source.get("overrides")) or {}
+    if isinstance(overrides, list):
         overrides = dict(o.split("=", 1) for o in overrides)
     torch.set_num_threads(1)  # tiny models: one thread is as fast and leaves the other core to the study
     run(source["init"], args.study_dir / "e1.jsonl", int(overrides.get("data.max_train_samples", 5120)),

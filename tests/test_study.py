@@ -321,3 +321,21 @@ experiments:
     warmup: {on: 7}
     seeds: [0, 1]
 """
+
+
+def test_e1_reads_the_study_overrides_from_study_json_and_from_the_preset(tmp_path, monkeypatch):
+    """E1 (init_exp.main) sizes its tokenizer data and vocabulary from the study's own overrides, whether it is
+    given the study.json that the runner wrote or the preset file."""
+    from normlab_study import init_exp
+
+    preset = tmp_path / "p.yaml"
+    preset.write_text(GRID.replace("data.max_train_samples: 64}", "data.max_train_samples: 64, model.vocab_size: 300}")
+                      + "init: {depths: [2]}\n")
+    g = study.load_grid(preset)
+    (tmp_path / "st").mkdir()
+    study.Study(tmp_path / "st", g, preset, "study.py").record("any", status="completed")
+    seen = []
+    monkeypatch.setattr(init_exp, "run", lambda init, out, rows, vocab: seen.append((rows, vocab)))
+    assert init_exp.main([str(tmp_path / "st")]) == 0
+    assert init_exp.main([str(tmp_path / "st"), "--preset", str(preset)]) == 0
+    assert seen == [(64, 300), (64, 300)]
