@@ -98,14 +98,6 @@ def seeds_needed(sd_diff: float, effect: float, alpha: float = 0.05, power: floa
     return 1000
 
 
-def binomial_interval(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
-    """Clopper-Pearson interval of a proportion k/n (e.g. the share of seeds that learn at one LR)."""
-    if n == 0:
-        return float("nan"), float("nan")
-    ci = stats.binomtest(k, n).proportion_ci(confidence_level=conf, method="exact")
-    return float(ci.low), float(ci.high)
-
-
 def holm(pvalues: dict) -> dict:
     """Holm-adjusted p values (step-down, monotone), same keys; NaN p values stay NaN and are not counted."""
     finite = sorted((p, k) for k, p in pvalues.items() if np.isfinite(p))
