@@ -1,13 +1,6 @@
-"""The C++ backend's build cache (torch.utils.cpp_extension's folder TORCH_EXTENSIONS_DIR/<name>/): checked when
-read, rebuilt when damaged.
-
-torch's ninja build writes the library in place, so a build killed while linking can leave a truncated .so that
-ninja takes as up to date, and that crashes the process that loads it (SIGBUS). So each load that succeeds records
-the library's size and sha256 (MANIFEST, written atomically) with a digest of the sources and flags it was built
-from, and a library without a record must at least be a whole ELF file. A library that fails these checks, or
-does not load, is a damaged entry, rebuilt with one warning naming it: the library is linked again from the
-compiled objects, or, if that fails too, the whole folder is built again. A build that fails with no library
-cached (no compiler) is not damage, and raises as before.
+"""The C++ backend's build cache (torch.utils.cpp_extension's folder TORCH_EXTENSIONS_DIR/<name>/), checked when
+read: a library that a killed link left truncated, or that changed since it last loaded, or that does not load, is
+rebuilt with one warning (docs/kernels.md). A build that fails with no library cached (no compiler) raises.
 """
 
 import contextlib
