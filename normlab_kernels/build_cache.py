@@ -11,11 +11,7 @@ from pathlib import Path
 from common.cache import MANIFEST, file_digest, short, warn_rebuilding
 from common.io import atomic_write_json, read_json
 
-
-def build_dir(name: str) -> Path:
-    from torch.utils.cpp_extension import _get_build_directory  # where load() builds `name`
-
-    return Path(_get_build_directory(name, False))
+from .build_progress import build_dir
 
 
 def _inputs_digest(sources, flags) -> str:
@@ -63,7 +59,7 @@ def _problem(folder: Path, library: Path, inputs: str) -> str | None:
 
 def load_checked(build_and_load, name: str, sources, extra_cflags):
     """build_and_load(name=, sources=, extra_cflags=) (torch.utils.cpp_extension.load), on a checked cache."""
-    folder = build_dir(name)
+    folder = Path(build_dir(name))
     library, inputs = folder / f"{name}.so", _inputs_digest(sources, extra_cflags)
 
     def load():

@@ -129,16 +129,16 @@ def run_model_sections(args, res, cfg, device) -> None:
 
     # 3. padding (needs the data; cheap next to the timings)
     t0 = time.perf_counter()
-    tokenizer, tokenized, num_labels, build_dataloaders = load_data(cfg)
+    tokenizer, tokenized, num_labels = load_data(cfg)
     section_s["data"] = time.perf_counter() - t0
     task = TaskShape(len(tokenizer), tokenizer.pad_token_id, num_labels)
     t0 = time.perf_counter()
-    res["padding"] = bench_padding(cfg, tokenizer, tokenized, build_dataloaders)
+    res["padding"] = bench_padding(cfg, tokenizer, tokenized)
     section_s["padding"] = time.perf_counter() - t0
 
     # 2. throughput on the first batches of the training loader
     t0 = time.perf_counter()
-    batches = take_batches(cfg, tokenizer, tokenized, build_dataloaders, n_batches, device)
+    batches = take_batches(cfg, tokenizer, tokenized, n_batches, device)
     with training_precision(device):
         models = contestant_models(cfg, task, compile_normlab=settings["compile"], compile_hf=args.compile_hf,
                                    diagnose=args.diagnose)
@@ -150,7 +150,7 @@ def run_model_sections(args, res, cfg, device) -> None:
     t0 = time.perf_counter()
     cfg_wide = load_config(args.config, settings["config_overrides"] + WIDE)
     with training_precision(device):
-        wide_batches = take_batches(cfg_wide, tokenizer, tokenized, build_dataloaders, n_batches, device)
+        wide_batches = take_batches(cfg_wide, tokenizer, tokenized, n_batches, device)
         res["throughput_wide"] = bench_throughput(contestant_models(cfg_wide, task, extras=False), wide_batches,
                                                   accelerator=accelerator, cfg=cfg_wide, device=device, repeats=repeats)
     section_s["throughput_wide"] = time.perf_counter() - t0
