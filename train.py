@@ -4,19 +4,10 @@
     accelerate launch train.py --config post_ln model.norm=rmsnorm train.lr=1e-3
     python train.py output_dir=runs/x train.resume=auto          # continue a run from its newest checkpoint
 
-Reads top to bottom: `train` sets the run up (checks before loading anything, the accelerator, data, model,
-optimizer, schedule, the resumed state, the run directory) and hands over to `train_loop`, one loop whose body is
-the step (forward, backward, clip, optimizer and schedule steps, through accelerate), the logged metrics, the
-evaluations and the checkpoints; `finish` writes final/ and summary.json. What they call follows them.
-
-The run directory (docs/training.md): config.yaml, metrics.jsonl, summary.json, checkpoints/step_N/, final/, wandb/.
-
-Exit codes: 0 when the run ended with a summary.json (status completed, diverged, or interrupted by
-SIGTERM/SIGINT after saving a checkpoint: a diverged run is a result, not a crash); 2 for bad input (config, data,
-checkpoint, run directory: one line on stderr, nothing deleted; `--debug` shows the traceback); 3 for a write the
-filesystem refused (full disk, no permission, read-only: one line saying what, where, why and what to do; the last
-complete checkpoint is intact and `train.resume=auto` continues once the cause is fixed); 1 for a crash.
-Under `accelerate launch` every non-zero exit becomes the launcher's 1, after its own traceback (`-q` drops it).
+`train` sets the run up and hands over to `train_loop`, one loop whose body is the step (common.step.train_step),
+the logged metrics, the evaluations and the checkpoints; `finish` writes final/ and summary.json. What they call
+follows them. The run directory and the exit codes (0 ok, 1 crash, 2 bad input, 3 a refused write):
+docs/training.md.
 """
 
 import math
