@@ -131,7 +131,8 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
         batch = next(batches)
         clock.micro_batch()
         logging_step = (state.step + 1) % t["log_steps"] == 0
-        done = train_step(accelerator, model, optimizer, batch, t["max_grad_norm"], probe, logging_step, stop)
+        done = train_step(accelerator, model, optimizer, batch, t["max_grad_norm"], probe=probe, log=logging_step,
+                          stop=stop)
         if done is None:
             continue  # on to the next micro-batch of this optimizer step
         if done.nonfinite:  # the update was not applied; the last checkpoint stays as it is
@@ -255,7 +256,12 @@ def finish(cfg, accelerator, model, state, run_dir, status: str, facts: dict) ->
             wandb_run.log_depth_charts(run_dir.wb, run_dir.writer.path)
         if status == "completed" and cfg["wandb"]["log_model"]:
             wandb_run.log_model(run_dir.wb, summary["final_model"], cfg, summary)
-    write_summary(accelerator, cfg, summary, run_dir.wandb_on)
+    if accelerator.is_main_process:
+        path = Path(cfg["output_dir"]) / "summary.json"
+        with guarded_write("summary.json", path):
+            atomic_write_json(path, summary)
+        if run_dir.wb is not None:
+            wandb_run.write_summary(run_dir.wb, summary)
     if run_dir.writer is not None:
         run_dir.writer.close()
     return summary
@@ -277,16 +283,6 @@ def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
             save_config(cfg, tmp / RUN_CONFIG_FILE)  # the run config as data, for scripts/evaluate.py
     accelerator.wait_for_everyone()
     return final
-
-
-def write_summary(accelerator, cfg: dict, summary: dict, wandb_on: bool) -> None:
-    if not accelerator.is_main_process:
-        return
-    path = Path(cfg["output_dir"]) / "summary.json"
-    with guarded_write("summary.json", path):
-        atomic_write_json(path, summary)
-    if wandb_on:
-        wandb_run.write_summary(accelerator.get_tracker("wandb", unwrap=True), summary)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def make_step(accelerator, model, train_cfg: dict, logged: bool = False):
     probe = StabilityProbe(model, BatchStatNorm) if logged else None
 
     def step(batch):
-        done = train_step(accelerator, model, optimizer, batch, train_cfg["max_grad_norm"], probe, logged)
+        done = train_step(accelerator, model, optimizer, batch, train_cfg["max_grad_norm"], probe=probe, log=logged)
         if logged:
             probe.collect(accelerator, done.grad_norm, optimizer.param_groups[0]["lr"])
         scheduler.step()

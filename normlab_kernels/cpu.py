@@ -57,8 +57,7 @@ def load():
 
 
 def register():
-    """The C++ kernels become the CPU implementation of normlab::layer_norm, normlab::layer_norm_backward,
-    normlab::dropout, normlab::attention and normlab::attention_backward."""
+    """The C++ kernels become the CPU implementation of NormLab's five operators."""
     import model.layer_norm_op  # noqa: F401 - kernels can only be registered on operators that exist
     import normlab_kernels.attention  # noqa: F401 - (it defines normlab::dropout too)
 

@@ -100,9 +100,8 @@ def _block(x):
 
 
 def _backward_warps(block: int, forward_warps: int) -> int:
-    """The backward holds about ten row-sized arrays per program (x, dy, the prefetched next row, xhat, g, w, dw,
-    db): from 8192 columns on, 8 warps would leave each thread over 300 values (spilled to local memory), so the
-    row is spread over 16."""
+    """16 from 8192 columns on: the backward holds ~ten row-sized arrays per program, and 8 warps would leave each
+    thread over 300 values (spilled to local memory)."""
     return 16 if block >= 8192 else forward_warps
 
 
