@@ -4,33 +4,25 @@
     accelerate launch train.py --config post_ln model.norm=rmsnorm train.lr=1e-3
     python train.py output_dir=runs/x train.resume=auto          # continue a run from its newest checkpoint
 
-Reads top to bottom: `train` sets the run up (checks before loading anything, the accelerator, data, model,
-optimizer, schedule, the resumed state, the run directory) and hands over to `train_loop`, one loop whose body is
-the step (forward, backward, clip, optimizer and schedule steps, through accelerate), the logged metrics, the
-evaluations and the checkpoints; `finish` writes final/ and summary.json. What they call follows them.
-
-The run directory (docs/training.md): config.yaml, metrics.jsonl, summary.json, checkpoints/step_N/, final/, wandb/.
-
-Exit codes: 0 when the run ended with a summary.json (status completed, diverged, or interrupted by
-SIGTERM/SIGINT after saving a checkpoint: a diverged run is a result, not a crash); 2 for bad input (config, data,
-checkpoint, run directory: one line on stderr, nothing deleted; `--debug` shows the traceback); 3 for a write the
-filesystem refused (full disk, no permission, read-only: one line saying what, where, why and what to do; the last
-complete checkpoint is intact and `train.resume=auto` continues once the cause is fixed); 1 for a crash.
-Under `accelerate launch` every non-zero exit becomes the launcher's 1, after its own traceback (`-q` drops it).
+`train` sets the run up and hands over to `train_loop`, one loop whose body is the step (common.step.train_step),
+the logged metrics, the evaluations and the checkpoints; `finish` writes final/ and summary.json. What they call
+follows them. The run directory and the exit codes (0 ok, 1 crash, 2 bad input, 3 a refused write):
+docs/training.md.
 """
 
 import math
 import sys
 import time
 import uuid
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
+from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+import normlab_kernels
 from common import wandb_run
 from common.accelerator import make_accelerator
 from common.checkpointing import (
@@ -56,7 +48,7 @@ from common.preflight import preflight
 from common.probes import StabilityProbe
 from common.run_summary import format_summary
 from common.spikes import LossSpikeDetector
-from common.step import model_inputs, step_flags
+from common.step import train_step
 from common.stop_signal import StopSignal
 from common.tokenizer import load_tokenized
 from common.writes import WriteError, guarded_write
@@ -95,17 +87,12 @@ def train(cfg: dict, variant: str | None = None) -> int:
     accelerator = make_accelerator(cfg, trackers)
     for message in notices:
         accelerator.print(f"note: {message}", file=sys.stderr)
-    # The operators' implementations (normlab_kernels: C++ on CPU, Triton on CUDA, or the reference PyTorch math),
-    # chosen, built and registered before seeding: a build never runs inside the loop or touches its RNG.
-    import normlab_kernels
-
-    kernels = normlab_kernels.enable(cfg["train"]["kernels"], accelerator.device)
     set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
     wall_start, run_dir = time.time(), None
     try:
         tokenizer, dsd, train_loader, eval_loader = build_data(cfg, accelerator)
         batch_sampler = train_loader.batch_sampler  # ours (deterministic per (seed, epoch)), before prepare wraps it
-        model, optimizer = build_model(cfg, tokenizer, dsd, kernels)
+        model, optimizer, kernels = build_model(cfg, tokenizer, dsd, accelerator.device)
         model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
         scheduler, total_steps = build_scheduler(cfg, accelerator, optimizer, len(train_loader))
         state, resume_rng = resume_state(accelerator, resume_path, len(train_loader))
@@ -144,27 +131,17 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
         batch = next(batches)
         clock.micro_batch()
         logging_step = (state.step + 1) % t["log_steps"] == 0
-        with accelerator.accumulate(model):  # decides sync_gradients: is this the window's last micro-batch?
-            measure = logging_step and accelerator.sync_gradients  # the probe measures the step's last one
-            with probe.forward(batch["attention_mask"]) if measure else nullcontext():
-                loss = model(**model_inputs(batch)).loss
-            accelerator.backward(loss)
-            probe.count(loss, batch["attention_mask"])
-            if not accelerator.sync_gradients:
-                continue  # on to the next micro-batch of this optimizer step
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), t["max_grad_norm"])  # the pre-clip norm
-            nonfinite, interrupted = step_flags(accelerator, loss, grad_norm, stop.requested)
-            grad_norm = grad_norm.item()
-            if nonfinite:  # the update is not applied; the last checkpoint stays as it is
-                log_divergence(accelerator, probe, state, run_dir, grad_norm, optimizer.param_groups[0]["lr"])
-                status = "diverged"
-                break
-            with probe.update(grad_norm, t["max_grad_norm"]) if measure else nullcontext():
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        done = train_step(accelerator, model, optimizer, batch, t["max_grad_norm"], probe=probe, log=logging_step,
+                          stop=stop)
+        if done is None:
+            continue  # on to the next micro-batch of this optimizer step
+        if done.nonfinite:  # the update was not applied; the last checkpoint stays as it is
+            log_divergence(accelerator, probe, state, run_dir, done.grad_norm, optimizer.param_groups[0]["lr"])
+            status = "diverged"
+            break
         state.step += 1
         if logging_step:  # the learning rate this step used, read before the schedule moves on
-            log_step(accelerator, probe, state, run_dir, grad_norm, optimizer.param_groups[0]["lr"])
+            log_step(accelerator, probe, state, run_dir, done.grad_norm, optimizer.param_groups[0]["lr"])
         scheduler.step()
         clock.step_done()
         run_dir.progress.update(1)
@@ -174,9 +151,9 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
             facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped, BatchStatNorm)
         if state.step % t["eval_steps"] == 0 or last:
             run_eval(cfg, accelerator, model, eval_loader, state, run_dir)
-        if state.step % t["save_steps"] == 0 or last or interrupted:  # a finished run ends with a checkpoint
+        if state.step % t["save_steps"] == 0 or last or done.interrupted:  # a finished run ends with a checkpoint
             run_dir.save_checkpoint(state)
-        if interrupted:
+        if done.interrupted:
             status = "interrupted"
             break
     return status, {"step_time_s": clock.mean_s(), **facts}
@@ -279,7 +256,12 @@ def finish(cfg, accelerator, model, state, run_dir, status: str, facts: dict) ->
             wandb_run.log_depth_charts(run_dir.wb, run_dir.writer.path)
         if status == "completed" and cfg["wandb"]["log_model"]:
             wandb_run.log_model(run_dir.wb, summary["final_model"], cfg, summary)
-    write_summary(accelerator, cfg, summary, run_dir.wandb_on)
+    if accelerator.is_main_process:
+        path = Path(cfg["output_dir"]) / "summary.json"
+        with guarded_write("summary.json", path):
+            atomic_write_json(path, summary)
+        if run_dir.wb is not None:
+            wandb_run.write_summary(run_dir.wb, summary)
     if run_dir.writer is not None:
         run_dir.writer.close()
     return summary
@@ -303,16 +285,6 @@ def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
     return final
 
 
-def write_summary(accelerator, cfg: dict, summary: dict, wandb_on: bool) -> None:
-    if not accelerator.is_main_process:
-        return
-    path = Path(cfg["output_dir"]) / "summary.json"
-    with guarded_write("summary.json", path):
-        atomic_write_json(path, summary)
-    if wandb_on:
-        wandb_run.write_summary(accelerator.get_tracker("wandb", unwrap=True), summary)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # setup: data, model, schedule, the resumed state, the run directory
 
@@ -328,9 +300,9 @@ def build_data(cfg: dict, accelerator):
     return tokenizer, dsd, train_loader, eval_loader
 
 
-def build_model(cfg: dict, tokenizer, dsd, kernels: dict):
-    """The model for cfg's task, sized to the tokenizer and labels, and its AdamW; `kernels` ({operator: backend},
-    normlab_kernels.enable's) decides its dropout and attention."""
+def build_model(cfg: dict, tokenizer, dsd, device):
+    """(the model for cfg's task, sized to the tokenizer and labels; its AdamW; {operator: backend}: the
+    implementations of NormLab's operators that train.kernels chose, registered for `device`)."""
     extra = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
     if cfg["task"] == "classification":
         names = label_names(dsd, cfg)
@@ -340,14 +312,14 @@ def build_model(cfg: dict, tokenizer, dsd, kernels: dict):
                                                                   # (a config change: a torch.compile recompile)
     model_config = model_config_from(cfg, **extra)
     model = (NormLabForMaskedLM if cfg["task"] == "mlm" else NormLabForSequenceClassification)(model_config)
-    import normlab_kernels  # model/ has nn.Dropout and SDPA; with the C++ CPU backend (kernels), its faster ones
-
-    normlab_kernels.apply(model, kernels)
+    # normlab_kernels: C++ on CPU, Triton on CUDA, or the reference PyTorch math. Registered once the model exists
+    # (its construction runs no operator), before compiling; a C++ build leaves the RNG as it found it.
+    kernels = normlab_kernels.use(model, cfg["train"]["kernels"], device)
     if cfg["train"]["compile"]:
         # In place: parameter names, state dicts and attribute access stay those of the model. dynamic: padded
         # batches change length every step; one graph with symbolic shapes instead of a recompile per length.
         model.compile(backend=cfg["train"]["compile_backend"] or "inductor", dynamic=True)
-    return model, adamw(model, cfg["train"])
+    return model, adamw(model, cfg["train"]), kernels
 
 
 def build_scheduler(cfg: dict, accelerator, optimizer, batches_per_epoch: int):
@@ -392,21 +364,17 @@ def resume_state(accelerator, resume_path: Path | None, batches_per_epoch: int) 
     when resuming mid-epoch, the RNG state to restore after the first batch."""
     if resume_path is None:
         return TrainerState(), None
-    state = TrainerState.from_checkpoint(load_resume_checkpoint(accelerator, resume_path))
+    st = validate_checkpoint(resume_path)
+    if st["num_processes"] != accelerator.num_processes:  # the data position and RNG files are per process
+        raise CheckpointError(f"checkpoint {resume_path} was written by {st['num_processes']} processes; resume "
+                              f"with the same number (accelerate launch --num_processes {st['num_processes']})")
+    state = TrainerState.from_checkpoint(load_checkpoint(accelerator, resume_path))
     resume_rng = mid_epoch_rng(state.batches_in_epoch, batches_per_epoch)
     accelerator.print(f"resumed from {resume_path} (step {state.step}, epoch {state.epoch}, "
                       f"{state.batches_in_epoch} batches into it)")
     if state.batches_in_epoch >= batches_per_epoch:  # saved at the end of an epoch
         state.epoch, state.batches_in_epoch = state.epoch + 1, 0
     return state, resume_rng
-
-
-def load_resume_checkpoint(accelerator, path: Path) -> dict:
-    st = validate_checkpoint(path)
-    if st["num_processes"] != accelerator.num_processes:  # the data position and RNG files are per process
-        raise CheckpointError(f"checkpoint {path} was written by {st['num_processes']} processes; resume with the "
-                              f"same number (accelerate launch --num_processes {st['num_processes']})")
-    return load_checkpoint(accelerator, path)
 
 
 def micro_batches(accelerator, train_loader, batch_sampler, state: TrainerState, resume_rng: dict | None):
@@ -442,7 +410,8 @@ class RunDir:
         self.wandb_on = _init_trackers(accelerator, cfg, wandb_mode, state.wandb_run_id, variant)
         if self.wandb_on and accelerator.is_main_process:
             self.wb = accelerator.get_tracker("wandb", unwrap=True)
-        self.progress = _progress(accelerator, total_steps, state.step)
+        self.progress = tqdm(total=total_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
+                             disable=not accelerator.is_local_main_process)
 
     def log(self, row: dict) -> None:
         if self.writer is not None:
@@ -475,13 +444,6 @@ def _init_trackers(accelerator, cfg: dict, wandb_mode: str, run_id: str, variant
     if wandb_on and accelerator.is_main_process:
         wandb_run.define_metrics(accelerator.get_tracker("wandb", unwrap=True))
     return wandb_on
-
-
-def _progress(accelerator, total: int, done: int):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=done, desc="train", unit="step", dynamic_ncols=True,
-                disable=not accelerator.is_local_main_process)
 
 
 if __name__ == "__main__":

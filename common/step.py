@@ -1,6 +1,8 @@
-"""What a training step needs besides the model and accelerate: the model's inputs from a collated batch, and the
-check, at the end of an optimizer step, that every process may apply it (train.py's loop; scripts/bench.py times
-the same step)."""
+"""One training step as train.py's loop takes it (scripts/bench.py times the same): the model's inputs from a
+collated batch, forward, backward, clipping, the all-process non-finite and stop check, the optimizer step."""
+
+from contextlib import nullcontext
+from typing import NamedTuple
 
 import torch
 
@@ -10,6 +12,38 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 
 def model_inputs(batch) -> dict:
     return {k: v for k, v in batch.items() if k in MODEL_INPUTS}
+
+
+class StepResult(NamedTuple):
+    loss: torch.Tensor
+    grad_norm: float  # before clipping
+    nonfinite: bool  # a non-finite loss or gradient on some process: the update was not applied
+    interrupted: bool  # a stop signal on some process
+
+
+def train_step(accelerator, model, optimizer, batch, max_grad_norm: float, probe=None, log: bool = False,
+               stop=None) -> StepResult | None:
+    """One micro-batch: forward and backward, and at the window's last micro-batch (accelerate's accumulate) the
+    clipping, the checks and the optimizer step. -> None while the window has more micro-batches. `probe`: a
+    StabilityProbe that counts every micro-batch, and with `log` measures the optimizer step's last one; `stop`:
+    an object whose `requested` says a stop signal arrived."""
+    with accelerator.accumulate(model):  # decides sync_gradients: is this the window's last micro-batch?
+        measure = log and accelerator.sync_gradients
+        with probe.forward(batch["attention_mask"]) if measure else nullcontext():
+            loss = model(**model_inputs(batch)).loss
+        accelerator.backward(loss)
+        if probe is not None:
+            probe.count(loss, batch["attention_mask"])
+        if not accelerator.sync_gradients:
+            return None
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)  # the pre-clip norm
+        nonfinite, interrupted = step_flags(accelerator, loss, grad_norm, stop is not None and stop.requested)
+        grad_norm = grad_norm.item()
+        if not nonfinite:
+            with probe.update(grad_norm, max_grad_norm) if measure else nullcontext():
+                optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss, grad_norm, nonfinite, interrupted)
 
 
 def step_flags(accelerator, loss, grad_norm, stop_requested: bool) -> tuple[bool, bool]:
@@ -26,4 +60,4 @@ def step_flags(accelerator, loss, grad_norm, stop_requested: bool) -> tuple[bool
     return nonfinite, interrupted
 
 
-__all__ = ["MODEL_INPUTS", "model_inputs", "step_flags"]
+__all__ = ["MODEL_INPUTS", "model_inputs", "StepResult", "train_step", "step_flags"]

@@ -6,26 +6,27 @@ from common.step import MODEL_INPUTS
 
 
 def load_data(cfg):
-    """(tokenizer, tokenized splits, number of labels, build_dataloaders): training's data, as train.py loads it."""
-    from common.batching import build_dataloaders
+    """(tokenizer, tokenized splits, number of labels): training's data, as train.py loads it."""
     from common.data import label_names
     from common.tokenizer import load_tokenized
 
     dsd, tokenizer, tokenized = load_tokenized(cfg)
-    return tokenizer, tokenized, len(label_names(dsd, cfg)), build_dataloaders
+    return tokenizer, tokenized, len(label_names(dsd, cfg))
 
 
-def loader_for(cfg, tokenizer, tokenized, build_dataloaders, group_by_length: bool):
+def loader_for(cfg, tokenizer, tokenized, group_by_length: bool):
     """Training's loader of `cfg`, with or without length grouping, at epoch 0."""
+    from common.batching import build_dataloaders
+
     c = {**cfg, "data": {**cfg["data"], "group_by_length": group_by_length}}
     train_loader, _ = build_dataloaders(c, tokenizer, tokenized)
     train_loader.batch_sampler.set_epoch(0)
     return train_loader
 
 
-def take_batches(cfg, tokenizer, tokenized, build_dataloaders, n: int, device) -> list[dict]:
+def take_batches(cfg, tokenizer, tokenized, n: int, device) -> list[dict]:
     """The first `n` batches training would take (the model's inputs only), on `device`."""
-    loader = loader_for(cfg, tokenizer, tokenized, build_dataloaders, cfg["data"]["group_by_length"])
+    loader = loader_for(cfg, tokenizer, tokenized, cfg["data"]["group_by_length"])
     batches = []
     for batch in loader:
         batches.append({k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS})

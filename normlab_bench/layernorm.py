@@ -94,13 +94,13 @@ def bench_layernorm(device, shapes, repeats: int) -> dict:
     reference, and the fast one `train.kernels=auto` registers here), interleaved; the fast one stays registered."""
     import normlab_kernels
 
-    def use(mode):  # untimed, before each sample: which implementation of the operator runs
+    def switch_to(mode):  # untimed, before each sample: which implementation of the operator runs
         return lambda: normlab_kernels.enable(mode, device)
 
     training_backend = normlab_kernels.enable("auto", device)[OP]
-    select = {"reference": use("reference")}
+    select = {"reference": switch_to("reference")}
     if training_backend != "reference":
-        select[training_backend] = use("auto")
+        select[training_backend] = switch_to("auto")
     rows = [r for setting in ln_settings(device) for shape in shapes
             for r in _measure(setting, shape, select, training_backend, device, repeats)]
     normlab_kernels.enable("auto", device)

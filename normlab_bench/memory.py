@@ -15,12 +15,8 @@ CPU_METHOD = ("torch.profiler(profile_memory=True): running sum of every op's CP
 
 
 def _step_peak_cpu(step, batch) -> int:
-    """Peak bytes held by torch's CPU allocator during one step, above what was live when it started.
-
-    torch.profiler(profile_memory=True) records every op's allocations and frees; summing them in op start
-    order gives the live-bytes curve of the step, whose maximum is the peak (activations, gradients, temporaries,
-    optimizer scratch). It counts tensor bytes, not allocator slack or the Python heap, and so is identical
-    from run to run and independent of what else ran in the process."""
+    """Peak bytes held by torch's CPU allocator during one step, above what was live when it started: every op's
+    allocations and frees (torch.profiler) summed in start order; tensor bytes only, so identical run to run."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

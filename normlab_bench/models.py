@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from common.optim import adamw  # the optimizer train.py uses
-from common.step import model_inputs, step_flags  # the step train.py takes
+from common.step import train_step  # the step train.py takes
 
 
 @dataclass(frozen=True)
@@ -100,24 +100,21 @@ def contestant_models(cfg, task: TaskShape, *, compile_normlab: bool = False, co
 
 
 def prepare(name: str, model, device):
-    """The contestant `name` on `device` in training mode, with train.py's dropout and attention: the kernels
-    train.kernels=auto registered, or the reference ones for the *_reference_kernels contestant."""
+    """The contestant `name` on `device` in training mode, with train.py's kernels (train.kernels=auto), or the
+    reference ones for the *_reference_kernels contestant (its steps: on_reference_kernels)."""
     import normlab_kernels
 
     model.to(device).train()
     if name.startswith("normlab"):
-        reference = name.endswith("reference_kernels")
-        normlab_kernels.apply(model, {} if reference else normlab_kernels.backends(device))
+        normlab_kernels.use(model, "reference" if name.endswith("reference_kernels") else "auto", device)
+        normlab_kernels.enable("auto", device)  # what the other contestants' steps run on
     return model
 
 
 def make_step(accelerator, model, train_cfg: dict, logged: bool = False):
-    """(step(batch), optimizer): one training step as train.py's loop takes it (forward, backward, clipping, the
-    non-finite check, the fused AdamW step) on a fresh AdamW with a constant rate. `logged`: also the stability
-    logging of a train.py logging step (train.log_steps=1: every step), from the probe's measurements to the metrics
-    row combined over processes."""
-    from contextlib import nullcontext
-
+    """(step(batch), optimizer): one step of train.py's loop (common.step.train_step) with one micro-batch per
+    optimizer step, on a fresh AdamW with a constant rate. `logged`: also the stability logging of a logging step
+    (train.log_steps=1: every step), from the probe's measurements to the metrics row combined over processes."""
     from transformers import get_scheduler
 
     from common.probes import StabilityProbe
@@ -126,25 +123,13 @@ def make_step(accelerator, model, train_cfg: dict, logged: bool = False):
     optimizer = adamw(model, train_cfg)
     scheduler = get_scheduler("constant", optimizer)
     probe = StabilityProbe(model, BatchStatNorm) if logged else None
-    max_norm = train_cfg["max_grad_norm"]
 
-    def step(batch):  # one micro-batch per optimizer step, as train.py with grad_accum_steps=1
-        with accelerator.accumulate(model):
-            with probe.forward(batch["attention_mask"]) if logged else nullcontext():
-                loss = model(**model_inputs(batch)).loss
-            accelerator.backward(loss)
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
-            nonfinite, _ = step_flags(accelerator, loss, grad_norm, False)
-            grad_norm = grad_norm.item()
-            if not nonfinite:
-                with probe.update(grad_norm, max_norm) if logged else nullcontext():
-                    optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+    def step(batch):
+        done = train_step(accelerator, model, optimizer, batch, train_cfg["max_grad_norm"], probe=probe, log=logged)
         if logged:
-            probe.count(loss, batch["attention_mask"])
-            probe.collect(accelerator, grad_norm, optimizer.param_groups[0]["lr"])
+            probe.collect(accelerator, done.grad_norm, optimizer.param_groups[0]["lr"])
         scheduler.step()
-        return loss
+        return done.loss
 
     return step, optimizer
 

@@ -9,7 +9,7 @@ from normlab_bench.data import loader_for
 GOAL = 0.05  # pad fraction of length-grouped batches, at most
 
 
-def bench_padding(cfg, tokenizer, tokenized, build_dataloaders) -> dict:
+def bench_padding(cfg, tokenizer, tokenized) -> dict:
     """Pad fraction over one epoch (epoch 0) of each sampler, counted on the collated attention masks, i.e. on
     exactly what the model receives: 1 - real tokens / (batch rows x padded length), summed over batches."""
     from common.batching import pad_fraction
@@ -20,7 +20,7 @@ def bench_padding(cfg, tokenizer, tokenized, build_dataloaders) -> dict:
     for name, grouped in (("random", False), ("length_grouped", True)):
         real = slots = 0
         per_batch = []
-        for batch in loader_for(cfg, tokenizer, tokenized, build_dataloaders, grouped):
+        for batch in loader_for(cfg, tokenizer, tokenized, grouped):
             m = batch["attention_mask"]
             real += int(m.sum())
             slots += m.numel()

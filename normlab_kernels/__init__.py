@@ -1,30 +1,9 @@
-"""Fast implementations of NormLab's operators, registered on them with torch.library. model/ never imports this.
+"""Fast implementations of NormLab's operators, registered on them with torch.library; model/ never imports this.
 
-Every operator is defined the same way, with model/ops.py's `define_op` (a reference implementation in PyTorch
-ops, a fake, an autograd formula whose backward is an operator): the LayerNorm's in model/layer_norm_op.py, as a
-checkpoint's code needs it; the dropout's and the attention's here (dropout.py, attention.py), as only a model this
-package was applied to calls them. A backend registers faster implementations for one device type:
-
-    operator                        CPU backend                        CUDA backend
-    normlab::layer_norm             "cpp": layer_norm_cpu.cpp          "triton": triton_layer_norm.py
-    normlab::layer_norm_backward    "cpp"                              "triton"
-    normlab::dropout                "cpp": dropout_cpu.cpp             "torch": the model's nn.Dropout
-    normlab::attention              "cpp": attention_cpu.cpp           "torch": the model's SDPA
-    normlab::attention_backward     "cpp"                              "torch"
-
-model/ uses plain nn.Dropout and transformers' SDPA attention function: `apply(model, backends)` puts the dropout
-and the attention operators in where the CPU backend is registered ("cpp"), as a module that calls
-normlab::dropout in place of each nn.Dropout and an attention function that calls normlab::attention as the
-model's attn_implementation (transformers' AttentionInterface, the way kernel libraries plug into Hugging Face
-models); otherwise ("torch") nn.Dropout and SDPA run. On CUDA both are fused kernels already.
-
-`enable(mode, device)` is the one switch (train.py passes `train.kernels`):
-  - "auto": the fast backend of the device's type when it can be had (C++: a compiler and ninja to build it;
-    Triton: the triton package); otherwise one warning, and the reference runs;
-  - "reference": the reference, also if a fast backend was registered earlier in this process.
-It returns {operator: backend} (train.py writes it to summary.json, and hands it to `apply` once the model is
-built). Everything that can fail -- building, importing -- happens inside `enable`, before training; a kernel
-that fails while it runs (out of memory, an illegal address) raises like any torch op, and nothing here catches it.
+`use(model, mode, device)` is the one switch (train.py passes `train.kernels`): "auto" registers the fast backend
+of the device's type (C++ on CPU, Triton on CUDA) when it can be had, else warns once and the reference runs;
+"reference" runs the reference. It returns {operator: backend}. Which backend implements which operator, and why
+the dropout and the attention are swapped into the model: docs/kernels.md.
 """
 
 import importlib
@@ -38,7 +17,7 @@ OPS = ("normlab::layer_norm", "normlab::layer_norm_backward", "normlab::dropout"
        "normlab::attention_backward")
 DROPOUT = "normlab::dropout"
 ATTENTION = "normlab::attention"
-SWAPPED_IN = (DROPOUT, ATTENTION, "normlab::attention_backward")  # run only in a model after `apply`
+SWAPPED_IN = (DROPOUT, ATTENTION, "normlab::attention_backward")  # run only in a model `use` swapped them into
 # device type -> (backend name, module); each module's register() puts its kernels on the operators for that
 # device type (raising if it cannot: no compiler, no triton) and unregister() takes them off again
 FAST_BACKENDS = {"cpu": ("cpp", "normlab_kernels.cpu"), "cuda": ("triton", "normlab_kernels.triton_layer_norm")}
@@ -50,22 +29,51 @@ _registered = {}  # device type -> the fast backend registered for it now (absen
 _unavailable = {}  # device type -> why its fast backend cannot be had (warned once per process)
 
 
+def use(model: nn.Module, mode: str = "auto", device="cpu") -> dict:
+    """Register the implementations `mode` asks for on `device`'s type, and give `model` the matching dropout and
+    attention (in place); returns {operator: backend}. Everything that can fail (a build, an import) happens
+    here, before training; a kernel that fails while it runs raises like any torch op."""
+    backends = enable(mode, device)
+    _swap_in(model, backends)
+    return backends
+
+
+def enable(mode: str = "auto", device="cpu") -> dict:
+    """`use` without a model: the operators' implementations only; returns {operator: backend}."""
+    if mode not in MODES:
+        raise ValueError(f"kernels mode {mode!r} is not valid; choose one of: {', '.join(MODES)}")
+    device_type = torch.device(device).type
+    import model.layer_norm_op  # noqa: F401 - kernels can only be registered on operators that exist
+
+    wanted = FAST_BACKENDS[device_type][0] if mode == "auto" and device_type in FAST_BACKENDS else "reference"
+    if wanted != _registered.get(device_type, "reference"):
+        if device_type in _registered:
+            _backend_module(device_type).unregister()
+            del _registered[device_type]
+        if wanted != "reference" and _register(device_type):
+            _registered[device_type] = wanted
+    return backends(device)
+
+
 def backends(device="cpu") -> dict:
     """{operator: backend} that runs now for tensors on `device` (for the dropout and the attention: in a model
-    after `apply`)."""
+    after `use`)."""
     device_type = torch.device(device).type
     backend = _registered.get(device_type, "reference")
     swapped_in = backend if backend == FAST_SWAPPED_IN.get(device_type) else "torch"
     return {op: swapped_in if op in SWAPPED_IN else backend for op in OPS}
 
 
-def apply(model: nn.Module, backends: dict) -> nn.Module:
-    """Make `model`'s dropout and attention the ones `backends` (what `enable` returned) names, in place. "cpp"
-    swaps every nn.Dropout module for normlab_kernels.dropout.Dropout (a subclass calling normlab::dropout) and a
-    model on transformers' "sdpa" attention over to normlab::attention's (attention.ATTN_IMPLEMENTATION); anything
-    else swaps both back. Neither holds parameters or buffers, and transformers does not save the attention
-    implementation, so state dicts, `save_pretrained` and the model's config and code are the same either way.
-    A model loaded with attn_implementation="eager" keeps it. Returns the model."""
+def unavailable(device="cpu") -> str | None:
+    """Why the fast backend of `device`'s type could not be had in this process (None: it could, or was not
+    tried, or there is none)."""
+    return _unavailable.get(torch.device(device).type)
+
+
+def _swap_in(model: nn.Module, backends: dict) -> None:
+    """"cpp": every nn.Dropout becomes normlab_kernels.dropout.Dropout and a model on "sdpa" attention moves to
+    normlab::attention's; anything else swaps both back (a model on "eager" keeps it). Neither holds state, and
+    transformers does not save the attention implementation: state dicts and save_pretrained are unchanged."""
     from .attention import ATTN_IMPLEMENTATION, register_attention_function
     from .dropout import Dropout
 
@@ -81,30 +89,6 @@ def apply(model: nn.Module, backends: dict) -> nn.Module:
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
     elif not fast_attention and current == ATTN_IMPLEMENTATION:
         model.set_attn_implementation("sdpa")
-    return model
-
-
-def unavailable(device="cpu") -> str | None:
-    """Why the fast backend of `device`'s type could not be had in this process (None: it could, or was not
-    tried, or there is none)."""
-    return _unavailable.get(torch.device(device).type)
-
-
-def enable(mode: str = "auto", device="cpu") -> dict:
-    """Register the implementations `mode` asks for on `device`'s type; returns {operator: backend}."""
-    if mode not in MODES:
-        raise ValueError(f"kernels mode {mode!r} is not valid; choose one of: {', '.join(MODES)}")
-    device_type = torch.device(device).type
-    import model.layer_norm_op  # noqa: F401 - kernels can only be registered on operators that exist
-
-    wanted = FAST_BACKENDS[device_type][0] if mode == "auto" and device_type in FAST_BACKENDS else "reference"
-    if wanted != _registered.get(device_type, "reference"):
-        if device_type in _registered:
-            _backend_module(device_type).unregister()
-            del _registered[device_type]
-        if wanted != "reference" and _register(device_type):
-            _registered[device_type] = wanted
-    return backends(device)
 
 
 def _backend_module(device_type: str):
@@ -127,5 +111,5 @@ def _register(device_type: str) -> bool:
         return False
 
 
-__all__ = ["MODES", "OPS", "DROPOUT", "ATTENTION", "SWAPPED_IN", "FAST_BACKENDS", "FAST_SWAPPED_IN", "enable", "apply",
+__all__ = ["MODES", "OPS", "DROPOUT", "ATTENTION", "SWAPPED_IN", "FAST_BACKENDS", "FAST_SWAPPED_IN", "use", "enable",
            "backends", "unavailable"]

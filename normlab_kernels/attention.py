@@ -1,27 +1,9 @@
-"""The operator `normlab::attention`, and the Hugging Face attention function that calls it (what
-`normlab_kernels.apply` selects, as `attn_implementation`, when the C++ CPU backend is in use).
-
-Why: on CPU, torch's scaled_dot_product_attention has a fused kernel only without dropout. While training, with
-dropout on the attention weights, it runs its math path: a dozen separate ops, each with its autograd node, and
-torch's CPU dropout, which draws one Mersenne-Twister number per weight, one after the other. This operator is the
-same attention with normlab::dropout's hashed mask on the weights, as one forward and one backward operator:
-
-    normlab::attention(q, k, v, bias, seed, p, scale) -> (out, probs)
-        probs = softmax(q k^T * scale + bias)             (B, H, L, S), in the compute dtype
-        out   = normlab::dropout(probs, seed, p) v         (B, H, L, Dv), in q's dtype
-    normlab::attention_backward(grad_out, q, k, v, probs, seed, p, scale) -> (dq, dk, dv)
-        d_probs  = normlab::dropout(grad_out v^T, seed, p)  (the same mask and scale: dropout is linear)
-        d_scores = probs * (d_probs - rowsum(d_probs * probs))   (softmax's gradient)
-        dq = d_scores k * scale,  dk = d_scores^T q * scale,  dv = normlab::dropout(probs, seed, p)^T grad_out
-
-q (B, H, L, D), k (B, H, S, D), v (B, H, S, Dv); bias broadcastable to (B, H, L, S) (the additive padding mask: it
-gets no gradient) or None; float64 inputs compute in float64, all others in float32. The mask is a pure function of
-(seed, flat index of the weight), so the backward regenerates it and only probs is saved. The same distribution as
-SDPA's dropout, not the same masks. A query whose bias is -inf at every key gets NaN, as from torch.softmax (SDPA
-gives zeros there); NormLab's padding bias is finite (finfo.min), so its rows never are.
-
-The reference implementation below is those formulas in PyTorch ops (any device); the CPU kernel
-(attention_cpu.cpp, registered by normlab_kernels.cpu) runs the matmuls as torch's batched GEMM and fuses the rest.
+"""The operator `normlab::attention` (its formulas: docs/kernels.md), and the Hugging Face attention function that
+calls it (what `normlab_kernels.use` selects, as `attn_implementation`, with the C++ CPU backend). On CPU, torch's
+SDPA has a fused kernel only without dropout; in training it runs a dozen ops and torch's sequential dropout. This
+is the same attention with normlab::dropout's hashed mask on the weights, as one forward and one backward operator:
+the mask is regenerated from the seed, so only probs is saved. The reference below is the formulas in PyTorch ops
+(any device); attention_cpu.cpp is the CPU kernel.
 """
 
 import torch

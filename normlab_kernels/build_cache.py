@@ -1,13 +1,6 @@
-"""The C++ backend's build cache (torch.utils.cpp_extension's folder TORCH_EXTENSIONS_DIR/<name>/): checked when
-read, rebuilt when damaged.
-
-torch's ninja build writes the library in place, so a build killed while linking can leave a truncated .so that
-ninja takes as up to date, and that crashes the process that loads it (SIGBUS). So each load that succeeds records
-the library's size and sha256 (MANIFEST, written atomically) with a digest of the sources and flags it was built
-from, and a library without a record must at least be a whole ELF file. A library that fails these checks, or
-does not load, is a damaged entry, rebuilt with one warning naming it: the library is linked again from the
-compiled objects, or, if that fails too, the whole folder is built again. A build that fails with no library
-cached (no compiler) is not damage, and raises as before.
+"""The C++ backend's build cache (torch.utils.cpp_extension's folder TORCH_EXTENSIONS_DIR/<name>/), checked when
+read: a library that a killed link left truncated, or that changed since it last loaded, or that does not load, is
+rebuilt with one warning (docs/kernels.md). A build that fails with no library cached (no compiler) raises.
 """
 
 import contextlib
@@ -18,11 +11,7 @@ from pathlib import Path
 from common.cache import MANIFEST, file_digest, short, warn_rebuilding
 from common.io import atomic_write_json, read_json
 
-
-def build_dir(name: str) -> Path:
-    from torch.utils.cpp_extension import _get_build_directory  # where load() builds `name`
-
-    return Path(_get_build_directory(name, False))
+from .build_progress import build_dir
 
 
 def _inputs_digest(sources, flags) -> str:
@@ -70,7 +59,7 @@ def _problem(folder: Path, library: Path, inputs: str) -> str | None:
 
 def load_checked(build_and_load, name: str, sources, extra_cflags):
     """build_and_load(name=, sources=, extra_cflags=) (torch.utils.cpp_extension.load), on a checked cache."""
-    folder = build_dir(name)
+    folder = Path(build_dir(name))
     library, inputs = folder / f"{name}.so", _inputs_digest(sources, extra_cflags)
 
     def load():

@@ -1,9 +1,6 @@
-"""What a user sees while the C++ kernels build: one line before (what, why, about how long, how to skip it), the
-elapsed time every so often while the compiler runs, and one line at the end. A build takes minutes on a small
-shared machine and prints nothing itself, so without these lines a first run looks hung.
-
-A cached build loads in about a second and prints nothing. Only the first process of a machine speaks
-(LOCAL_RANK 0 or unset): under `accelerate launch` the others wait for the same build."""
+"""What a user sees while the C++ kernels build (minutes on a small machine, silent otherwise): one line before,
+the elapsed time every so often, one line at the end. A cached build loads silently. Only the first process of a
+machine speaks (LOCAL_RANK 0 or unset)."""
 
 import os
 import sys

@@ -1,27 +1,7 @@
-"""Builds and loads the C++ CPU backend: the LayerNorm (layer_norm_cpu.cpp), the CPU implementation of
-normlab::layer_norm and normlab::layer_norm_backward; the dropout (dropout_cpu.cpp), that of normlab::dropout; and
-the attention (attention_cpu.cpp), that of normlab::attention and normlab::attention_backward.
-
-Why C++: at this project's training shapes (~1000 tokens x 128 features per batch) a LayerNorm is so small that
-the ~10 separate eager ops of the reference (and their temporaries) cost more than the arithmetic; one pass per
-row in C++ measures at parity with torch.nn.LayerNorm's own kernel (docs/performance.md). The dropout's and the
-attention's reasons are in normlab_kernels/dropout.py and attention.py.
-
-torch.utils.cpp_extension builds the file once per machine (cached under TORCH_EXTENSIONS_DIR, default
-~/.cache/torch_extensions) and loads the cached build afterwards; build_cache.py checks a cached build before
-loading it and rebuilds a damaged one; build_progress.py says on stderr that a build runs, and for how long so far.
--march=native tunes the loops to this CPU, so the extension's name carries a digest of the CPU's model and flags:
-a cache shared by different machines never hands one of them the other's build. The name also carries a digest of
-this checkout's folder: torch's build file names the sources by absolute path, so two checkouts sharing one name
-would each rebuild the other's build on every switch. -ffp-contract=off keeps each
-multiply and add separately rounded, as in the reference ops (fused multiply-adds made the exactly-zero gradient
-of a one-element LayerNorm row come out as rounding noise).
-
-`register()` builds (or loads) the extension and registers its kernels on the operators for the CPU dispatch key
-from C++ (layer_norm_cpu.cpp says why from C++); `unregister()` takes them off again. `register()` raises when the
-extension cannot be built (no compiler, no ninja); normlab_kernels.enable decides what that means. The build
-leaves the process as it found it: torch's RNG state and thread count are restored, so a run that had to build
-first trains exactly like one that found the build cached.
+"""Builds and loads the C++ CPU backend (layer_norm_cpu.cpp, dropout_cpu.cpp, attention_cpu.cpp: the CPU
+implementations of normlab::layer_norm(_backward), normlab::dropout and normlab::attention(_backward)), cached per
+machine and checkout; why C++, the build's flags and cache: docs/kernels.md. `register()` raises when the extension
+cannot be built (no compiler, no ninja); normlab_kernels.enable decides what that means.
 """
 
 import hashlib
@@ -33,6 +13,7 @@ import torch
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(_HERE, name) for name in ("cpu_module.cpp", "layer_norm_cpu.cpp", "dropout_cpu.cpp",
                                                      "attention_cpu.cpp")]
+# -ffp-contract=off: every multiply and add rounded on its own, as in the reference ops
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 
 
@@ -47,7 +28,7 @@ def _cpu_digest() -> str:
 
 
 def extension_name() -> str:
-    """The extension's cache name: this CPU and this checkout (see the module's docstring)."""
+    """The extension's cache name: this CPU (-march=native) and this checkout (docs/kernels.md)."""
     return f"normlab_cpu_{_cpu_digest()}_{hashlib.sha1(_HERE.encode()).hexdigest()[:8]}"
 
 
@@ -55,7 +36,8 @@ _extension = None  # the loaded module, once built
 
 
 def load():
-    """The built extension module (building it if this machine has no cached build)."""
+    """The built extension module (building it if this machine has no cached build); the build leaves torch's RNG
+    state and thread count as it found them."""
     global _extension
     if _extension is None:
         from torch.utils.cpp_extension import load as build_and_load
@@ -75,8 +57,7 @@ def load():
 
 
 def register():
-    """The C++ kernels become the CPU implementation of normlab::layer_norm, normlab::layer_norm_backward,
-    normlab::dropout, normlab::attention and normlab::attention_backward."""
+    """The C++ kernels become the CPU implementation of NormLab's five operators."""
     import model.layer_norm_op  # noqa: F401 - kernels can only be registered on operators that exist
     import normlab_kernels.attention  # noqa: F401 - (it defines normlab::dropout too)
 

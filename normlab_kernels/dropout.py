@@ -1,21 +1,9 @@
-"""The operator `normlab::dropout` and the module that calls it, `Dropout` (what `normlab_kernels.apply` puts in
-place of a model's nn.Dropout when the C++ CPU backend is in use).
-
-Why: torch's CPU dropout draws one Mersenne-Twister number per element, one after the other (the generator is
-shared), which at NormLab's training shapes makes dropout a large part of a CPU training step
-(docs/performance.md). This dropout's mask is a keyed hash of each element's flat index instead: computed in parallel,
-vectorized, and a pure function of (seed, index), so the backward regenerates it rather than saving it.
-
-    normlab::dropout(x, seed, p) = x * mask(seed) / (1 - p),   mask_i = [h(seed, i) >= round(p * 2**32)]
-
-with h the 32-bit hash below (two rounds of Wellons' lowbias32 mixer keyed by the two halves of the splitmix64
-hash of the seed). An element is dropped with probability p (exact to 2**-32). The same distribution as
-nn.Dropout, not the same masks. The seed is a 0-dim int64 tensor that `Dropout` draws with torch.randint from
-torch's default generator, so torch.manual_seed and a restored RNG state (accelerate's checkpoints) reproduce
-every mask; inside torch.compile the draw is part of the compiled graph (seeded from the same generator).
-
-The reference implementation below is that formula in PyTorch ops (any device, slow); the CPU kernel
-(dropout_cpu.cpp, registered by normlab_kernels.cpu) computes the same mask bit for bit.
+"""The operator `normlab::dropout` and the module that calls it, `Dropout` (what `normlab_kernels.use` puts in
+place of a model's nn.Dropout with the C++ CPU backend). torch's CPU dropout draws one Mersenne-Twister number per
+element, one after the other; this mask is a keyed hash of each element's flat index (docs/kernels.md): parallel,
+vectorized, and regenerated from the seed in the backward. The same distribution as nn.Dropout, not the same
+masks. The reference below is the hash in PyTorch ops (any device); dropout_cpu.cpp computes the same mask bit
+for bit.
 """
 
 import math

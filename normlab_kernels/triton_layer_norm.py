@@ -1,19 +1,8 @@
-"""A hand-written Triton LayerNorm: the CUDA implementation of normlab::layer_norm and normlab::layer_norm_backward.
-
-Same contract as the reference in model/layer_norm_op.py (the backward is derived in docs/model.md): x (..., N)
-normalized over its last dim, computed in float32 for float16 / bfloat16 / float32 inputs (float64 for float64);
-y in x's dtype; mean and rstd = 1 / sqrt(var + eps) saved per row in the compute dtype; dweight, dbias in the
-compute dtype.
-
-Layout, as in the Triton tutorial's, flash-attention's and Liger's layer norms:
-  - forward: one program per row; the whole row sits in registers (N <= MAX_ROW_BYTES of input), so the mean
-    and the centered variance are two reductions over registers (no E[x^2] - E[x]^2 cancellation);
-  - backward: as many programs as the GPU holds at once (from its SM count and the registers a program needs), each
-    walking a contiguous band of rows: dx row by row, the next row's loads issued before the current row is
-    reduced, and the band's dweight/dbias accumulated in float32 registers and written once as one partial row;
-    torch sums the partial rows afterwards. Fixed bands and no atomics: the same inputs give bitwise the same
-    gradients.
-Tested on CPU under TRITON_INTERPRET=1 and compiled for sm_90 without a GPU (tests/test_triton_layer_norm.py).
+"""A hand-written Triton LayerNorm: the CUDA implementation of normlab::layer_norm and normlab::layer_norm_backward,
+with the contract of the reference in model/layer_norm_op.py (computed in float32, float64 for float64; mean and
+rstd saved per row). The layout (one program per row forward, fixed bands of rows backward: bitwise reproducible
+gradients) is described in docs/kernels.md. Tested on CPU under TRITON_INTERPRET=1 and compiled for sm_90 without a
+GPU (tests/test_triton_layer_norm.py).
 """
 
 import math
@@ -111,19 +100,15 @@ def _block(x):
 
 
 def _backward_warps(block: int, forward_warps: int) -> int:
-    """The backward holds about ten row-sized arrays per program (x, dy, the prefetched next row, xhat, g, w, dw,
-    db): from 8192 columns on, 8 warps would leave each thread over 300 values (spilled to local memory), so the
-    row is spread over 16."""
+    """16 from 8192 columns on: the backward holds ~ten row-sized arrays per program, and 8 warps would leave each
+    thread over 300 values (spilled to local memory)."""
     return 16 if block >= 8192 else forward_warps
 
 
 def _backward_programs(device, n_rows, block: int, warps: int):
-    """How many row bands the backward splits into: as many programs as fit on the GPU at once (all resident,
-    one wave, each walking its band), from the SM count and what one program takes: warps (64 per SM) and
-    registers (64K 32-bit per SM; about ten row arrays per thread, plus ~40 for addresses and scalars).
-    More would only add partial rows to sum, and each program gets MIN_BAND rows at least, so the partial rows
-    (programs x N floats, written and summed) stay a fraction of dx. (4 on CPU: the interpreter runs them one by
-    one.)"""
+    """How many row bands the backward splits into: as many programs as fit on the GPU at once, from the SM count,
+    warps (64 per SM) and registers (64K per SM; ~ten row arrays per thread plus ~40); at least MIN_BAND rows
+    each, so the partial rows stay a fraction of dx. (4 on CPU: the interpreter runs them one by one.)"""
     if device.type != "cuda":
         return max(1, min(n_rows, 4))
     threads = 32 * warps

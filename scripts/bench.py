@@ -3,38 +3,10 @@
     python scripts/bench.py [--json] [--quick] [--device cpu|cuda] [--repeats N] [--threads N] [--batches N]
                             [--compile | --no-compile] [--compile-hf] [--diagnose] [--out FILE] [--config FILE]
 
-Four sections, each with its goal:
-  1. layernorm   CustomLayerNorm (the operator normlab::layer_norm) forward+backward time / torch.nn.LayerNorm,
-                 for each implementation of the operator on the device: the reference PyTorch math and the fast
-                 backend `train.kernels=auto` registers (normlab_kernels: C++ on CPU, Triton on CUDA). Training
-                 shapes (batch 32, lengths 16..64) at the default width 128 and at 256; on CUDA also wider rows.
-                 CPU: float32. CUDA: float32, and float32 parameters under bf16 autocast with float32 inputs (the
-                 residual stream) and bf16 inputs (a branch output), as GPU training runs.          Goal <= 1.0x.
-  2. throughput  training throughput in real (non-pad) tokens/s of NormLabForSequenceClassification (the default
-                 config's model) over HF BertForSequenceClassification of the same size (attn_implementation
-                 "sdpa", same dropout rates), on the same real SST-2 length-grouped batches; full step = forward,
-                 backward, grad clipping, AdamW step (the fused AdamW train.py builds, for both). NormLab eager, and compiled
-                 (`model.compile()`, as train.compile=true does). Again at a bigger width (hidden 256, 4 layers,
-                 4 heads, batch 32: `throughput_wide`).                                          Goal >= 1.3x.
-  3. padding     pad fraction of random batches vs the length-grouped batches training uses, SST-2 train,
-                 train.batch_size, epoch 0 of each sampler; counted on the collated attention masks.  Goal <= 5%.
-  4. memory      peak memory of one training step, NormLab vs HF (method printed with the numbers).
-
-Fairness: every timed contestant runs inside the same loop, interleaved with the others (LayerNorm: per timed
-sample; training: per optimizer step, the order rotating), and each figure is a median over repetitions, so
-machine noise (other processes, frequency changes) hits all contestants alike. Both models receive the identical
-padded batches; tokens/s counts real tokens only. NormLab's packed layout (`NormLabModel.unpad`) skips pad
-positions inside the model while HF computes them: the output says so (with length-grouped batches there are
-few pads to skip). NormLab runs with the kernels training uses (`train.kernels=auto`; `kernels` in the output).
-
-`--diagnose` adds NormLab with torch's LayerNorm, NormLab without unpadding, and NormLab on the reference
-implementation of its operators as extra contestants.
-`--quick` uses 2000 training rows, few batches and few repeats (seconds, for tests); its numbers are not
-meaningful. The CUDA paths run only when torch.cuda.is_available() and are reported untested otherwise. On CUDA
-the training steps (sections 2 and 4) run under bf16 autocast, as the GPU launch configs train (mixed_precision
-bf16); on CPU in float32, as CPU training runs.
-
-The sections' code is in normlab_bench/ (one module per section, sharing its timer.py).
+Four sections, each with its goal (one module each in normlab_bench/): 1. CustomLayerNorm's forward+backward time
+over torch.nn.LayerNorm's, 2. training throughput of NormLab over HF BERT of the same size, 3. the pad fraction of
+random vs length-grouped batches, 4. peak memory of one training step. What each measures, and how the timing is
+kept fair: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -157,16 +129,16 @@ def run_model_sections(args, res, cfg, device) -> None:
 
     # 3. padding (needs the data; cheap next to the timings)
     t0 = time.perf_counter()
-    tokenizer, tokenized, num_labels, build_dataloaders = load_data(cfg)
+    tokenizer, tokenized, num_labels = load_data(cfg)
     section_s["data"] = time.perf_counter() - t0
     task = TaskShape(len(tokenizer), tokenizer.pad_token_id, num_labels)
     t0 = time.perf_counter()
-    res["padding"] = bench_padding(cfg, tokenizer, tokenized, build_dataloaders)
+    res["padding"] = bench_padding(cfg, tokenizer, tokenized)
     section_s["padding"] = time.perf_counter() - t0
 
     # 2. throughput on the first batches of the training loader
     t0 = time.perf_counter()
-    batches = take_batches(cfg, tokenizer, tokenized, build_dataloaders, n_batches, device)
+    batches = take_batches(cfg, tokenizer, tokenized, n_batches, device)
     with training_precision(device):
         models = contestant_models(cfg, task, compile_normlab=settings["compile"], compile_hf=args.compile_hf,
                                    diagnose=args.diagnose)
@@ -178,7 +150,7 @@ def run_model_sections(args, res, cfg, device) -> None:
     t0 = time.perf_counter()
     cfg_wide = load_config(args.config, settings["config_overrides"] + WIDE)
     with training_precision(device):
-        wide_batches = take_batches(cfg_wide, tokenizer, tokenized, build_dataloaders, n_batches, device)
+        wide_batches = take_batches(cfg_wide, tokenizer, tokenized, n_batches, device)
         res["throughput_wide"] = bench_throughput(contestant_models(cfg_wide, task, extras=False), wide_batches,
                                                   accelerator=accelerator, cfg=cfg_wide, device=device, repeats=repeats)
     section_s["throughput_wide"] = time.perf_counter() - t0

@@ -4,12 +4,9 @@ bandwidth each achieves next to a device-to-device copy measured in the same run
 
     python scripts/ln_bench.py [--device cuda|cpu] [--quick] [--no-compile] [--out FILE]
 
-Per (rows, hidden) shape and dtype: forward time, forward+backward time, and the backward as their difference.
-Bytes counted are the fewest each pass must move: forward reads x and writes y, backward reads x and dy and writes
-dx (the per-row mean and rstd, and the parameters, are negligible next to them); bf16 rows take float32
-parameters, as training under autocast gives them. Achieved bandwidth = bytes / time, and its fraction of the
-copy's (bytes read + written per second). Eager contestants run first for every shape, then the compiled ones,
-and the JSON file is rewritten after every row: a run cut short keeps what it measured.
+Bytes counted are the fewest a pass must move (forward: x read, y written; backward: x and dy read, dx written);
+the backward's time is forward+backward minus forward. The JSON file is rewritten after every row: a run cut short
+keeps what it measured.
 """
 
 import argparse

@@ -56,6 +56,14 @@ def backend(request):
 
 
 @pytest.fixture
+def restore_cpu_backend():
+    """The test changes which implementation runs on CPU: put back what was registered before."""
+    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
+    yield
+    _register_cpu(before)
+
+
+@pytest.fixture
 def cpp():
     """The test needs the C++ kernels registered (skipped, with the reason, where they cannot be built)."""
     before = normlab_kernels.backends("cpu")["normlab::layer_norm"]

@@ -1,4 +1,4 @@
-"""normlab::dropout (normlab_kernels/dropout.py, C++ kernel in dropout_cpu.cpp) and `normlab_kernels.apply`, which
+"""normlab::dropout (normlab_kernels/dropout.py, C++ kernel in dropout_cpu.cpp) and `normlab_kernels.use`, which
 puts it in place of a model's nn.Dropout: the C++ kernel against the PyTorch reference bit for bit, the mask's
 statistics, the gradient, seeds, opcheck, torch.compile, train/eval, and a swapped model's saved checkpoint."""
 
@@ -118,11 +118,11 @@ def _dropouts(model):
     return [type(m) for m in model.modules() if isinstance(m, nn.Dropout)]
 
 
-def test_apply_swaps_with_cpp_and_back_with_reference(cpp):
+def test_use_swaps_with_cpp_and_back_with_reference(cpp):
     model = _tiny_model().eval()
     n = len(_dropouts(model))
     assert n > 0 and set(_dropouts(model)) == {nn.Dropout}
-    normlab_kernels.apply(model, normlab_kernels.backends("cpu"))  # "cpp"
+    normlab_kernels.use(model, "auto", "cpu")  # "cpp"
     assert _dropouts(model) == [Dropout] * n
     assert not any(m.training for m in model.modules())  # the swap keeps the mode
     torch.manual_seed(1)
@@ -131,14 +131,14 @@ def test_apply_swaps_with_cpp_and_back_with_reference(cpp):
     loss = model(input_ids=ids, labels=torch.tensor([0, 1, 1, 0])).loss
     loss.backward()
     assert math.isfinite(loss.item())
-    normlab_kernels.apply(model, normlab_kernels.enable("reference", "cpu"))  # "torch": nn.Dropout again
+    normlab_kernels.use(model, "reference", "cpu")  # "torch": nn.Dropout again
     assert _dropouts(model) == [nn.Dropout] * n
 
 
-def test_reference_leaves_nn_dropout():
+def test_reference_leaves_nn_dropout(restore_cpu_backend):
     model = _tiny_model()
     before = [id(m) for m in model.modules()]
-    normlab_kernels.apply(model, {"normlab::layer_norm": "reference", "normlab::dropout": "torch"})
+    assert normlab_kernels.use(model, "reference", "cpu")["normlab::dropout"] == "torch"
     assert [id(m) for m in model.modules()] == before and set(_dropouts(model)) == {nn.Dropout}
 
 
@@ -148,7 +148,8 @@ def test_saved_model_is_the_same_with_the_fast_dropout(cpp, tmp_path):
     implementation), and the loaded model has plain nn.Dropout and SDPA."""
     from model import NormLabForSequenceClassification
 
-    plain, swapped = _tiny_model(), normlab_kernels.apply(_tiny_model(), normlab_kernels.backends("cpu"))
+    plain, swapped = _tiny_model(), _tiny_model()
+    normlab_kernels.use(swapped, "auto", "cpu")
     assert Dropout in _dropouts(swapped)
     plain.save_pretrained(tmp_path / "plain")
     swapped.save_pretrained(tmp_path / "swapped")

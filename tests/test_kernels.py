@@ -23,14 +23,6 @@ REFERENCE = {"normlab::layer_norm": "reference", "normlab::layer_norm_backward":
              "normlab::attention": "torch", "normlab::attention_backward": "torch"}
 
 
-@pytest.fixture
-def restore_cpu_backend():
-    """Tests here change which implementation runs on CPU: put back what was registered before."""
-    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
-    yield
-    normlab_kernels.enable("auto" if before == "cpp" else "reference", "cpu")
-
-
 def _args():
     torch.manual_seed(0)
     return torch.randn(6, 40) * 3 + 1, torch.randn(40), torch.randn(40), 1e-5
