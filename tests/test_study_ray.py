@@ -180,7 +180,7 @@ def test_bad_engine_options_are_one_line_errors(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "st").exists()  # nothing started
 
 
-def test_local_engine_ctrl_c_lets_running_runs_end_and_starts_no_queued_one(tmp_path):
+def test_local_engine_ctrl_c_lets_running_runs_end_and_starts_no_queued_one(tmp_path, request):
     """With --parallel, Ctrl-C reaches the running train.py processes (they save and stop) and the driver; the
     runs still queued must not start afterwards."""
     import signal
@@ -189,7 +189,7 @@ def test_local_engine_ctrl_c_lets_running_runs_end_and_starts_no_queued_one(tmp_
 
     def runner(cmd, log_path, env):
         began.append(cmd[0])
-        both_running.wait(timeout=10)
+        both_running.wait(timeout=60)  # a loaded machine may start the second thread late
         if cmd[0] == "a":
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C while a and b run
         time.sleep(1.0)  # train.py saving its checkpoint
@@ -197,6 +197,9 @@ def test_local_engine_ctrl_c_lets_running_runs_end_and_starts_no_queued_one(tmp_
 
     jobs = [engines.Job(n, [n], tmp_path / n, tmp_path / f"{n}.log") for n in "abcd"]
     ended = []
+    # a terminal's Ctrl-C: Python's own handler, whatever an earlier test of this process left installed
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     with pytest.raises(KeyboardInterrupt):
         engines.LocalEngine(parallel=2, runner=runner).run_all(jobs, lambda job: None,
                                                                lambda job, outcome: ended.append(job.name))
