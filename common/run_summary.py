@@ -31,7 +31,8 @@ def headline(summary: dict, eval_split: str, rate: float | None) -> str:
     final, best = summary.get("final") or {}, summary.get("best") or {}
     if "eval/accuracy" in final:
         line += f": {eval_split} accuracy {final['eval/accuracy']:.3f}"
-        if best and best.get("step") != step:
+        # only a better earlier evaluation is news; a tie kept from an earlier step is not
+        if best and best.get("step") != step and best["eval/accuracy"] > final["eval/accuracy"]:
             line += f" (best {best['eval/accuracy']:.3f} at step {best['step']})"
         if "eval/loss" in final:
             line += f", loss {final['eval/loss']:.3f}"

@@ -35,6 +35,8 @@ def test_completed_run_names_accuracy_time_model_and_wandb(tmp_path):
 def test_best_is_not_repeated_when_the_final_step_is_the_best(tmp_path):
     s = {**COMPLETED, "best": {"step": 2105, "eval/accuracy": 0.8096}}
     assert "best" not in format_summary(s, _run_dir(tmp_path), "validation").splitlines()[0]
+    tie = {**COMPLETED, "best": {"step": 1500, "eval/accuracy": COMPLETED["final"]["eval/accuracy"]}}
+    assert "best" not in format_summary(tie, _run_dir(tmp_path / "tie"), "validation").splitlines()[0]
 
 
 def test_interrupted_and_diverged_runs_say_what_to_do(tmp_path):
