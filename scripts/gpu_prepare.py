@@ -20,12 +20,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 REPO = Path(__file__).resolve().parent.parent
 IMAGE_PACKAGES = REPO / "docs" / "gpu_image_packages.txt"
 # what gpu_check.sh runs imports: train.py, scripts/bench.py, scripts/ln_bench.py, the Triton tests
 CHECK_NEEDS = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "omegaconf", "pyyaml",
                "numpy", "triton", "pytest")
 IMAGE_PYTHON = "3.12"
+# the image's side of every environment marker: CPython 3.12 on Linux x86_64, no extras requested
+IMAGE_MARKER_ENV = {"python_version": IMAGE_PYTHON, "python_full_version": f"{IMAGE_PYTHON}.0",
+                    "implementation_name": "cpython", "platform_python_implementation": "CPython",
+                    "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+                    "os_name": "posix", "extra": ""}
 # pip matches manylinux tags exactly: name every tag a current wheel may carry
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
@@ -56,11 +63,10 @@ def requirement_closure(roots, stop_at=frozenset()) -> dict[str, str]:
         except md.PackageNotFoundError:
             continue  # not installed here: nothing here imports it either
         found[name] = dist.version
-        for req in dist.requires or []:
-            marker = req.split(";", 1)[1] if ";" in req else ""
-            if "extra ==" in marker or "python_version <" in marker:  # optional, or a backport for older Pythons
-                continue
-            stack.append(re.match(r"[A-Za-z0-9_.\-]+", req).group(0))
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate(IMAGE_MARKER_ENV):
+                stack.append(req.name)
     return found
 
 

@@ -41,6 +41,25 @@ def test_prepare_carries_exactly_what_the_image_lacks():
     assert sorted(a.split("==")[0] for a in cmd if "==" in a) == sorted(CARRIED)  # one version each
 
 
+def test_prepare_evaluates_markers_for_the_image(monkeypatch):
+    """A requirement for another platform, an extra or an older Python never comes along; one for the image does."""
+    requires = {"root": ["tzdata; sys_platform == 'win32'", "linuxonly; sys_platform == 'linux'",
+                         "opt; extra == 'cli'", "backport; python_version < '3.8'", "plain>=1"],
+                "linuxonly": [], "plain": [], "tzdata": [], "opt": [], "backport": []}
+
+    class Dist:
+        def __init__(self, name):
+            self.version, self.requires = "1.0", requires[name]
+
+    def distribution(name):
+        if name not in requires:
+            raise gpu_prepare.md.PackageNotFoundError(name)
+        return Dist(name)
+
+    monkeypatch.setattr(gpu_prepare.md, "distribution", distribution)
+    assert set(gpu_prepare.requirement_closure(["root"])) == {"root", "linuxonly", "plain"}
+
+
 @pytest.mark.slow  # runs the check script for real
 def test_rehearsal_under_the_image_package_set(tmp_path):
     proc = run_check(tmp_path, with_wheels=True, GPU_CHECK_SECTIONS="triton ln-bench kernels steps epoch")
