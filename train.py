@@ -303,7 +303,7 @@ def save_model_files(model, folder: Path, tokenizer, cfg: dict, state_dict=None)
     if state_dict is not None:
         model.save_pretrained(folder, state_dict=state_dict)
     else:  # what save_pretrained writes besides the weights
-        model.config.architectures = [type(model).__name__]
+        model.config.architectures, model.config.dtype = [type(model).__name__], str(model.dtype).split(".")[1]
         model.fill_auto_map()
         custom_object_save(model, folder, config=model.config)
         model.config.save_pretrained(folder)
