@@ -118,6 +118,7 @@ def run_config(config_file, overrides) -> tuple[dict, dict, list[str]]:
     if config_file is not None:
         _check_variant(config_file, record, before, out)
     resumed = load_config(overrides=overrides, saved=saved)
+    resumed["output_dir"], resumed["train"]["resume"] = cfg["output_dir"], resume  # the command's, as ALWAYS_GIVEN
     old, new = flatten_config(before), flatten_config(resumed)
     changed = [k for k in config_diff(before, resumed) if k not in ALWAYS_GIVEN]
     refused = [k for k in changed if k not in RESUMABLE]
