@@ -47,17 +47,22 @@ def resolve_checkpoint(path: str) -> Path:
     p = Path(path)
     if not p.exists():
         raise EvalError(f"checkpoint not found: {p} does not exist; give a run directory (with final/) or its final/")
-    if (p / "config.json").is_file():
-        return p
-    if (p / "final" / "config.json").is_file():
-        return p / "final"
-    if (p / "trainer_state.json").is_file():
+    if (p / "trainer_state.json").is_file() and not (p / "config.json").is_file():
         raise EvalError(f"{p} is a training checkpoint saved by an older train.py, without its model config "
                         f"(config.json), so it cannot be loaded as a model; evaluate the run's final/, or resume the "
                         f"run with this code (its new checkpoints carry config.json)")
+    if (p / "config.json").is_file() or (p / "model.safetensors").is_file():
+        return p  # a model directory (check_model_files names what is missing or damaged)
+    if (p / "final").is_dir():
+        return p / "final"
     hint = ""
     if (p / "checkpoints").is_dir() or (p / "summary.json").is_file():
-        hint = " (the run has no final/: it did not complete; training checkpoints in checkpoints/ resume with train.py)"
+        from common.checkpointing import list_checkpoints
+        from common.run_summary import resume_command
+
+        newest = list_checkpoints(p)[-1][1] if list_checkpoints(p) else None
+        hint = (" (the run has no final/: it did not complete" + (f"; evaluate its newest checkpoint, {newest}"
+                if newest else "") + f"; continue it with {resume_command(p)})")
     raise EvalError(f"no checkpoint in {p}: expected config.json there or in {p / 'final'}{hint}")
 
 

@@ -277,3 +277,14 @@ def test_a_run_directory_from_before_run_json_checks_a_given_config_by_its_keys(
         "config_file": "configs/post_ln.yaml"}
     with pytest.raises(ConfigError, match="--config pre_ln sets model.norm_placement='pre' but the run in"):
         run_config("pre_ln", [f"output_dir={out}", "train.resume=auto"])
+
+
+def test_a_damaged_saved_config_is_named_on_resume(tmp_path):
+    from common.preflight import run_config
+
+    out, _ = _saved_run(tmp_path, "post_ln", [])
+    (out / "config.yaml").write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError) as err:
+        run_config(None, [f"output_dir={out}", "train.resume=auto"])
+    message = str(err.value)
+    assert message.startswith(f"{out / 'config.yaml'} line ") and "it is the run's saved config" in message

@@ -178,9 +178,11 @@ def test_missing_checkpoint(tmp_path, capsys):
 
 def test_run_without_final(run_dir, tmp_path, capsys):
     unfinished = tmp_path / "unfinished"
-    (unfinished / "checkpoints").mkdir(parents=True)
+    (unfinished / "checkpoints" / "step_6").mkdir(parents=True)
     code, _, err = run_main(capsys, unfinished)
     assert code == 2 and "no checkpoint in" in err and "did not complete" in err
+    assert f"evaluate its newest checkpoint, {unfinished / 'checkpoints' / 'step_6'}" in err
+    assert f"python train.py output_dir={unfinished} train.resume=auto" in err
 
 
 def test_file_without_the_columns(run_dir, tmp_path, capsys):
@@ -238,6 +240,15 @@ def test_a_checkpoint_evaluates_and_loads_as_final_does(run_dir, capsys):
     model = AutoModelForSequenceClassification.from_pretrained(step, trust_remote_code=True)
     final = load_file(str(run_dir / "final" / "model.safetensors"))
     assert all(torch.equal(model.state_dict()[k], v) for k, v in final.items())
+
+
+def test_a_run_without_its_final_config_json_names_it(run_dir, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("wandb"))
+    (copy / "final" / "config.json").unlink()
+    code, _, err = run_main(capsys, copy)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"evaluate.py: error: {copy / 'final' / 'config.json'} is missing")
 
 
 def test_a_checkpoint_from_older_code_says_why_it_does_not_load(run_dir, tmp_path, capsys):
