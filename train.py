@@ -2,7 +2,7 @@
 
     accelerate launch train.py                                   # the default run (configs/default.yaml)
     accelerate launch train.py --config post_ln model.norm=rmsnorm train.lr=1e-3
-    python train.py output_dir=runs/x train.resume=auto          # continue a run from its newest checkpoint
+    python train.py output_dir=runs/x train.resume=auto          # continue a run (its own config comes back)
 
 `train` sets the run up and hands over to `train_loop`, one loop whose body is the step (common.step.train_step),
 the logged metrics, the evaluations and the checkpoints; `finish` writes final/ and summary.json. What they call
@@ -156,8 +156,9 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
         last = state.step == total_steps
         if last and unwrapped.config.uses_batch_statistics:  # before evaluation, whose forward may re-sync buffers
             facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped, BatchStatNorm)
-        best = (state.step % t["eval_steps"] == 0 or last) and run_eval(cfg, accelerator, model, eval_loader, state,
-                                                                          run_dir)
+        best = False
+        if state.step % t["eval_steps"] == 0 or last:
+            best = run_eval(cfg, accelerator, model, eval_loader, state, run_dir)
         # a finished run ends with a checkpoint; the best evaluation has one too (kept by the rotation)
         if state.step % t["save_steps"] == 0 or last or done.interrupted or best:
             run_dir.save_checkpoint(state)
@@ -435,8 +436,9 @@ def micro_batches(accelerator, train_loader, batch_sampler, state: TrainerState,
 
 
 class RunDir:
-    """What the run writes as it goes: config.yaml and metrics.jsonl (main process), the trackers' rows, the
-    progress bar, and its checkpoints (with the tokenizer); `wb` is the wandb run (main process, wandb on)."""
+    """What the run writes as it goes: config.yaml, run.json and metrics.jsonl (main process), the trackers' rows,
+    the progress bar, and its checkpoints (each a model directory too); `wb` is the wandb run (main process, wandb
+    on)."""
 
     def __init__(self, cfg, accelerator, model, tokenizer, state: TrainerState, resumed: bool, wandb_mode: str,
                  record: dict, total_steps: int, wall_start: float):
@@ -471,10 +473,9 @@ class RunDir:
         """A checkpoint of this step (collective), logged to wandb when asked."""
         cfg = self.cfg
         trainer_state = state.to_checkpoint(cfg, self.accelerator.num_processes, self.wall_time_s(state))
-        model = self.model
         path = save_checkpoint(self.accelerator, cfg["output_dir"], state.step, trainer_state,
                                keep=cfg["train"]["save_total_limit"], protect=state.best and state.best["step"],
-                               model_files=lambda folder: save_model_files(model, folder, self.tokenizer, cfg))
+                               model_files=lambda folder: save_model_files(self.model, folder, self.tokenizer, cfg))
         if self.wb is not None and cfg["wandb"]["log_checkpoints"]:
             wandb_run.log_checkpoint(self.wb, path, state.step)
 
