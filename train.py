@@ -2,7 +2,7 @@
 
     accelerate launch train.py                                   # the default run (configs/default.yaml)
     accelerate launch train.py --config post_ln model.norm=rmsnorm train.lr=1e-3
-    python train.py output_dir=runs/x train.resume=auto          # continue a run from its newest checkpoint
+    python train.py output_dir=runs/x train.resume=auto          # continue a run (its own config comes back)
 
 `train` sets the run up and hands over to `train_loop`, one loop whose body is the step (common.step.train_step),
 the logged metrics, the evaluations and the checkpoints; `finish` writes final/ and summary.json. What they call
@@ -21,6 +21,7 @@ import torch
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
+from transformers.dynamic_module_utils import custom_object_save
 
 import normlab_kernels
 from common import wandb_run
@@ -37,14 +38,14 @@ from common.checkpointing import (
     validate_checkpoint,
 )
 from common.batching import build_dataloaders
-from common.config import flatten_config, load_config, model_config_from, parse_cli, save_config
+from common.config import flatten_config, model_config_from, parse_cli, save_config
 from common.data import label_names
 from common.evaluation import evaluate
-from common.io import atomic_write_json, atomic_write_text
+from common.io import atomic_write_json, atomic_write_text, read_json
 from common.metrics_jsonl import MetricsWriter
 from common.model_card import RUN_CONFIG_FILE, model_card
 from common.optim import adamw
-from common.preflight import preflight
+from common.preflight import RUN_FILE, preflight, run_config
 from common.probes import StabilityProbe
 from common.run_summary import format_summary
 from common.spikes import LossSpikeDetector
@@ -63,8 +64,8 @@ def main(argv=None) -> int:
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         config_file, overrides, debug = parse_cli(argv)
-        cfg = load_config(config_file, overrides)
-        return train(cfg, variant=Path(config_file).stem if config_file else None)
+        cfg, record, notices = run_config(config_file, overrides)  # a resume: the run's own saved config
+        return train(cfg, record, notices)
     except WriteError as e:  # a full disk, no permission: what, where, why, and what to do
         if debug:
             raise
@@ -81,11 +82,12 @@ def main(argv=None) -> int:
 # the run: setup, then the loop with its logging, evaluation and checkpoints, then the end
 
 
-def train(cfg: dict, variant: str | None = None) -> int:
-    """One run of `cfg`; `variant` (the --config file's name) becomes a wandb tag."""
-    resume_path, notices, trackers, wandb_mode = preflight(cfg)
+def train(cfg: dict, record: dict | None = None, notices=()) -> int:
+    """One run of `cfg`. `record`: what run.json keeps of the command (common.preflight.run_config), its
+    config_file naming the variant, a wandb tag; `notices`: what resolving the config had to say."""
+    resume_path, more_notices, trackers, wandb_mode = preflight(cfg)
     accelerator = make_accelerator(cfg, trackers)
-    for message in notices:
+    for message in [*notices, *more_notices]:
         accelerator.print(f"note: {message}", file=sys.stderr)
     set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
     wall_start, run_dir = time.time(), None
@@ -96,8 +98,12 @@ def train(cfg: dict, variant: str | None = None) -> int:
         model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
         scheduler, total_steps = build_scheduler(cfg, accelerator, optimizer, len(train_loader))
         state, resume_rng = resume_state(accelerator, resume_path, len(train_loader))
-        run_dir = RunDir(cfg, accelerator, tokenizer, state, resume_path is not None, wandb_mode, variant,
-                         total_steps, wall_start)
+        if resume_path is not None and nothing_to_do(cfg, accelerator, state, total_steps, resume_path):
+            return EXIT_OK  # nothing written: final/, summary.json and the W&B run stay as they are
+        if resume_path is not None:
+            accelerator.print(f"resumed from {resume_path} (step {state.step}, epoch {state.epoch})")
+        run_dir = RunDir(cfg, accelerator, model, tokenizer, state, resume_path is not None, wandb_mode,
+                         record or {}, total_steps, wall_start)
         batches = micro_batches(accelerator, train_loader, batch_sampler, state, resume_rng)
         with StopSignal().installed() as stop:
             status, facts = train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loader,
@@ -109,7 +115,8 @@ def train(cfg: dict, variant: str | None = None) -> int:
         if run_dir is not None:
             run_dir.progress.close()
         if accelerator.is_main_process:
-            record_write_failure(cfg["output_dir"], err, **({"step": state.step} if run_dir else {}))
+            record_write_failure(cfg["output_dir"], err, accelerator.num_processes,
+                                 **({"step": state.step} if run_dir else {}))
         raise
     finally:
         accelerator.end_training()  # closes the offline W&B run: its folder is complete before it is named
@@ -149,9 +156,11 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
         last = state.step == total_steps
         if last and unwrapped.config.uses_batch_statistics:  # before evaluation, whose forward may re-sync buffers
             facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped, BatchStatNorm)
+        best = False
         if state.step % t["eval_steps"] == 0 or last:
-            run_eval(cfg, accelerator, model, eval_loader, state, run_dir)
-        if state.step % t["save_steps"] == 0 or last or done.interrupted:  # a finished run ends with a checkpoint
+            best = run_eval(cfg, accelerator, model, eval_loader, state, run_dir)
+        # a finished run ends with a checkpoint; the best evaluation has one too (kept by the rotation)
+        if state.step % t["save_steps"] == 0 or last or done.interrupted or best:
             run_dir.save_checkpoint(state)
         if done.interrupted:
             status = "interrupted"
@@ -179,15 +188,17 @@ def log_divergence(accelerator, probe, state, run_dir, grad_norm: float, lr: flo
                       f"{grad_norm}); stopping, status diverged", file=sys.stderr)
 
 
-def run_eval(cfg, accelerator, model, eval_loader, state, run_dir) -> None:
-    """Evaluate, keep the best, log; the BN family also with the batches' own statistics (its train/eval gap)."""
+def run_eval(cfg, accelerator, model, eval_loader, state, run_dir) -> bool:
+    """Evaluate, keep the best, log; the BN family also with the batches' own statistics (its train/eval gap).
+    True when this evaluation is the best so far."""
     acc, st, task, seed = accelerator, state, cfg["task"], cfg["seed"]
     unwrapped = acc.unwrap_model(model)
     metrics = evaluate(acc, model, eval_loader, task, seed)
     if unwrapped.config.uses_batch_statistics:
         metrics["eval/accuracy_batch_stats"] = evaluate(acc, model, eval_loader, task, seed,
                                                         batch_stats=True)["eval/accuracy"]
-    if st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]:
+    best = st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]
+    if best:
         st.best = {"step": st.step, **metrics}
     st.last_eval = metrics
     run_dir.log({"step": st.step, "epoch": st.epoch, **metrics})
@@ -195,6 +206,7 @@ def run_eval(cfg, accelerator, model, eval_loader, state, run_dir) -> None:
         wandb_run.log_depth_charts(run_dir.wb, run_dir.writer.path)
     if acc.is_main_process:
         run_dir.progress.write(f"step {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    return best
 
 
 def bn_stats_spread(accelerator, model, batch_stat_norm_cls) -> float:
@@ -245,6 +257,7 @@ def finish(cfg, accelerator, model, state, run_dir, status: str, facts: dict) ->
         "kernels": facts["kernels"],
         "final_model": None,
         "last_checkpoint": str(checkpoints[-1][1]) if checkpoints else None,
+        "best_checkpoint": next((str(p) for s, p in checkpoints if state.best and s == state.best["step"]), None),
         "wandb_run_id": state.wandb_run_id if run_dir.wandb_on else None,
     }
     if BN_SPREAD in facts:
@@ -276,13 +289,44 @@ def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         with atomic_dir(final, "the final model") as tmp:
-            accelerator.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict)
-            tokenizer.save_pretrained(tmp)
-            id2label = accelerator.unwrap_model(model).config.id2label if cfg["task"] == "classification" else None
+            unwrapped = accelerator.unwrap_model(model)
+            save_model_files(unwrapped, tmp, tokenizer, cfg, state_dict)
+            id2label = unwrapped.config.id2label if cfg["task"] == "classification" else None
             atomic_write_text(tmp / "README.md", model_card(cfg, summary, id2label))
-            save_config(cfg, tmp / RUN_CONFIG_FILE)  # the run config as data, for scripts/evaluate.py
     accelerator.wait_for_everyone()
     return final
+
+
+def save_model_files(model, folder: Path, tokenizer, cfg: dict, state_dict=None) -> None:
+    """What makes `folder` a model directory that from_pretrained and scripts/evaluate.py open: config.json and the
+    model code, the tokenizer, and the run config as data (RUN_CONFIG_FILE); with `state_dict`, the weights too
+    (final/). A checkpoint's weights are accelerate's model.safetensors, which from_pretrained reads as well."""
+    if state_dict is not None:
+        model.save_pretrained(folder, state_dict=state_dict)
+    else:  # what save_pretrained writes besides the weights
+        model.config.architectures, model.config.dtype = [type(model).__name__], str(model.dtype).split(".")[1]
+        model.fill_auto_map()
+        custom_object_save(model, folder, config=model.config)
+        model.config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    save_config(cfg, folder / RUN_CONFIG_FILE)
+
+
+def nothing_to_do(cfg: dict, accelerator, state, total_steps: int, resume_path: Path) -> bool:
+    """A resumed run that has no step left: True, after one line, for a completed run (nothing is changed);
+    ConfigError for a checkpoint beyond this config's steps."""
+    if state.step < total_steps:
+        return False
+    done = read_json(Path(cfg["output_dir"]) / "summary.json")
+    if state.step == total_steps and isinstance(done, dict) and done.get("status") == "completed" \
+            and done.get("step") == state.step:
+        accelerator.print(f"{cfg['output_dir']}: the run is complete ({state.step} of {total_steps} steps); nothing "
+                          f"to do (to train it further, add a larger train.max_steps or train.epochs)")
+        return True
+    if state.step > total_steps:
+        raise CheckpointError(f"checkpoint {resume_path} is at step {state.step}, beyond this config's {total_steps} "
+                              f"steps; give a larger train.max_steps or train.epochs to resume it")
+    return False  # its last checkpoint is written, final/ and summary.json are not yet: finish() writes them
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -370,8 +414,6 @@ def resume_state(accelerator, resume_path: Path | None, batches_per_epoch: int) 
                               f"with the same number (accelerate launch --num_processes {st['num_processes']})")
     state = TrainerState.from_checkpoint(load_checkpoint(accelerator, resume_path))
     resume_rng = mid_epoch_rng(state.batches_in_epoch, batches_per_epoch)
-    accelerator.print(f"resumed from {resume_path} (step {state.step}, epoch {state.epoch}, "
-                      f"{state.batches_in_epoch} batches into it)")
     if state.batches_in_epoch >= batches_per_epoch:  # saved at the end of an epoch
         state.epoch, state.batches_in_epoch = state.epoch + 1, 0
     return state, resume_rng
@@ -394,19 +436,24 @@ def micro_batches(accelerator, train_loader, batch_sampler, state: TrainerState,
 
 
 class RunDir:
-    """What the run writes as it goes: config.yaml and metrics.jsonl (main process), the trackers' rows, the
-    progress bar, and its checkpoints (with the tokenizer); `wb` is the wandb run (main process, wandb on)."""
+    """What the run writes as it goes: config.yaml, run.json and metrics.jsonl (main process), the trackers' rows,
+    the progress bar, and its checkpoints (each a model directory too); `wb` is the wandb run (main process, wandb
+    on)."""
 
-    def __init__(self, cfg, accelerator, tokenizer, state: TrainerState, resumed: bool, wandb_mode: str,
-                 variant: str | None, total_steps: int, wall_start: float):
+    def __init__(self, cfg, accelerator, model, tokenizer, state: TrainerState, resumed: bool, wandb_mode: str,
+                 record: dict, total_steps: int, wall_start: float):
         out = Path(cfg["output_dir"])
         self.cfg, self.accelerator, self.tokenizer, self.wall_start = cfg, accelerator, tokenizer, wall_start
+        self.model = accelerator.unwrap_model(model)
         self.writer = self.wb = None
         if accelerator.is_main_process:
             with guarded_write("config.yaml", out / "config.yaml"):
                 out.mkdir(parents=True, exist_ok=True)
                 save_config(cfg, out / "config.yaml")
+                # what a resume needs besides config.yaml: the --config to check a given one against, the W&B run
+                atomic_write_json(out / RUN_FILE, {**record, "wandb_run_id": state.wandb_run_id})
             self.writer = MetricsWriter(out / "metrics.jsonl", resume_step=state.step if resumed else None)
+        variant = Path(record["config_file"]).stem if record.get("config_file") else None
         self.wandb_on = _init_trackers(accelerator, cfg, wandb_mode, state.wandb_run_id, variant)
         if self.wandb_on and accelerator.is_main_process:
             self.wb = accelerator.get_tracker("wandb", unwrap=True)
@@ -427,7 +474,8 @@ class RunDir:
         cfg = self.cfg
         trainer_state = state.to_checkpoint(cfg, self.accelerator.num_processes, self.wall_time_s(state))
         path = save_checkpoint(self.accelerator, cfg["output_dir"], state.step, trainer_state,
-                               keep=cfg["train"]["save_total_limit"], tokenizer=self.tokenizer)
+                               keep=cfg["train"]["save_total_limit"], protect=state.best and state.best["step"],
+                               model_files=lambda folder: save_model_files(self.model, folder, self.tokenizer, cfg))
         if self.wb is not None and cfg["wandb"]["log_checkpoints"]:
             wandb_run.log_checkpoint(self.wb, path, state.step)
 

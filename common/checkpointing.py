@@ -14,6 +14,7 @@ import torch
 
 from common.cache import folder_index, short
 from common.io import atomic_write_json, read_json
+from common.run_summary import resume_command
 from common.writes import WriteError, guarded_write
 
 CHECKPOINTS = "checkpoints"
@@ -151,10 +152,12 @@ def restore_after_first(batches, rng_state: dict | None):
         yield batch
 
 
-def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, keep: int, tokenizer=None) -> Path:
-    """Write checkpoints/step_{step} atomically and keep the newest `keep`. Collective: every process saves its own
-    RNG state. The tokenizer, when given, is saved alongside: `AutoTokenizer.from_pretrained` works on any
-    checkpoint. A refused write removes the half-written folder and raises WriteError."""
+def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, keep: int, model_files=None,
+                    protect: int | None = None) -> Path:
+    """Write checkpoints/step_{step} atomically and keep the newest `keep`, and the checkpoint of step `protect`
+    (the best evaluation) whatever `keep` says. Collective: every process saves its own RNG state.
+    `model_files(folder)`, when given, writes what makes the checkpoint a model directory besides accelerate's
+    model.safetensors (main process). A refused write removes the half-written folder and raises WriteError."""
     root = checkpoints_root(output_dir)
     final = root / f"step_{step}"
     tmp = root / f".tmp-step_{step}"
@@ -167,8 +170,8 @@ def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, kee
         accelerator.save_state(str(tmp))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
+            if model_files is not None:
+                model_files(tmp)
             sizes = folder_index(tmp, TRAINER_STATE, describe=lambda f: f.stat().st_size)
             state = {"format": STATE_FORMAT, **trainer_state, "files": sizes}
             atomic_write_json(tmp / TRAINER_STATE, state)  # written last: its presence marks a complete checkpoint
@@ -179,16 +182,18 @@ def save_checkpoint(accelerator, output_dir, step: int, trainer_state: dict, kee
         older = [p for s, p in checkpoints if s <= step]
         newer = [p for s, p in checkpoints if s > step]
         for old in older[:-keep] + newer:
-            shutil.rmtree(old, ignore_errors=True)
+            if old.name != f"step_{protect}":
+                shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
 
 
-def record_write_failure(output_dir, error: WriteError, **fields) -> None:
-    """After a refused write: name the last complete checkpoint in `error`, and record the failure in summary.json
-    (status failed, `fields`, the error) if the filesystem still takes it. Main process only."""
+def record_write_failure(output_dir, error: WriteError, num_processes: int = 1, **fields) -> None:
+    """After a refused write: name the last complete checkpoint and the command that continues the run in `error`,
+    and record the failure in summary.json (status failed, `fields`, the error) if the filesystem still takes it.
+    Main process only."""
     last, _ = find_latest_checkpoint(output_dir)
-    error.kept = last
+    error.kept, error.then = last, f"continue the run: {resume_command(output_dir, num_processes)}"
     summary = {"status": "failed", **fields, "last_checkpoint": str(last) if last else None, "error": str(error),
                "failed_write": {"what": error.what, "path": str(error.path),
                                 "errno": errno.errorcode.get(error.os_error.errno), "reason": error.reason}}

@@ -178,16 +178,19 @@ def resolve_config_file(config_file: str) -> Path:
                       f"one of the variants in {CONFIG_DIR}: {', '.join(variants)}")
 
 
-def load_config(config_file: str | None = None, overrides=()) -> dict:
-    """configs/default.yaml <- config_file (path or bare variant name) <- `key.sub=value` overrides; checked."""
+def load_config(config_file: str | None = None, overrides=(), saved: tuple[dict, str] | None = None) -> dict:
+    """configs/default.yaml <- config_file (path or bare variant name) <- `key.sub=value` overrides; checked.
+    `saved`: (a run's saved config, where it was read) in place of config_file, for a resumed run."""
     files = [DEFAULT_CONFIG] + ([resolve_config_file(str(config_file))] if config_file else [])
-    cfg = OmegaConf.structured(RunConfig)
+    layers = []
     for path in files:
         try:
-            layer = flatten_config(load_yaml_mapping(path))
+            layers.append((load_yaml_mapping(path), f"in {path}"))
         except ValueError as e:  # not YAML, or not a mapping
             raise ConfigError(str(e)) from None
-        cfg = _merge(cfg, [(key, value, None) for key, value in layer.items()], f"in {path}")
+    cfg = OmegaConf.structured(RunConfig)
+    for layer, source in layers + ([saved] if saved is not None else []):
+        cfg = _merge(cfg, [(key, value, None) for key, value in flatten_config(layer).items()], source)
     cfg = _merge(cfg, [_parse_override(item) for item in overrides], "command line")
     unset = [k for k in OmegaConf.missing_keys(cfg) if not k.startswith("model.")]
     if unset:

@@ -1,20 +1,25 @@
-"""Checks that run before a run loads anything: whether the run directory is ours to write (a finished or
-unfinished run there is never overwritten), whether a checkpoint to resume from fits this config, and which
-trackers the run reports to."""
+"""Checks that run before a run loads anything: the config of a resumed run (the run's own, saved in its
+directory), whether the run directory is ours to write (a finished or unfinished run there is never overwritten),
+whether a checkpoint to resume from fits this config, and which trackers the run reports to."""
 
 import os
 from pathlib import Path
 
 from common import wandb_run
-from common.checkpointing import list_checkpoints, resolve_resume, validate_checkpoint
-from common.config import ConfigError, flatten_config
-from common.io import read_json, read_yaml
+from common.checkpointing import TRAINER_STATE, list_checkpoints, resolve_resume, validate_checkpoint
+from common.config import REPO_ROOT, ConfigError, DEFAULT_CONFIG, flatten_config, load_config, resolve_config_file
+from common.io import load_yaml_mapping, read_json, read_yaml
+from common.run_summary import resume_command
 from common.writes import check_writable_dir
 
-# Keys that may change when a run is resumed; any other difference from the checkpoint's config is an error.
-RESUMABLE_CHANGES = ("train.resume", "train.max_steps", "train.epochs", "train.eval_steps", "train.save_steps",
-                     "train.log_steps", "train.save_total_limit", "train.compile", "train.cpu_threads",
-                     "train.tf32", "train.kernels", "data.label_names", "wandb.")
+# What a resumed run may change (docs/training.md, "Resuming a run"): how long it trains, how often it logs,
+# evaluates and saves, how it runs (threads, kernels, compilation) and what it reports to W&B; nothing that changes
+# what is trained. Any other difference from the run's saved config is refused.
+RESUMABLE = ("train.max_steps", "train.epochs", "train.eval_steps", "train.save_steps", "train.log_steps",
+             "train.save_total_limit", "train.cpu_threads", "train.kernels", "train.compile",
+             "train.compile_backend", "train.tf32", "wandb.mode", "wandb.log_model", "wandb.log_checkpoints")
+ALWAYS_GIVEN = ("train.resume", "output_dir")  # the resume command's own: where the run is, and how to continue it
+RUN_FILE = "run.json"  # in the run directory: its --config file and W&B run id, which config.yaml does not hold
 
 
 def config_diff(a: dict, b: dict) -> list[str]:
@@ -37,24 +42,95 @@ def check_output_dir(cfg: dict) -> None:
         raise ConfigError(
             f"output_dir={out} already holds a finished run of {what} ({summary.get('step')} steps), which is never "
             f"overwritten; for a new run pick another output_dir (e.g. output_dir={out}-2) or delete {out}; to train "
-            f"this one further pass train.resume=auto with a larger train.max_steps or train.epochs")
+            f"this one further: {resume_command(out)} with a larger train.max_steps or train.epochs")
     if summary is not None or list_checkpoints(out):
         what = f"status {status}" if status else "checkpoints"
         raise ConfigError(
-            f"output_dir={out} already holds an unfinished run ({what}); pass train.resume=auto to continue it, "
+            f"output_dir={out} already holds an unfinished run ({what}); continue it with {resume_command(out)}, "
             f"or pick another output_dir")
 
 
-def check_resume_config(cfg: dict, ckpt_cfg: dict, path: Path) -> list[str]:
-    """ConfigError when the checkpoint was trained with another model/data/batch setup; the harmless
-    differences (more steps, other logging...) are returned for a notice."""
-    diff = config_diff(ckpt_cfg, cfg)
-    fatal = [k for k in diff if not k.startswith(RESUMABLE_CHANGES) and k != "output_dir"]
+def check_resume_config(cfg: dict, ckpt_cfg: dict, path: Path) -> None:
+    """ConfigError when the checkpoint was trained with another model/data/batch setup (a config.yaml edited by
+    hand, or a checkpoint of another run)."""
+    fatal = [k for k in config_diff(ckpt_cfg, cfg) if k not in RESUMABLE + ALWAYS_GIVEN]
     if fatal:
         shown = ", ".join(f"{k}={flatten_config(ckpt_cfg).get(k)!r}" for k in fatal[:4])
         raise ConfigError(
             f"checkpoint {path} was trained with {shown}; resume with the same values (or start a new output_dir)")
-    return diff
+
+
+def _config_id(config_file) -> str | None:
+    """A --config file as run.json records it: relative to the repository when inside it (a moved clone still
+    matches), else absolute; None for the defaults alone."""
+    path = resolve_config_file(str(config_file)).resolve() if config_file else DEFAULT_CONFIG
+    if path == DEFAULT_CONFIG:
+        return None
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def saved_run_config(out: Path, resume: str) -> tuple[dict, str] | None:
+    """(the saved config of the run to resume, where it was read): <output_dir>/config.yaml, else the config in
+    the checkpoint to resume from; None when there is no run to resume (a fresh start)."""
+    path = out / "config.yaml"
+    if path.is_file():
+        try:
+            return load_yaml_mapping(path), f"in {path}"
+        except ValueError as e:
+            raise ConfigError(f"{e}; it is the run's saved config: restore it, or delete it to resume with the "
+                              f"config saved in the checkpoint") from None
+    checkpoint, _ = resolve_resume(resume, out)
+    return (validate_checkpoint(checkpoint)["config"], f"in {checkpoint / TRAINER_STATE}") if checkpoint else None
+
+
+def _check_variant(config_file, record: dict, saved: dict, out: Path) -> None:
+    """A --config given on resume must be the run's own (run.json), or, for a run directory from before run.json,
+    agree with the saved config on every key it sets."""
+    again = f"resume without --config ({resume_command(out)}) to use the run's own config, or start a new output_dir"
+    if "config_file" in record:
+        if _config_id(config_file) != record["config_file"]:
+            own = f"--config {record['config_file']}" if record["config_file"] else "no --config"
+            raise ConfigError(f"--config {config_file} differs from the run's own ({own}, in {out / RUN_FILE}); "
+                              f"{again}")
+        return
+    keys = flatten_config(load_yaml_mapping(resolve_config_file(str(config_file))))
+    variant, run = flatten_config(load_config(config_file)), flatten_config(saved)
+    differ = [k for k in keys if k not in ALWAYS_GIVEN and variant.get(k) != run.get(k)]
+    if differ:
+        k = differ[0]
+        raise ConfigError(f"--config {config_file} sets {k}={variant.get(k)!r} but the run in {out} has "
+                          f"{k}={run.get(k)!r}; {again}")
+
+
+def run_config(config_file, overrides) -> tuple[dict, dict, list[str]]:
+    """The config of a train.py command -> (config, what run.json keeps of it: {"config_file": the --config file},
+    or {} for a resumed run from before run.json resumed without --config; notices). A resume
+    (train.resume set, and a run to resume in output_dir) restores the run's saved config; the command's overrides
+    may change only RESUMABLE keys (a ConfigError names any other), and each change is stated in one notice."""
+    cfg = load_config(config_file, overrides)
+    out, resume = Path(cfg["output_dir"]), cfg["train"]["resume"]
+    saved = saved_run_config(out, resume) if resume is not None else None
+    if saved is None:
+        return cfg, {"config_file": _config_id(config_file)}, []
+    record = read_json(out / RUN_FILE, {})
+    record = record if isinstance(record, dict) else {}
+    before = load_config(saved=saved)
+    if config_file is not None:
+        _check_variant(config_file, record, before, out)
+    resumed = load_config(overrides=overrides, saved=saved)
+    resumed["output_dir"], resumed["train"]["resume"] = cfg["output_dir"], resume  # the command's, as ALWAYS_GIVEN
+    old, new = flatten_config(before), flatten_config(resumed)
+    changed = [k for k in config_diff(before, resumed) if k not in ALWAYS_GIVEN]
+    refused = [k for k in changed if k not in RESUMABLE]
+    if refused:
+        k = refused[0]
+        raise ConfigError(f"{k}={new.get(k)!r} cannot change when resuming {out} (the run has {k}={old.get(k)!r}); "
+                          f"a resume may change only {', '.join(RESUMABLE)}; for another {k} start a new output_dir")
+    notices = [f"resuming {out} with its saved config, changing " + ", ".join(
+        f"{k}={new[k]!r} (was {old.get(k)!r})" for k in changed)] if changed else []
+    if "config_file" in record or config_file is not None:
+        return resumed, {"config_file": record.get("config_file", _config_id(config_file))}, notices
+    return resumed, {}, notices
 
 
 def resolve_trackers(cfg: dict) -> tuple[list[str], str]:
@@ -78,8 +154,7 @@ def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
     check_output_dir(cfg)
     resume_path, notices = resolve_resume(t["resume"], out)
     if resume_path is not None:
-        changed = check_resume_config(cfg, validate_checkpoint(resume_path)["config"], resume_path)
-        notices += [f"resuming with changed {k}" for k in changed if k != "train.resume"]
+        check_resume_config(cfg, validate_checkpoint(resume_path)["config"], resume_path)
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         raise ConfigError(
             "train.py does not run under DeepSpeed (its per-step stability metrics read every parameter's gradient "

@@ -21,6 +21,22 @@ def _q(path) -> str:
     return shlex.quote(str(path))
 
 
+def resume_command(out_dir, num_processes: int = 1) -> str:
+    """The command that continues the run in `out_dir`: its config comes from the run directory (train.py
+    restores it), so output_dir is all it takes; a run of several processes resumes with as many."""
+    launcher = (f"accelerate launch --num_processes {num_processes} train.py" if num_processes > 1
+                else "python train.py")
+    return f"{launcher} output_dir={_q(out_dir)} train.resume=auto"
+
+
+def better_best(summary: dict) -> bool:
+    """Whether an earlier evaluation beat the final one: only that is news (a tie kept from an earlier step is
+    not)."""
+    final, best = summary.get("final") or {}, summary.get("best") or {}
+    return bool(best) and "eval/accuracy" in final and best.get("step") != summary["step"] \
+        and best["eval/accuracy"] > final["eval/accuracy"]
+
+
 def headline(summary: dict, eval_split: str, rate: float | None) -> str:
     """'completed in 67 s (14,671 tokens/s): validation accuracy 0.810 (best 0.812 at step 2000), loss 0.440'."""
     status, step = summary["status"], summary["step"]
@@ -31,8 +47,7 @@ def headline(summary: dict, eval_split: str, rate: float | None) -> str:
     final, best = summary.get("final") or {}, summary.get("best") or {}
     if "eval/accuracy" in final:
         line += f": {eval_split} accuracy {final['eval/accuracy']:.3f}"
-        # only a better earlier evaluation is news; a tie kept from an earlier step is not
-        if best and best.get("step") != step and best["eval/accuracy"] > final["eval/accuracy"]:
+        if better_best(summary):
             line += f" (best {best['eval/accuracy']:.3f} at step {best['step']})"
         if "eval/loss" in final:
             line += f", loss {final['eval/loss']:.3f}"
@@ -48,16 +63,22 @@ def format_summary(summary: dict, out_dir, eval_split: str, wandb_mode: str | No
     lines = [headline(summary, eval_split, tokens_per_s(out / "metrics.jsonl"))]
     if summary.get("final_model"):
         lines.append(f"  model:  {summary['final_model']}    evaluate: python scripts/evaluate.py {_q(out)}")
+    if summary.get("best_checkpoint") and better_best(summary):
+        lines.append(f"  best:   {summary['best_checkpoint']} (step {summary['best']['step']})    evaluate: "
+                     f"python scripts/evaluate.py {_q(summary['best_checkpoint'])}")
     elif summary["status"] == "interrupted":
-        lines.append(f"  state:  {summary['last_checkpoint']}    continue: python train.py output_dir={_q(out)} "
-                     f"train.resume=auto")
+        lines.append(f"  state:  {summary['last_checkpoint']}    continue: "
+                     f"{resume_command(out, summary.get('num_processes') or 1)}")
     elif summary["status"] == "diverged":
         lines.append(f"  state:  {summary['last_checkpoint'] or 'no checkpoint'} (before the non-finite step); "
                      f"no final/ model: try a lower train.lr or more train.warmup_steps")
     if summary.get("wandb_run_id"):
-        local = sorted(out.glob("wandb/offline-run-*")) if wandb_mode == "offline" else []  # newest last
-        if local:
-            lines.append(f"  W&B:    {local[-1]}    upload: wandb sync {_q(local[-1])}")
+        run_id = summary["wandb_run_id"]
+        parts = sorted(out.glob(f"wandb/offline-run-*-{run_id}")) if wandb_mode == "offline" else []
+        if parts:  # one folder per process that ran (a resumed run has several); one sync uploads them in order
+            resumed = f", {len(parts)} parts: it was resumed" if len(parts) > 1 else ""
+            lines.append(f"  W&B:    {out / 'wandb'} (offline run {run_id}{resumed})    upload: "
+                         f"wandb sync {_q(out / 'wandb')}")
             lines.append(f"  charts: python scripts/wandb_charts.py {_q(out)}    (depth charts, drawn locally)")
         elif wandb_url:
             lines.append(f"  W&B:    {wandb_url}")

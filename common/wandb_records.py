@@ -65,6 +65,7 @@ class OfflineRun:
     job_type: str = ""
     name: str = ""
     tags: list = field(default_factory=list)
+    resume: bool = False  # resumable under its id: `wandb sync` appends the parts of one id, oldest first
     config: dict = field(default_factory=dict)
     summary: dict = field(default_factory=dict)
     history: list = field(default_factory=list)
@@ -90,7 +91,7 @@ class OfflineRun:
         if kind == "run":
             r = record.run
             self.id, self.project, self.group, self.job_type = r.run_id, r.project, r.run_group, r.job_type
-            self.name, self.tags = r.display_name, list(r.tags)
+            self.name, self.tags, self.resume = r.display_name, list(r.tags), r.resume
             for item in r.config.update:
                 _set(self.config, item)
         elif kind == "config":

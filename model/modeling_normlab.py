@@ -311,9 +311,13 @@ class NormLabPreTrainedModel(PreTrainedModel):
         model's own norm classes."""
         return set_batch_stats_in_eval(self, flag)
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
+    def fill_auto_map(self) -> None:
+        """config.auto_map names every Auto class, so a saved directory opens with each of them."""
         if self._auto_class is not None:
             self.config.auto_map = {**self._auto_map, **(getattr(self.config, "auto_map", None) or {})}
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        self.fill_auto_map()
         return super().save_pretrained(save_directory, *args, **kwargs)
 
 

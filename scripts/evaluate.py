@@ -42,24 +42,68 @@ def fetch_artifact(ref: str):
 
 
 def resolve_checkpoint(path: str) -> Path:
-    """An HF model directory (config.json), or a run directory whose final/ is one."""
+    """An HF model directory (config.json: a run's final/ or checkpoints/step_N), or a run directory whose final/ is
+    one."""
     p = Path(path)
     if not p.exists():
         raise EvalError(f"checkpoint not found: {p} does not exist; give a run directory (with final/) or its final/")
-    if (p / "config.json").is_file():
-        return p
-    if (p / "final" / "config.json").is_file():
+    if (p / "trainer_state.json").is_file() and not (p / "config.json").is_file():
+        raise EvalError(f"{p} is a training checkpoint saved by an older train.py, without its model config "
+                        f"(config.json), so it cannot be loaded as a model; evaluate the run's final/, or resume the "
+                        f"run with this code (its new checkpoints carry config.json)")
+    if (p / "config.json").is_file() or (p / "model.safetensors").is_file():
+        return p  # a model directory (check_model_files names what is missing or damaged)
+    if (p / "final").is_dir():
         return p / "final"
     hint = ""
     if (p / "checkpoints").is_dir() or (p / "summary.json").is_file():
-        hint = " (the run has no final/: it did not complete; training checkpoints in checkpoints/ resume with train.py)"
+        from common.checkpointing import list_checkpoints
+        from common.run_summary import resume_command
+
+        newest = list_checkpoints(p)[-1][1] if list_checkpoints(p) else None
+        hint = (" (the run has no final/: it did not complete" + (f"; evaluate its newest checkpoint, {newest}"
+                if newest else "") + f"; continue it with {resume_command(p)})")
     raise EvalError(f"no checkpoint in {p}: expected config.json there or in {p / 'final'}{hint}")
 
 
+def run_dir_of(checkpoint: Path) -> Path | None:
+    """The run directory holding `checkpoint` (its final/ or checkpoints/step_N), or None for a model directory
+    elsewhere."""
+    run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    return run if (run / "config.yaml").is_file() else None
+
+
 def run_config(checkpoint: Path) -> dict | None:
-    """The training config: <run>/config.yaml next to final/, else the copy train.py saved inside final/."""
-    saved = read_yaml(checkpoint.parent / "config.yaml")
+    """The training config: the run directory's config.yaml, else the copy train.py saved inside the model
+    directory."""
+    run = run_dir_of(checkpoint)
+    saved = read_yaml(run / "config.yaml") if run is not None else None
     return saved if saved is not None else read_yaml(checkpoint / RUN_CONFIG_FILE)
+
+
+def check_model_files(checkpoint: Path) -> None:
+    """EvalError naming the first missing or damaged file that loading reads (config.json, the weights, the
+    tokenizer), before transformers reads them: their errors are tracebacks that do not say what to do."""
+    def damaged(name: str, why: str) -> EvalError:
+        return EvalError(f"{checkpoint / name} {why}: the model directory is damaged; evaluate another checkpoint "
+                         f"(a run's final/ or checkpoints/step_N) or train the model again")
+
+    for name in ("config.json", "tokenizer_config.json", "tokenizer.json"):
+        if not (checkpoint / name).is_file():
+            raise damaged(name, "is missing")
+        if not isinstance(read_json(checkpoint / name), dict):
+            raise damaged(name, "is not valid JSON")
+    weights = checkpoint / "model.safetensors"
+    if weights.is_file():
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(weights), "pt") as f:  # reads the header, and checks the file covers every tensor
+                f.keys()
+        except (SafetensorError, OSError) as err:
+            raise damaged(weights.name, f"is truncated or corrupted ({' '.join(str(err).split())})") from None
+    elif not any(checkpoint.glob("*.safetensors")) and not any(checkpoint.glob("*.bin")):
+        raise damaged(weights.name, "is missing")
 
 
 def load_model(checkpoint: Path):
@@ -69,6 +113,7 @@ def load_model(checkpoint: Path):
 
     hf_logging.disable_progress_bar()  # stdout/stderr stay the results and the errors
     datasets.disable_progress_bars()
+    check_model_files(checkpoint)
     config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
     architectures = getattr(config, "architectures", None) or []
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
@@ -124,7 +169,7 @@ def run_split(checkpoint: Path, split: str):
     """(Dataset, data section): the run's own dataset (data section of its config), split `split`, all rows."""
     cfg = run_config(checkpoint)
     if cfg is None:
-        raise EvalError(f"no run config for {checkpoint} (looked for {checkpoint.parent / 'config.yaml'} and "
+        raise EvalError(f"no run config for {checkpoint} (looked for the config.yaml of its run directory and "
                         f"{checkpoint / RUN_CONFIG_FILE}); evaluate a file with --data FILE")
     from common.data import resolve_dataset
 
@@ -282,19 +327,20 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
     checkpoint = Path(result["checkpoint"])
     cfg = run_config(checkpoint) or {}
     w, m = cfg.get("wandb") or {}, cfg.get("model") or {}
-    in_run = (checkpoint.parent / "config.yaml").is_file()  # a run's final/: log next to the training run
-    trained = read_json(checkpoint.parent / "summary.json", {}) if in_run else {}
+    run_dir = run_dir_of(checkpoint)  # a run's final/ or checkpoint: log next to the training run
+    in_run = run_dir is not None
+    trained = read_json(run_dir / "summary.json", {}) if in_run else {}
     project = w.get("project") or "normlab"
     group = w.get("group") or (f"{m['norm']}-{m['norm_placement']}" if m.get("norm") else None)
-    name = (checkpoint.parent.name if in_run else checkpoint.name) + "-eval"
+    name = (run_dir.name if in_run else checkpoint.name) + "-eval"
     config = {"checkpoint": str(checkpoint), "train_run_id": trained.get("wandb_run_id"),
               "model_artifact": result.get("artifact"), "dataset": result.get("dataset"),
               "norm": result["norm"], "norm_placement": result["norm_placement"]}
     if in_run and mode == "offline":
-        keep_offline_files_in(checkpoint.parent)  # the predictions table stays with the run, as train.py's files
+        keep_offline_files_in(run_dir)  # the predictions table stays with the run, as train.py's files
     run = wandb.init(project=project, group=group, job_type="eval", name=name, mode=mode, config=config,
                      tags=[t for t in (result["norm"], result["norm_placement"], "eval") if t],
-                     dir=str(checkpoint.parent) if in_run else None, reinit="finish_previous",
+                     dir=str(run_dir) if in_run else None, reinit="finish_previous",
                      settings=wandb.Settings(silent=True))
     if result.get("artifact") and mode == "online":
         run.use_artifact(result["artifact"])  # lineage: this evaluation used that model version

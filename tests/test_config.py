@@ -212,3 +212,79 @@ def test_a_type_error_in_a_file_names_the_file_and_a_later_layer_wins(tmp_path):
     f.write_text("train: {batch_size: 8, lr: 1}\nwandb: {tags: [x]}\n")
     cfg = load_config(str(f), ["train.batch_size=4"])
     assert cfg["train"]["batch_size"] == 4 and cfg["train"]["lr"] == 1.0 and cfg["wandb"]["tags"] == ["x"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the config of a resumed run: the run directory's own (common.preflight.run_config), without training
+
+
+def _saved_run(tmp_path, config_file, overrides, record=True):
+    """A run directory as train.py leaves it before its first checkpoint: config.yaml (and run.json)."""
+    import json
+
+    from common.preflight import run_config
+
+    out = tmp_path / "run"
+    cfg, rec, _ = run_config(config_file, [f"output_dir={out}", *overrides])
+    out.mkdir()
+    save_config(cfg, out / "config.yaml")
+    if record:
+        (out / "run.json").write_text(json.dumps({**rec, "wandb_run_id": "ab12cd34"}))
+    return out, cfg
+
+
+def test_a_resume_restores_the_runs_config_and_states_each_allowed_change(tmp_path):
+    from common.preflight import run_config
+
+    out, cfg = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3", "train.max_steps=600"])
+    resumed, record, notes = run_config(None, [f"output_dir={out}", "train.resume=auto"])
+    assert resumed == {**cfg, "train": {**cfg["train"], "resume": "auto"}} and notes == []
+    assert record == {"config_file": "configs/post_ln.yaml"}  # the variant's tag comes back too
+    for same in ("post_ln", "configs/post_ln.yaml", str(CONFIG_DIR / "post_ln.yaml")):
+        assert run_config(same, [f"output_dir={out}", "train.resume=auto", "train.lr=1e-3"])[0] == resumed
+    more, _, notes = run_config(None, [f"output_dir={out}", "train.resume=auto", "train.max_steps=900",
+                                       "train.eval_steps=50"])
+    assert more["train"]["max_steps"] == 900 and more["model"] == cfg["model"]
+    assert notes == [f"resuming {out} with its saved config, changing train.eval_steps=50 (was 500), "
+                     f"train.max_steps=900 (was 600)"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["train.lr=2e-3"], ["train.lr=0.002 cannot change", "the run has train.lr=0.001", "train.max_steps, train.epochs"]),
+    (["model.norm=rmsnorm"], ["model.norm='rmsnorm' cannot change", "a resume may change only"]),
+    (["--config", "pre_ln"], ["--config pre_ln differs from the run's own (--config configs/post_ln.yaml",
+                              "train.resume=auto"]),
+])
+def test_a_resume_refuses_another_config_naming_the_key(tmp_path, argv, words):
+    from common.preflight import run_config
+
+    out, _ = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3"])
+    config_file = argv[1] if argv[0] == "--config" else None
+    overrides = [] if config_file else argv
+    with pytest.raises(ConfigError) as err:
+        run_config(config_file, [f"output_dir={out}", "train.resume=auto", *overrides])
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def test_a_run_directory_from_before_run_json_checks_a_given_config_by_its_keys(tmp_path):
+    from common.preflight import run_config
+
+    out, cfg = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3"], record=False)
+    resumed, record, _ = run_config(None, [f"output_dir={out}", "train.resume=auto"])
+    assert resumed["train"]["lr"] == 1e-3 and record == {}  # the variant is unknown: run.json will not guess it
+    assert run_config("post_ln", [f"output_dir={out}", "train.resume=auto"])[1] == {
+        "config_file": "configs/post_ln.yaml"}
+    with pytest.raises(ConfigError, match="--config pre_ln sets model.norm_placement='pre' but the run in"):
+        run_config("pre_ln", [f"output_dir={out}", "train.resume=auto"])
+
+
+def test_a_damaged_saved_config_is_named_on_resume(tmp_path):
+    from common.preflight import run_config
+
+    out, _ = _saved_run(tmp_path, "post_ln", [])
+    (out / "config.yaml").write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError) as err:
+        run_config(None, [f"output_dir={out}", "train.resume=auto"])
+    message = str(err.value)
+    assert message.startswith(f"{out / 'config.yaml'} line ") and "it is the run's saved config" in message

@@ -178,9 +178,11 @@ def test_missing_checkpoint(tmp_path, capsys):
 
 def test_run_without_final(run_dir, tmp_path, capsys):
     unfinished = tmp_path / "unfinished"
-    (unfinished / "checkpoints").mkdir(parents=True)
+    (unfinished / "checkpoints" / "step_6").mkdir(parents=True)
     code, _, err = run_main(capsys, unfinished)
     assert code == 2 and "no checkpoint in" in err and "did not complete" in err
+    assert f"evaluate its newest checkpoint, {unfinished / 'checkpoints' / 'step_6'}" in err
+    assert f"python train.py output_dir={unfinished} train.resume=auto" in err
 
 
 def test_file_without_the_columns(run_dir, tmp_path, capsys):
@@ -213,3 +215,75 @@ def test_vocabulary_mismatch(run_dir, tmp_path, capsys):
 def test_missing_data_file(run_dir, tmp_path, capsys):
     code, _, err = run_main(capsys, run_dir, "--data", tmp_path / "none.csv")
     assert code == 2 and "data file not found" in err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# training checkpoints are model directories too; damaged model files are named
+
+
+def test_a_checkpoint_evaluates_and_loads_as_final_does(run_dir, capsys):
+    """checkpoints/step_12 (the last step: the same weights as final/) carries config.json, the model code, the
+    tokenizer and the run config; evaluate.py and from_pretrained read it as they read final/."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForSequenceClassification
+
+    step = run_dir / "checkpoints" / "step_12"
+    assert json.loads((step / "config.json").read_text()) == json.loads((run_dir / "final" / "config.json").read_text())
+    results = []
+    for checkpoint in (step, run_dir):
+        code, out, err = run_main(capsys, checkpoint, "--json")
+        assert code == 0, err
+        results.append(json.loads(out))
+    for key in ("dataset", "num_examples", "accuracy", "loss", "confusion_matrix"):
+        assert results[0][key] == results[1][key], key
+    model = AutoModelForSequenceClassification.from_pretrained(step, trust_remote_code=True)
+    final = load_file(str(run_dir / "final" / "model.safetensors"))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in final.items())
+
+
+def test_a_run_without_its_final_config_json_names_it(run_dir, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("wandb"))
+    (copy / "final" / "config.json").unlink()
+    code, _, err = run_main(capsys, copy)
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"evaluate.py: error: {copy / 'final' / 'config.json'} is missing")
+
+
+def test_a_checkpoint_from_older_code_says_why_it_does_not_load(run_dir, tmp_path, capsys):
+    old = tmp_path / "step_12"
+    shutil.copytree(run_dir / "checkpoints" / "step_12", old)
+    (old / "config.json").unlink()  # what train.py wrote into a checkpoint before checkpoints carried it
+    code, _, err = run_main(capsys, old)
+    assert code == 2 and err.count("\n") == 1
+    assert "saved by an older train.py, without its model config (config.json)" in err and "final/" in err
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _junk(path):
+    path.write_text("{not json")
+
+
+# (the damaged file, how it is damaged, what the one-line error says about it)
+DAMAGE = [
+    ("model.safetensors", _truncate, "is truncated or corrupted"),
+    ("config.json", _junk, "is not valid JSON"),
+    ("tokenizer.json", Path.unlink, "is missing"),
+    ("tokenizer_config.json", Path.unlink, "is missing"),
+]
+
+
+@pytest.mark.parametrize("where", ["final", "checkpoints/step_12"])
+@pytest.mark.parametrize("name,damage,why", DAMAGE, ids=[d[0] for d in DAMAGE])
+def test_a_damaged_model_file_is_named_in_one_line(run_dir, tmp_path, capsys, where, name, damage, why):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("wandb"))
+    damage(copy / where / name)
+    code, out, err = run_main(capsys, copy / where, "--text", "a fine film")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith(f"evaluate.py: error: {copy / where / name} {why}")
+    assert "evaluate another checkpoint" in err and "train the model again" in err

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from train_utils import (
-    REFERENCE, assert_same_weights, env, final_weights, losses, python_cmd, rows, run_cmd, run_here, summary,
+    REFERENCE, assert_same_weights, env, final_weights, losses, python_cmd, rows, run_argv, run_cmd, run_here,
+    summary,
 )
 
 pytestmark = pytest.mark.slow  # killed and resumed training runs in subprocesses
@@ -73,7 +74,8 @@ def test_kill_9_then_resume_gives_bitwise_equal_weights(reference, tmp_path):
     proc.wait(timeout=60)
     assert not (out / "summary.json").exists()
 
-    assert run_here(out, *REFERENCE, "train.resume=auto") == 0
+    # the command the README gives: the run's config (TINY and REFERENCE's overrides) comes from its directory
+    assert run_argv(f"output_dir={out}", "train.resume=auto") == 0
     assert summary(out)["status"] == "completed"
     assert_same_weights(final_weights(out), final_weights(reference))
     assert losses(out) == losses(reference)
@@ -115,6 +117,45 @@ def test_damaged_checkpoints_are_named_and_skipped(reference, tmp_path, capsys):
     assert "skipping checkpoint" in capsys.readouterr().err
     assert_same_weights(final_weights(out), final_weights(reference))
     assert not (out / "checkpoints" / ".tmp-step_50").exists()
+
+
+def _junk(path):
+    path.write_text("{not json")
+
+
+# (a file of the checkpoint, how it is damaged, what the one-line error says)
+DAMAGE = [
+    ("model.safetensors", lambda p: p.write_bytes(p.read_bytes()[:1000]), "corrupted: model.safetensors has 1000"),
+    ("config.json", _junk, "corrupted: config.json has 9 bytes"),
+    ("tokenizer.json", Path.unlink, "incomplete: tokenizer.json is missing"),
+]
+
+
+@pytest.mark.parametrize("name,damage,words", DAMAGE, ids=[d[0] for d in DAMAGE])
+def test_resuming_from_a_damaged_checkpoint_names_the_file(reference, tmp_path, capsys, name, damage, words):
+    out = tmp_path / "run"
+    shutil.copytree(reference, out, ignore=shutil.ignore_patterns("final", "summary.json"))
+    ckpt = out / "checkpoints" / "step_40"
+    damage(ckpt / name)
+    assert run_argv(f"output_dir={out}", f"train.resume={ckpt}") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: checkpoint {ckpt} is {words}"), err
+    assert "resume from an earlier checkpoint" in err
+
+
+def test_the_best_evaluations_checkpoint_is_kept_whatever_save_total_limit_says(tmp_path, capsys):
+    out = tmp_path / "run"
+    # evaluations every 4 steps, checkpoints only at the end, and only 1 kept; this post-LN run's best evaluation is
+    # at step 4 (0.604, then 0.396 at step 12), between checkpoints
+    assert run_here(out, "--config", "post_ln", "train.max_steps=12", "train.eval_steps=4", "train.save_steps=100",
+                    "train.save_total_limit=1") == 0
+    s = summary(out)
+    evals = [r for r in rows(out) if "eval/accuracy" in r]
+    best = max(evals, key=lambda r: r["eval/accuracy"])  # the first of the best: a tie is no better
+    assert s["best"]["step"] == best["step"] < 12 and best["eval/accuracy"] > s["final"]["eval/accuracy"], evals
+    assert s["best_checkpoint"] == str(out / "checkpoints" / f"step_{best['step']}")
+    assert {p.name for p in (out / "checkpoints").iterdir()} == {f"step_{best['step']}", "step_12"}
+    assert f"best:   {s['best_checkpoint']} (step {best['step']})" in capsys.readouterr().out
 
 
 def test_divergence_is_a_status_and_keeps_the_last_good_checkpoint(tmp_path):

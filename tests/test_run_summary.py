@@ -15,7 +15,8 @@ COMPLETED = {"status": "completed", "step": 2105, "total_steps": 2105, "wall_tim
 def _run_dir(tmp_path, rates=(1000.0, 14671.0, 15000.0)):
     out = tmp_path / "default"
     (out / "wandb" / "offline-run-20260101_000000-ab12cd34").mkdir(parents=True)
-    (out / "wandb" / "offline-run-20260102_000000-ab12cd34").mkdir()  # resumed later: the newer one is named
+    (out / "wandb" / "offline-run-20260102_000000-ab12cd34").mkdir()  # resumed later: a second part
+    (out / "wandb" / "offline-run-20260103_000000-ef56ab78").mkdir()  # another run's (evaluate.py --wandb)
     (out / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "train/tokens_per_s": r}) + "\n"
                                                for i, r in enumerate(rates)))
     return out
@@ -28,8 +29,18 @@ def test_completed_run_names_accuracy_time_model_and_wandb(tmp_path):
     assert first == ("completed in 67 s (14,671 tokens/s): validation accuracy 0.810 (best 0.812 at step 2000), "
                      "loss 0.440")
     assert "runs/default/final" in model and f"python scripts/evaluate.py {out}" in model
-    newest = out / "wandb" / "offline-run-20260102_000000-ab12cd34"
-    assert f"wandb sync {newest}" in wandb and f"python scripts/wandb_charts.py {out}" in charts
+    # one folder and one sync for the whole run: wandb syncs the parts of a resumed run in order
+    assert wandb == (f"  W&B:    {out / 'wandb'} (offline run ab12cd34, 2 parts: it was resumed)    upload: "
+                     f"wandb sync {out / 'wandb'}")
+    assert f"python scripts/wandb_charts.py {out}" in charts
+
+
+def test_the_best_checkpoint_is_named_when_it_beat_the_final_one(tmp_path):
+    best = "runs/default/checkpoints/step_2000"
+    lines = format_summary({**COMPLETED, "best_checkpoint": best}, _run_dir(tmp_path), "validation").splitlines()
+    assert lines[2] == f"  best:   {best} (step 2000)    evaluate: python scripts/evaluate.py {best}"
+    final_best = {**COMPLETED, "best": {"step": 2105, "eval/accuracy": 0.8096}, "best_checkpoint": best}
+    assert "best:" not in format_summary(final_best, _run_dir(tmp_path / "b"), "validation")
 
 
 def test_best_is_not_repeated_when_the_final_step_is_the_best(tmp_path):
@@ -44,7 +55,9 @@ def test_interrupted_and_diverged_runs_say_what_to_do(tmp_path):
     base = {**COMPLETED, "final_model": None, "wandb_run_id": None, "step": 700}
     interrupted = format_summary({**base, "status": "interrupted"}, out, "validation")
     assert interrupted.startswith("interrupted at step 700 of 2105 in 67 s")
-    assert f"python train.py output_dir={out} train.resume=auto" in interrupted
+    assert f"continue: python train.py output_dir={out} train.resume=auto" in interrupted
+    two = format_summary({**base, "status": "interrupted", "num_processes": 2}, out, "validation")
+    assert f"continue: accelerate launch --num_processes 2 train.py output_dir={out} train.resume=auto" in two
     diverged = format_summary({**base, "status": "diverged", "final": None, "best": None}, out, "validation")
     assert diverged.startswith("diverged at step 700 of 2105") and "train.lr" in diverged
 
@@ -61,8 +74,7 @@ def test_a_real_run_ends_with_the_summary_and_names_its_labels(tmp_path, capsys)
     lines = capsys.readouterr().out.strip().splitlines()[-4:]
     assert lines[0].startswith("completed in ") and "tokens/s): validation accuracy " in lines[0]
     assert f"model:  {out / 'final'}" in lines[1]
-    wandb_dir = next((out / "wandb").glob("offline-run-*"))
-    assert f"wandb sync {wandb_dir}" in lines[2]
+    assert f"wandb sync {out / 'wandb'}" in lines[2]
     # SST-2's classes by name (data.label_names): config.json, the model card and a pipeline's output
     config = json.loads((out / "final" / "config.json").read_text())
     assert config["id2label"] == {"0": "negative", "1": "positive"}

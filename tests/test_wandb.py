@@ -1,7 +1,8 @@
 """What reaches Weights & Biases, read back from the offline runs' .wandb files (common.wandb_records, wandb's own
 protobuf classes): a training run's x-axis, tags and group, per-layer depth charts against metrics.jsonl, the summary,
 the model and checkpoint artifacts (and evaluate.py loading the model back from them), evaluate.py --wandb's
-confusion matrix and predictions table, a diverged run, the study report run, and the other trackers."""
+confusion matrix and predictions table, a resumed run continuing its W&B run (and a completed one left alone), a
+diverged run, the study report run, and the other trackers."""
 
 import json
 import shutil
@@ -12,7 +13,7 @@ import pytest
 
 from common.wandb_records import OfflineRun, RecordsError, read_records
 from module_loader import SCRIPTS, load_module
-from train_utils import REPO, rows, run_here, summary
+from train_utils import REPO, rows, run_argv, run_here, summary
 
 evaluate = load_module("evaluate", SCRIPTS / "evaluate.py")
 
@@ -173,6 +174,68 @@ def test_evaluate_logs_confusion_matrix_and_predictions(trained, capsys):
     assert [r[1] for r in table["data"]] == [names[y] for y in truth["label"]]
     assert all(r[4] == (r[1] == r[2]) and 0.5 <= r[3] <= 1 for r in table["data"])
     assert sum(r[4] for r in table["data"]) / len(table["data"]) == pytest.approx(result["accuracy"])
+
+
+def _files(out) -> dict:
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.rglob("*") if p.is_file()}
+
+
+def test_a_resumed_run_continues_its_wandb_run_from_the_run_directory_alone(trained, tmp_path, capsys):
+    """`output_dir=X train.resume=auto` and a larger train.max_steps: the run's variant (pre_ln) and overrides come
+    back from the run directory, the change is stated in one note, and the W&B run goes on under the same id in a
+    second offline folder, which one `wandb sync` of X/wandb uploads after the first."""
+    out = tmp_path / "run"
+    shutil.copytree(trained[0], out)
+    capsys.readouterr()
+    assert run_argv(f"output_dir={out}", "train.resume=auto", "train.max_steps=8") == 0
+    captured = capsys.readouterr()
+    notes = [line for line in captured.err.splitlines() if line.startswith("note: ")]
+    assert notes == [f"note: resuming {out} with its saved config, changing train.max_steps=8 (was 6)"]
+    assert f"W&B:    {out / 'wandb'} (offline run {summary(out)['wandb_run_id']}, 2 parts" in captured.out
+    assert f"wandb sync {out / 'wandb'}" in captured.out
+    run_id = summary(out)["wandb_run_id"]
+    assert run_id == json.loads((out / "run.json").read_text())["wandb_run_id"]
+    first, second = [run for run in offline_runs(out / "wandb") if run.job_type == "train"]  # not evaluate.py's
+    assert first.id == second.id == run_id
+    assert first.resume and second.resume
+    assert "pre_ln" in second.tags and second.config["model.norm_placement"] == "pre"  # the variant restored
+    steps = [[h["step"] for h in run.history if "train/loss" in h] for run in (first, second)]
+    assert steps == [[1, 2, 3, 4, 5, 6], [7, 8]]
+    assert [h["train/loss"] for h in second.history if "train/loss" in h] == [
+        r["train/loss"] for r in rows(out) if "train/loss" in r and r["step"] > 6]
+    assert second.summary["status"] == "completed" and second.summary["step"] == 8
+
+
+def test_resuming_a_completed_run_without_more_steps_changes_nothing(trained, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(trained[0], out)
+    before = _files(out)
+    capsys.readouterr()
+    # the run's own --config is accepted; no new step to train
+    assert run_argv(f"output_dir={out}", "--config", "pre_ln", "train.resume=auto") == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip().splitlines() == [
+        f"{out}: the run is complete (6 of 6 steps); nothing to do (to train it further, add a larger "
+        f"train.max_steps or train.epochs)"]
+    assert _files(out) == before  # final/, summary.json, config.yaml, the W&B folder: untouched, none added
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["train.lr=1e-4"], ["error: train.lr=0.0001 cannot change when resuming", "train.lr=0.002",
+                         "train.max_steps, train.epochs"]),
+    (["--config", "post_ln"], ["error: --config post_ln differs from the run's own (--config configs/pre_ln.yaml",
+                               "train.resume=auto"]),
+])
+def test_a_resume_refuses_what_would_change_the_run(trained, argv, words, capsys):
+    out = trained[0]
+    before = _files(out)
+    capsys.readouterr()
+    assert run_argv(f"output_dir={out}", "train.resume=auto", *argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    for word in words:
+        assert word in err, (word, err)
+    assert _files(out) == before
 
 
 def test_diverged_run_has_its_status_and_depth_charts_but_no_model(tmp_path):

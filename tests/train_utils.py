@@ -38,6 +38,12 @@ def env() -> dict:
 
 def run_here(out, *overrides) -> int:
     """train.main in this process (no interpreter start-up: the cheap way to run many tiny trainings)."""
+    return run_argv(f"output_dir={out}", *TINY, *overrides)
+
+
+def run_argv(*argv) -> int:
+    """train.main(argv) in this process, as the command `python train.py ARGV` (without TINY: e.g. a resume from
+    the run directory alone)."""
     from accelerate.state import AcceleratorState, GradientState
 
     import train
@@ -47,7 +53,7 @@ def run_here(out, *overrides) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return train.main([f"output_dir={out}", *TINY, *overrides])
+        return train.main([str(a) for a in argv])
     finally:
         torch.set_num_threads(threads)
 
