@@ -18,6 +18,7 @@ installed versions do not meet.
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -169,7 +170,7 @@ def kernels(args) -> int:
         print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
         return 2
     rows = check_layernorm(device, columns=args.columns) + check_padded_row(device)
-    info = {"device": str(device), "torch": torch.__version__,
+    info = {"device": str(device), "torch": torch.__version__, "source": os.environ.get("GPU_CHECK_SOURCE"),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     atomic_write_json(args.out, {"info": info, "checks": rows}, indent=1)
     failed = [r for r in rows if not r["ok"]]
@@ -235,15 +236,24 @@ def _unmet(dist_name: str) -> list[str]:
 
 
 def environment(args) -> int:
-    """Versions, the GPU, and whether the carried wheels' requirements are met here (informational: exit 0)."""
+    """The commit checked, versions, the GPU, and whether the carried wheels' requirements are met here
+    (informational: exit 0)."""
+    import shutil
+    import subprocess
+    import time
     from importlib import metadata as md
 
+    print(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source:", os.environ.get("GPU_CHECK_SOURCE", "unknown"))
     print("python", platform.python_version(), sys.executable)
     for name in REPORTED:
         try:
             print(name, md.version(name))
         except md.PackageNotFoundError:
             print(name, "missing")
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm", "--format=csv"],
+                             capture_output=True, text=True, timeout=20)
+        print(smi.stdout.strip())
     print("cuda available", torch.cuda.is_available(), torch.version.cuda,
           torch.cuda.get_device_name() if torch.cuda.is_available() else "")
     if torch.cuda.is_available():
