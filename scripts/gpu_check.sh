@@ -109,7 +109,7 @@ if { [ ${#CARRIED[@]} -gt 0 ] || [ $PLAN = 1 ]; } && wanted wheels; then
 fi
 # nothing of NormLab is pip-installed on the image: its packages (model/, common/, ...) are imported from here
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-wanted environment && step environment 15 60 "$PY" scripts/gpu_check.py environment ${CARRIED[@]+"${CARRIED[@]}"}
+wanted environment && step environment 10 60 "$PY" scripts/gpu_check.py environment ${CARRIED[@]+"${CARRIED[@]}"}
 [ $PLAN = 0 ] && wanted environment && cat "$REPORT/logs/environment.log"
 
 if [ $CPU = 1 ]; then
@@ -137,8 +137,8 @@ NO_WANDB=(wandb.mode=disabled wandb.report_to=none)
 
 # ---- the kernels' correctness: the Triton tests in GPU mode (no interpreter: CI runs it), then against float64
 TRITON_TESTS=(tests/test_triton_layer_norm.py -k "not interpreted")
-wanted triton && step triton 65 120 "$PY" -m pytest -q -p no:cacheprovider "${TRITON_TESTS[@]}"
-wanted kernels && step kernels 45 120 "$PY" scripts/gpu_check.py kernels --device $DEVICE --columns "${COLUMNS[@]}" \
+wanted triton && step triton 60 150 "$PY" -m pytest -q -p no:cacheprovider "${TRITON_TESTS[@]}"
+wanted kernels && step kernels 40 120 "$PY" scripts/gpu_check.py kernels --device $DEVICE --columns "${COLUMNS[@]}" \
     --out "$REPORT/kernels.json"
 
 # ---- a few steps of one config under each launch config
@@ -147,7 +147,7 @@ wanted steps || LAUNCHES=()
 for pair in ${LAUNCHES[@]+"${LAUNCHES[@]}"}; do
     launch=${pair%%:*} variant=${pair#*:}
     config=(); [ "$variant" != default ] && config=(--config "$variant")
-    step "steps-$variant-$launch" 30 75 "${LAUNCH[@]}" --config_file "configs/accelerate/$launch.yaml" train.py \
+    step "steps-$variant-$launch" 25 75 "${LAUNCH[@]}" --config_file "configs/accelerate/$launch.yaml" train.py \
         ${config[@]+"${config[@]}"} "output_dir=$RUNS/$variant-$launch" ${TINY[@]+"${TINY[@]}"} \
         "train.max_steps=$STEPS" "train.eval_steps=$STEPS" "train.save_steps=$STEPS" "${NO_WANDB[@]}"
     RUN_DIRS+=("$RUNS/$variant-$launch")
@@ -156,7 +156,7 @@ done
     --out "$REPORT/steps.json" "${RUN_DIRS[@]}"
 
 # ---- the LayerNorm against the memory system
-wanted ln-bench && step ln-bench 70 120 "$PY" scripts/ln_bench.py "${LN_BENCH[@]}" --out "$REPORT/ln_bench.json"
+wanted ln-bench && step ln-bench 45 120 "$PY" scripts/ln_bench.py "${LN_BENCH[@]}" --out "$REPORT/ln_bench.json"
 
 # ---- the default one-epoch run
 if wanted epoch; then
