@@ -1,14 +1,15 @@
 """The Python parts of scripts/gpu_check.sh (one prepared check of NormLab's GPU paths).
 
-    python scripts/gpu_check.py kernels --device cuda --out DIR/kernels.json
+    python scripts/gpu_check.py kernels --device cuda --out DIR/kernels.json [--columns 128 1000 4096 8192]
     python scripts/gpu_check.py summarize --out DIR/runs.json RUN_DIR [RUN_DIR ...]
     python scripts/gpu_check.py environment [WHEEL ...]
 
-`kernels`: CustomLayerNorm on the fast backend `train.kernels=auto` registers (on CUDA it must be Triton, and a
-profile must show its kernels launched) and torch.nn.LayerNorm against float64 truth, in float32 and under bf16
-autocast at training shapes; then a NormLab forward under bf16 and fp16 autocast with a fully padded sequence in
-the batch (packed and padded layouts, eval and training, SDPA and the written-out attention): every output must be
-finite. Exit code 1 when a check fails.
+`kernels`: CustomLayerNorm's operator on the fast backend `train.kernels=auto` registers (on CUDA it must be Triton,
+and a profile must show its kernels launched) against float64 truth, in float32, bfloat16 and float16 (parameters
+float32, as in training) at 128, 1000, 4096 and 8192 columns, with zero (padding) rows: y and the gradients of x,
+weight and bias within twice torch's own error at that dtype plus one or two units in its last place; then a
+NormLab forward under bf16 and fp16 autocast with a fully padded sequence in the batch (packed and padded layouts,
+eval and training, SDPA and the written-out attention): every output must be finite. Exit code 1 when a check fails.
 `summarize`: per run directory the status, steps, wall time, median real tokens/s, final accuracy and the dtype of
 the BN family's running statistics in final/model.safetensors (float32 expected), as JSON.
 `environment`: versions, the GPU, and the requirements of the carried wheels (scripts/gpu_prepare.py) that the
@@ -17,28 +18,69 @@ installed versions do not meet.
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from common.io import atomic_write_json, read_json, read_jsonl
 
-# (batch, length, hidden): the default model's shapes, and one above CustomLayerNorm's threshold for compiled kernels
-LN_SHAPES = ((32, 64, 128), (64, 128, 256))
-FP32_TOL = 1e-5  # float32: max error relative to the largest reference value
+# CustomLayerNorm's check: the dtypes training runs in, and hidden sizes from the default model's to the widest the
+# Triton kernel takes in one block at 16-bit (8192: 16 warps in the backward); (batch, length) rows with padding
+LN_DTYPES = ("float32", "bfloat16", "float16")
+LN_COLUMNS = (128, 1000, 4096, 8192)
+LN_ROWS = (3, 61)  # 183 rows: not a whole number of the backward's bands
+LN_KEYS = ("y", "dx", "dweight", "dbias")
 # the kernels each fast backend launches, by name in a profile (what proves that backend ran, not the reference)
 FAST_KERNEL_NAMES = {"triton": ("_forward_kernel", "_backward_kernel")}
 
 
-def _ln_outputs(ln, h, dy, autocast: bool):
-    """y, dL/dh, dL/dweight, dL/dbias of LayerNorm `ln` at input h (detached) for the loss sum(y * dy)."""
-    h = h.detach().requires_grad_(True)
-    with torch.autocast(h.device.type, dtype=torch.bfloat16, enabled=autocast):
-        y = ln(h)
-    return (y, *torch.autograd.grad((y.double() * dy).sum(), [h, ln.weight, ln.bias]))
+def layernorm_inputs(rows, hidden, dtype, device, seed=0):
+    """x (rows + (hidden,), in dtype) whose last sequence ends in padding (zero rows, with a zero output gradient, as
+    a padded position gets), float32 weight and bias (training's parameters), and dy in dtype."""
+    gen = torch.Generator().manual_seed(seed)
+    x = 2 * torch.randn(*rows, hidden, generator=gen) + 0.5
+    dy = torch.randn(*rows, hidden, generator=gen)
+    x[-1, rows[-1] * 2 // 3:] = 0
+    dy[-1, rows[-1] * 2 // 3:] = 0
+    w = 1 + 0.5 * torch.randn(hidden, generator=gen)
+    b = 0.5 * torch.randn(hidden, generator=gen)
+    return x.to(device, dtype), w.to(device), b.to(device), dy.to(device, dtype)
+
+
+def layernorm_outputs(fn, x, w, b, dy) -> tuple:
+    """y, dL/dx, dL/dw, dL/db of y = fn(x, w, b) for the loss sum(y * dy)."""
+    x, w, b = (t.detach().requires_grad_(True) for t in (x, w, b))
+    y = fn(x, w, b)
+    return (y.detach(), *torch.autograd.grad(y, (x, w, b), dy))
+
+
+def torch_layer_norm(x, w, b, eps=1e-5):
+    """torch's LayerNorm with its parameters in the input's dtype: its own error at that dtype (the yardstick)."""
+    return F.layer_norm(x, x.shape[-1:], w.to(x.dtype), b.to(x.dtype), eps)
+
+
+def layernorm_errors(outputs, truth) -> dict:
+    """Max absolute error of each of y, dx, dweight, dbias against the float64 truth."""
+    return {k: (o.double() - t).abs().max().item() for k, o, t in zip(LN_KEYS, outputs, truth)}
+
+
+def layernorm_truth(x, w, b, dy, eps=1e-5) -> tuple:
+    return layernorm_outputs(lambda *a: F.layer_norm(a[0], a[0].shape[-1:], a[1], a[2], eps),
+                             *(t.double() for t in (x, w, b, dy)))
+
+
+def layernorm_bounds(torch_errs: dict, truth, dtype) -> dict:
+    """Twice torch's own error plus units in the last place of the dtype at the truth's scale: one for y, two for
+    the gradients (the output gradient reaches y rounded to the dtype), as tests/test_triton_layer_norm.py judges
+    the kernels."""
+    ulp = torch.finfo(dtype).eps
+    return {k: 2 * torch_errs[k] + (1 if k == "y" else 2) * ulp * t.abs().max().item()
+            for k, t in zip(LN_KEYS, truth)}
 
 
 def _profiled_kernels(fn) -> set[str]:
@@ -51,61 +93,42 @@ def _profiled_kernels(fn) -> set[str]:
     return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
 
 
-def _bounds(errs, scale, mode, ulp) -> dict:
-    """float32: FP32_TOL at the reference's scale. bf16: twice torch's own error plus units in the last place of
-    bf16 at the reference's scale, as tests/test_triton_layer_norm.py judges the kernels: one for y, two for the
-    gradients (the output gradient reaches our bf16 y rounded to bf16). Under CUDA autocast torch normalizes in
-    float32 and returns float32, so its own error is near zero: the bound is then bf16's rounding alone."""
-    if mode == "float32":
-        return {k: FP32_TOL * scale[k] for k in scale}
-    return {k: 2 * errs["torch"][k] + (1 if k == "y" else 2) * ulp * scale[k] for k in scale}
+def normlab_layer_norm(x, w, b, eps=1e-5):
+    """What CustomLayerNorm's forward runs (normlab::layer_norm, on whichever backend is registered)."""
+    from model.layer_norm_op import layer_norm
+
+    return layer_norm(x, w, b, eps)[0]
 
 
-def check_layernorm(device) -> list[dict]:
-    """CustomLayerNorm on the fast backend `train.kernels=auto` registers (Triton on CUDA: required there) and
-    torch.nn.LayerNorm, against the float64 LayerNorm of the same input, in float32 and under bf16 autocast
-    (input: the bf16 output of a Linear, as in the model)."""
+def check_layernorm(device, columns=LN_COLUMNS, rows=LN_ROWS, ours=normlab_layer_norm, kernels="auto") -> list[dict]:
+    """`ours` (default: CustomLayerNorm's operator on the backend `train.kernels=<kernels>` registers; for auto on
+    CUDA it must be Triton) against the float64 LayerNorm of the same values, for every dtype and hidden size: y and the
+    gradients of x, weight and bias within layernorm_bounds of torch's own error."""
     import normlab_kernels
-    from model.norms import CustomLayerNorm
 
-    backend = normlab_kernels.enable("auto", device)["normlab::layer_norm"]
-    rows = [{"check": "fast_backend_registered", "backend": backend, "ok": device.type != "cuda" or
-             backend == "triton", "unavailable": normlab_kernels.unavailable(device)}]
-    keys = ("y", "dx", "dweight", "dbias")
-    for (B, L, D) in LN_SHAPES:
-        for mode in ("float32", "bf16_autocast"):
-            torch.manual_seed(0)
-            autocast = mode == "bf16_autocast"
-            proj = torch.nn.Linear(D, D, device=device)
-            lns = {"ours": CustomLayerNorm(D, device=device), "torch": torch.nn.LayerNorm(D, device=device),
-                   "float64": torch.nn.LayerNorm(D, device=device, dtype=torch.float64)}
-            with torch.no_grad():
-                for ln in lns.values():
-                    ln.weight.copy_(torch.linspace(0.5, 1.5, D)), ln.bias.copy_(torch.linspace(-0.2, 0.2, D))
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-                    h = proj(torch.randn(B, L, D, device=device) * 3 + 1)  # bf16 under autocast
-            dy = torch.randn(B, L, D, device=device, dtype=torch.float64)
-            ref = _ln_outputs(lns["float64"], h.double(), dy, autocast=False)
-            scale = {k: r.abs().max().item() for k, r in zip(keys, ref)}
-            errs, dtypes = {}, {}
-            for name in ("ours", "torch"):
-                outs = _ln_outputs(lns[name], h, dy, autocast)
-                errs[name] = {k: (o.double() - r).abs().max().item() for k, o, r in zip(keys, outs, ref)}
-                dtypes[name] = str(outs[0].dtype)
-            bound = _bounds(errs, scale, mode, torch.finfo(h.dtype).eps)
-            ok = all(errs["ours"][k] <= bound[k] for k in keys) and (autocast or all(
-                errs["torch"][k] <= bound[k] for k in keys))
-            row = {"check": "custom_layernorm_vs_float64", "shape": [B, L, D], "mode": mode, "backend": backend,
-                   "max_abs_err": errs, "bound": bound, "scale": scale, "y_dtype": dtypes}
-            if backend in FAST_KERNEL_NAMES:
+    backend = normlab_kernels.enable(kernels, device)["normlab::layer_norm"]
+    out = [{"check": "fast_backend_registered", "backend": backend, "ok": device.type != "cuda" or
+            kernels != "auto" or backend == "triton", "unavailable": normlab_kernels.unavailable(device)}]
+    for name in LN_DTYPES:
+        dtype = getattr(torch, name)
+        for hidden in columns:
+            inputs = layernorm_inputs(rows, hidden, dtype, device)
+            truth = layernorm_truth(*inputs)
+            errs = {"ours": layernorm_errors(layernorm_outputs(ours, *inputs), truth),
+                    "torch": layernorm_errors(layernorm_outputs(torch_layer_norm, *inputs), truth)}
+            bound = layernorm_bounds(errs["torch"], truth, dtype)
+            row = {"check": "custom_layernorm_vs_float64", "dtype": name, "shape": [*rows, hidden],
+                   "backend": backend, "max_abs_err": errs, "bound": bound,
+                   "ok": all(errs["ours"][k] <= bound[k] for k in LN_KEYS)}
+            if backend in FAST_KERNEL_NAMES and hidden == columns[-1]:  # one profile per dtype
                 try:
-                    launched = _profiled_kernels(lambda: _ln_outputs(lns["ours"], h, dy, autocast))
+                    launched = _profiled_kernels(lambda: layernorm_outputs(ours, *inputs))
                 except Exception as err:  # noqa: BLE001 - no profiler: this row fails, the other checks still run
                     launched, row["profiler_error"] = set(), f"{type(err).__name__}: {err}"
                 row["fast_kernels_ran"] = all(any(k in n for n in launched) for k in FAST_KERNEL_NAMES[backend])
-                ok = ok and row["fast_kernels_ran"]
-            rows.append({**row, "ok": ok})
-    return rows
+                row["ok"] = row["ok"] and row["fast_kernels_ran"]
+            out.append(row)
+    return out
 
 
 def check_padded_row(device) -> list[dict]:
@@ -144,10 +167,10 @@ def check_padded_row(device) -> list[dict]:
 def kernels(args) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("gpu_check.py: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
+        print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)
         return 2
-    rows = check_layernorm(device) + check_padded_row(device)
-    info = {"device": str(device), "torch": torch.__version__,
+    rows = check_layernorm(device, columns=args.columns) + check_padded_row(device)
+    info = {"device": str(device), "torch": torch.__version__, "source": os.environ.get("GPU_CHECK_SOURCE"),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     atomic_write_json(args.out, {"info": info, "checks": rows}, indent=1)
     failed = [r for r in rows if not r["ok"]]
@@ -213,15 +236,24 @@ def _unmet(dist_name: str) -> list[str]:
 
 
 def environment(args) -> int:
-    """Versions, the GPU, and whether the carried wheels' requirements are met here (informational: exit 0)."""
+    """The commit checked, versions, the GPU, and whether the carried wheels' requirements are met here
+    (informational: exit 0)."""
+    import shutil
+    import subprocess
+    import time
     from importlib import metadata as md
 
+    print(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source:", os.environ.get("GPU_CHECK_SOURCE", "unknown"))
     print("python", platform.python_version(), sys.executable)
     for name in REPORTED:
         try:
             print(name, md.version(name))
         except md.PackageNotFoundError:
             print(name, "missing")
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm", "--format=csv"],
+                             capture_output=True, text=True, timeout=20)
+        print(smi.stdout.strip())
     print("cuda available", torch.cuda.is_available(), torch.version.cuda,
           torch.cuda.get_device_name() if torch.cuda.is_available() else "")
     if torch.cuda.is_available():
@@ -240,6 +272,8 @@ def main(argv=None) -> int:
     k = sub.add_parser("kernels", help="CustomLayerNorm vs torch, and a fully padded row under autocast")
     k.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     k.add_argument("--out", required=True)
+    k.add_argument("--columns", type=int, nargs="+", default=list(LN_COLUMNS),
+                   help="hidden sizes of the LayerNorm check")
     s = sub.add_parser("summarize", help="wall time, tokens/s, accuracy of finished runs")
     s.add_argument("--out", required=True)
     s.add_argument("runs", nargs="+")

@@ -4,9 +4,12 @@ bandwidth each achieves next to a device-to-device copy measured in the same run
 
     python scripts/ln_bench.py [--device cuda|cpu] [--quick] [--no-compile] [--out FILE]
 
-Bytes counted are the fewest a pass must move (forward: x read, y written; backward: x and dy read, dx written);
-the backward's time is forward+backward minus forward. The JSON file is rewritten after every row: a run cut short
-keeps what it measured.
+Eager at every shape and dtype; compiled (torch.compile, inductor) at COMPILED only: each compiled contestant is two
+cold builds (forward, forward+backward), tens of seconds each. Bytes counted are the fewest a pass must move
+(forward: x read, y written; backward: x and dy read, dx written); the backward's time is forward+backward minus
+forward. Every row also records its maximum error against torch's LayerNorm in float64 (y and the gradients of x,
+weight and bias), and NormLab's rows must stay within gpu_check.py's bounds of torch's own error at that dtype
+(exit code 1 otherwise). The JSON file is rewritten after every row: a run cut short keeps what it measured.
 """
 
 import argparse
@@ -17,10 +20,12 @@ import torch
 import torch.nn.functional as F
 
 from common.io import atomic_write_json
+from gpu_check import LN_KEYS, layernorm_bounds, layernorm_errors, layernorm_outputs, layernorm_truth
 from normlab_bench.timer import timed
 
 SHAPES = ((16384, 1024), (16384, 4096), (8192, 8192))  # (rows, hidden): each tensor well over the H200's 60 MB L2
 QUICK_SHAPES = ((64, 128), (32, 1000))
+COMPILED = ((16384, 4096), torch.bfloat16)  # the one shape and dtype timed compiled: training's dtype
 EPS = 1e-5
 COPY_BYTES = 2**30
 
@@ -54,8 +59,9 @@ def _functions(impl: str, compiled: bool):
     return torch.compile(fn, dynamic=False) if compiled else fn
 
 
-def measure(impl, compiled, rows, hidden, dtype, device, quick) -> dict:
-    """Forward and forward+backward times of one contestant at one shape and dtype, with achieved bandwidth."""
+def measure(impl, compiled, rows, hidden, dtype, device, quick, truth=None) -> tuple[dict, tuple]:
+    """Forward and forward+backward times of one contestant at one shape and dtype, with achieved bandwidth, and
+    its maximum errors against `truth` (layernorm_truth of the same inputs)."""
     torch.manual_seed(0)
     x = (2 * torch.randn(rows, hidden, device=device) + 0.5).to(dtype)
     w = (1 + 0.5 * torch.randn(hidden, device=device)).requires_grad_(True)
@@ -75,9 +81,28 @@ def measure(impl, compiled, rows, hidden, dtype, device, quick) -> dict:
     both = median_seconds(forward_backward, device, quick)
     size = rows * hidden * x.element_size()
     bwd = max(both - fwd, 1e-12)
+    truth = truth or layernorm_truth(x, w, b, dy, EPS)
     return {"impl": impl, "compiled": compiled, "shape": [rows, hidden], "dtype": str(dtype).replace("torch.", ""),
             "forward_us": fwd * 1e6, "forward_backward_us": both * 1e6, "backward_us": bwd * 1e6,
-            "forward_GBps": 2 * size / fwd / 1e9, "backward_GBps": 3 * size / bwd / 1e9}
+            "forward_GBps": 2 * size / fwd / 1e9, "backward_GBps": 3 * size / bwd / 1e9,
+            "max_abs_err": layernorm_errors(layernorm_outputs(fn, x, w, b, dy), truth)}, truth
+
+
+def contestants(quick: bool, compile_too: bool):
+    """(compiled, rows, hidden, dtype) in the order measured: eager everywhere, then compiled at COMPILED."""
+    for rows, hidden in QUICK_SHAPES if quick else SHAPES:
+        for dtype in (torch.float32, torch.bfloat16):
+            yield False, rows, hidden, dtype
+    if compile_too:
+        (rows, hidden), dtype = COMPILED if not quick else (QUICK_SHAPES[0], torch.bfloat16)
+        yield True, rows, hidden, dtype
+
+
+def judge(ours: dict, theirs: dict, truth) -> None:
+    """NormLab's row ok when within layernorm_bounds of torch's row (same shape, dtype and compilation)."""
+    bound = layernorm_bounds(theirs["max_abs_err"], truth, getattr(torch, ours["dtype"]))
+    ours["bound"] = bound
+    ours["ok"] = all(ours["max_abs_err"][k] <= bound[k] for k in LN_KEYS)
 
 
 def main(argv=None) -> int:
@@ -90,26 +115,31 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     import normlab_kernels
 
-    torch._dynamo.config.recompile_limit = 64  # one compiled graph per shape and dtype
     backend = normlab_kernels.enable("auto", device)["normlab::layer_norm"]
     copy = copy_bandwidth(device, args.quick)
     res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "backend": backend,
            "torch": torch.__version__, "copy_GBps": copy / 1e9, "rows": []}
     print(f"backend {backend}; copy {copy / 1e9:.0f} GB/s (read + written)")
-    for compiled in (False,) if args.no_compile else (False, True):
-        for rows, hidden in QUICK_SHAPES if args.quick else SHAPES:
-            for dtype in (torch.float32, torch.bfloat16):
-                for impl in ("torch", "normlab"):
-                    r = measure(impl, compiled, rows, hidden, dtype, device, args.quick)
-                    r["forward_of_copy"] = r["forward_GBps"] * 1e9 / copy
-                    r["backward_of_copy"] = r["backward_GBps"] * 1e9 / copy
-                    res["rows"].append(r)
-                    if args.out:
-                        atomic_write_json(args.out, res, indent=1)
-                    print(f"{impl:8s} {'compiled' if compiled else 'eager':8s} {rows}x{hidden} {r['dtype']:8s} "
-                          f"fwd {r['forward_us']:9.1f} us ({r['forward_of_copy']:4.0%} of copy)  "
-                          f"bwd {r['backward_us']:9.1f} us ({r['backward_of_copy']:4.0%} of copy)", flush=True)
-    return 0
+    for compiled, rows, hidden, dtype in contestants(args.quick, not args.no_compile):
+        truth = None
+        for impl in ("torch", "normlab"):
+            r, truth = measure(impl, compiled, rows, hidden, dtype, device, args.quick, truth)
+            r["forward_of_copy"] = r["forward_GBps"] * 1e9 / copy
+            r["backward_of_copy"] = r["backward_GBps"] * 1e9 / copy
+            if impl == "normlab":
+                judge(r, res["rows"][-1], truth)
+            res["rows"].append(r)
+            if args.out:
+                atomic_write_json(args.out, res, indent=1)
+            print(f"{impl:8s} {'compiled' if compiled else 'eager':8s} {rows}x{hidden} {r['dtype']:8s} "
+                  f"fwd {r['forward_us']:9.1f} us ({r['forward_of_copy']:4.0%} of copy)  "
+                  f"bwd {r['backward_us']:9.1f} us ({r['backward_of_copy']:4.0%} of copy)  "
+                  f"max err y {r['max_abs_err']['y']:.1e} dx {r['max_abs_err']['dx']:.1e}"
+                  f"{'' if r.get('ok', True) else '  FAIL: over ' + str(r['bound'])}", flush=True)
+    failed = [r for r in res["rows"] if r.get("ok") is False]
+    if failed:
+        print(f"error: {len(failed)} NormLab rows beyond torch's own error (see 'bound' in the JSON)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,28 +1,42 @@
 """scripts/gpu_check.sh rehearsed on the CPU under the GPU machine's conditions (tests/gpu_image_env.py: the image's
-package set, python3 only, the returned folder $OUT), and scripts/gpu_prepare.py's plan of what to carry there."""
+package set, NormLab not installed, python3 only, the returned folder $OUT), its plan (order, time budget, the
+Triton tests it selects), gpu_check.py's LayerNorm judgement, and scripts/gpu_prepare.py: what it carries, how it
+keeps the wheels it has, and the commit it records."""
 
+import inspect
 import json
+import shlex
 import subprocess
+import sys
 import tarfile
 
 import pytest
+import torch
+import torch.nn.functional as F
 
 import gpu_image_env
 from gpu_image_env import gpu_prepare
+from module_loader import SCRIPTS, load_module
 from train_utils import REPO, env
 
-CARRIED = {"datasets", "dill", "multiprocess", "omegaconf"}  # what the image lacks of what the check imports
+gpu_check = load_module("gpu_check", SCRIPTS / "gpu_check.py")
+
+# what the image lacks of what the check imports, and the pair datasets bounds whose image versions are unknown
+CARRIED = {"datasets", "dill", "multiprocess", "omegaconf", "pyarrow", "fsspec"}
+BUDGET_S = 480  # one device call's sections, by estimate (docs/gpu.md)
 
 
-def run_check(tmp_path, with_wheels: bool, **extra_env):
+def run_check(tmp_path, with_wheels: bool, *args, **extra_env):
     e = {**gpu_image_env.image_env(env(), tmp_path, with_wheels), **extra_env}
-    return subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu"], cwd=REPO, env=e, capture_output=True,
+    return subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu", *args], cwd=REPO, env=e, capture_output=True,
                           text=True, timeout=900)
 
 
 def summary_lines(tmp_path) -> dict:
+    """{section: ok or FAIL} from the returned summary.txt (its first line, the source, left out)."""
     lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
-    return {line.split()[0]: line.split()[1] for line in lines}
+    assert lines[0].startswith("source: commit ")
+    return {line.split()[0]: line.split()[1] for line in lines[1:]}
 
 
 def report(tmp_path, name: str):
@@ -31,14 +45,159 @@ def report(tmp_path, name: str):
         return tar.extractfile(f"report/{name}").read().decode()
 
 
+def gpu_plan() -> list[tuple[str, int, int, list[str]]]:
+    """(section, estimate s, limit s, command) of the device call, in the order it runs them."""
+    out = subprocess.run(["bash", "scripts/gpu_check.sh", "--plan"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    rows = [line.split("\t") for line in out.splitlines()]
+    return [(name, int(est), int(limit), shlex.split(cmd)) for name, est, limit, cmd in rows]
+
+
+def test_the_device_call_runs_every_section_in_order_within_its_budget():
+    plan = gpu_plan()
+    names = [name for name, *_ in plan]
+    steps = [n for n in names if n.startswith("steps-") and n != "steps-summary"]
+    assert [s.rsplit("-", 1)[1] for s in steps] == ["single_gpu_bf16", "single_gpu_fp16", "multi_gpu", "fsdp"]
+    assert names == ["wheels", "environment", "triton", "kernels", *steps, "steps-summary", "ln-bench",
+                     "default-epoch", "default-epoch-summary", "bench"]
+    assert sum(est for _, est, _, _ in plan) <= BUDGET_S
+    assert all(0 < est <= limit for _, est, limit, _ in plan)
+    kernels = dict((name, cmd) for name, _, _, cmd in plan)["kernels"]
+    assert kernels[kernels.index("--columns") + 1:kernels.index("--out")] == ["128", "1000", "4096", "8192"]
+
+
+def test_the_gpu_mode_triton_tests_are_the_compiled_paths_only():
+    """Triton 3.6's interpreter fails under NumPy >= 2.4 (the image's): on the GPU the triton section runs every
+    test of the file except the interpreter's (CI runs those), which proves nothing about the GPU anyway."""
+    cmd = dict((name, cmd) for name, _, _, cmd in gpu_plan())["triton"]
+    pytest_args = cmd[cmd.index("pytest") + 1:]
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", *pytest_args], cwd=REPO,
+                         env=env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    selected = {line.split("::")[1].split("[")[0] for line in out.stdout.splitlines() if "::" in line}
+    module = load_module("triton_layer_norm_tests", REPO / "tests" / "test_triton_layer_norm.py")
+    tests = {n: f for n, f in vars(module).items() if n.startswith("test_") and callable(f)}
+    interpreter = {n for n, f in tests.items() if "interpreted" in inspect.signature(f).parameters}
+    assert interpreter and selected == set(tests) - interpreter
+    assert {"test_kernels_compile_for_hopper", "test_cuda_backend_against_torch"} <= selected
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_layernorm_check_passes_the_kernels_and_catches_wrong_ones(restore_cpu_backend, monkeypatch, dtype):
+    """The GPU's kernels check, on CPU at small shapes: the reference kernels pass at every dtype; a LayerNorm whose
+    bias gradient is 10% off, or whose eps is 100 times too large, is caught."""
+    monkeypatch.setattr(gpu_check, "LN_DTYPES", (dtype,))
+    small = {"device": torch.device("cpu"), "columns": (128, 1000), "rows": (2, 13), "kernels": "reference"}
+    rows = gpu_check.check_layernorm(**small)
+    assert [r["ok"] for r in rows] == [True] * 3 and rows[0]["backend"] == "reference"
+    assert {r["dtype"] for r in rows[1:]} == {dtype}
+
+    def bias_grad_off(x, w, b):
+        return gpu_check.torch_layer_norm(x, w, b) + (0.1 * (b - b.detach())).to(x.dtype)
+
+    def eps_off(x, w, b):
+        return F.layer_norm(x.float(), x.shape[-1:], w, b, 1e-3).to(x.dtype)
+
+    for wrong, quantity in ((bias_grad_off, "dbias"), (eps_off, "y")):
+        rows = gpu_check.check_layernorm(**small, ours=wrong)[1:]
+        if wrong is bias_grad_off or dtype == "float32":  # eps 1e-3 moves y by ~1e-4: below a bf16/fp16 unit
+            assert not any(r["ok"] for r in rows), (wrong.__name__, rows)
+            assert all(r["max_abs_err"]["ours"][quantity] > r["bound"][quantity] for r in rows)
+
+
 def test_prepare_carries_exactly_what_the_image_lacks():
     pins = gpu_prepare.plan()
-    assert set(pins) == CARRIED  # not pandas, pyarrow, python-dateutil, xxhash: the image has them
+    assert set(pins) == CARRIED  # not pandas, python-dateutil, xxhash: the image has them
     assert gpu_prepare.plan(gpu_prepare.image_packages() - {"pandas"}).keys() == CARRIED | {"pandas"}
     cmd = gpu_prepare.pip_download_command(pins, REPO / ".whl")
     assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--only-binary=:all:" in cmd
     assert "manylinux2014_x86_64" in cmd and "--no-deps" in cmd
     assert sorted(a.split("==")[0] for a in cmd if "==" in a) == sorted(CARRIED)  # one version each
+
+
+def test_prepare_stops_on_a_package_neither_on_the_image_nor_here(monkeypatch):
+    real = gpu_prepare.md.distribution
+
+    def distribution(name):
+        if name == "omegaconf":
+            raise gpu_prepare.md.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(gpu_prepare.md, "distribution", distribution)
+    with pytest.raises(SystemExit, match=r"^error: neither on the GPU image nor installed here: omegaconf \(needed "
+                                         r"by the check\); install"):
+        gpu_prepare.plan()
+
+
+def _fake_download(monkeypatch, code: str):
+    """pip download replaced by `code` (Python; argv[1] is the folder to download into)."""
+    monkeypatch.setattr(gpu_prepare, "pip_download_command", lambda pins, dest: [sys.executable, "-c", code,
+                                                                                  str(dest)])
+
+
+def test_prepare_keeps_the_wheels_it_cannot_replace(tmp_path, monkeypatch):
+    wheels = tmp_path / ".whl"
+    wheels.mkdir()
+    old = wheels / "omegaconf-2.4.0-py3-none-any.whl"
+    old.write_bytes(b"old")
+    with pytest.raises(SystemExit, match="^error: nothing to carry"):
+        gpu_prepare.download({}, wheels)  # e.g. a Python without the check's packages
+    _fake_download(monkeypatch, "import sys; sys.exit(1)")
+    with pytest.raises(SystemExit, match="^error: pip download failed"):
+        gpu_prepare.download({"omegaconf": "2.4.0"}, wheels)
+    _fake_download(monkeypatch, "import sys, pathlib; (pathlib.Path(sys.argv[1]) / 'x-1-py3-none-any.whl').touch()")
+    with pytest.raises(SystemExit, match="do not match the plan"):
+        gpu_prepare.download({"omegaconf": "2.4.0"}, wheels)
+    assert sorted(wheels.iterdir()) == [old] and old.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".whl"]  # no download folder left behind
+    _fake_download(monkeypatch, "import sys, pathlib; (pathlib.Path(sys.argv[1]) / 'omegaconf-9-py3-none-any.whl')"
+                                ".write_bytes(b'new')")
+    assert gpu_prepare.download({"omegaconf": "9"}, wheels) == [wheels / "omegaconf-9-py3-none-any.whl"]
+    assert sorted(p.name for p in wheels.iterdir()) == ["omegaconf-9-py3-none-any.whl"]
+
+
+def test_prepare_runs_from_a_plain_checkout(tmp_path):
+    """NormLab not installed (its editable install here hidden), started from another folder: the data copy and the
+    source line still work."""
+    e = gpu_image_env.image_env(env(), tmp_path, with_wheels=True)
+    code = (f"import sys, pathlib; sys.path.insert(0, {str(SCRIPTS)!r}); import gpu_prepare; "
+            f"print(gpu_prepare.copy_data(pathlib.Path('data')))")
+    proc = subprocess.run(["python3", "-c", code], cwd=tmp_path, env=e, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {p.suffix for p in (tmp_path / "data" / "sst2").iterdir()} == {".parquet"}
+    proc = subprocess.run(["python3", str(SCRIPTS / "gpu_prepare.py"), "--source", "data"], cwd=tmp_path, env=e,
+                          capture_output=True, text=True, timeout=120)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert proc.returncode == 0 and proc.stdout.startswith(f"commit {head} ("), proc.stdout + proc.stderr
+
+
+def test_the_report_names_the_commit_prepared(tmp_path):
+    """gpu_prepare.py's source record travels in .gpudata (no .git on the device): summary.txt's first line and the
+    environment log name its commit, and whether the tree is still the one prepared."""
+    record = gpu_prepare.source_record()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+    assert record["dirty"] == bool(status.strip()) and len(record["commit"]) == 40
+    assert "tree as prepared" in gpu_prepare.describe_source(record)
+    assert "TREE CHANGED" in gpu_prepare.describe_source({**record, "files": record["files"][1:]})
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / gpu_prepare.SOURCE).write_text(json.dumps(record))
+    proc = run_check(tmp_path, True, GPU_CHECK_SECTIONS="environment", GPU_CHECK_DATA=str(data))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    first = (tmp_path / "out" / "summary.txt").read_text().splitlines()[0]
+    assert first.startswith(f"source: commit {record['commit']} (") and "tree as prepared" in first
+    assert first[len("source: "):] in report(tmp_path, "logs/environment.log")
+    assert summary_lines(tmp_path) == {"environment": "ok"}
+
+
+def test_a_spent_budget_reports_every_section_not_run_in_order(tmp_path):
+    proc = run_check(tmp_path, True, GPU_CHECK_BUDGET_S="5")
+    assert proc.returncode == 1
+    lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()[1:]
+    assert [line.split()[0] for line in lines] == ["environment", "triton", "kernels",
+                                                   "steps-powernorm-single_gpu_bf16", "steps-summary", "ln-bench",
+                                                   "default-epoch", "default-epoch-summary", "bench"]
+    assert all("not run: the 5s budget is spent" in line for line in lines)
 
 
 def test_prepare_evaluates_markers_for_the_image(monkeypatch):
@@ -62,11 +221,12 @@ def test_prepare_evaluates_markers_for_the_image(monkeypatch):
 
 @pytest.mark.slow  # runs the check script for real
 def test_rehearsal_under_the_image_package_set(tmp_path):
-    proc = run_check(tmp_path, with_wheels=True, GPU_CHECK_SECTIONS="triton ln-bench kernels steps epoch")
+    proc = run_check(tmp_path, with_wheels=True,
+                     GPU_CHECK_SECTIONS="environment triton kernels steps ln-bench epoch")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert summary_lines(tmp_path) == {name: "ok" for name in (
-        "triton", "ln-bench", "kernels", "steps-powernorm-single_gpu_bf16", "steps-summary", "default-epoch",
-        "default-epoch-summary")}
+        "environment", "triton", "kernels", "steps-powernorm-single_gpu_bf16", "steps-summary", "ln-bench",
+        "default-epoch", "default-epoch-summary")}
     # what the device returns: two files; the checkpoints stay in the work folder
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_check_report.tar.gz", "summary.txt"]
     assert list((tmp_path / "work" / "runs").rglob("model.safetensors"))
@@ -74,15 +234,20 @@ def test_rehearsal_under_the_image_package_set(tmp_path):
     assert {c["check"] for c in kernels} == {"fast_backend_registered", "custom_layernorm_vs_float64",
                                              "fully_padded_row_finite"}
     assert all(c["ok"] for c in kernels)
+    assert {(c["dtype"], c["shape"][-1]) for c in kernels if c["check"] == "custom_layernorm_vs_float64"} == {
+        (d, n) for d in ("float32", "bfloat16", "float16") for n in (128, 1000)}
     ln = json.loads(report(tmp_path, "ln_bench.json"))
     assert ln["copy_GBps"] > 0 and {(r["impl"], r["dtype"]) for r in ln["rows"]} == {
         (i, d) for i in ("torch", "normlab") for d in ("float32", "bfloat16")}
+    assert all(set(r["max_abs_err"]) == {"y", "dx", "dweight", "dbias"} for r in ln["rows"])
+    assert all(r["ok"] for r in ln["rows"] if r["impl"] == "normlab")
     (steps,) = json.loads(report(tmp_path, "steps.json"))
     assert steps["status"] == "completed" and steps["steps"] == 2
     assert steps["running_stats_dtypes"] == ["F32"]  # trained under bf16, saved float32
     (epoch,) = json.loads(report(tmp_path, "default_epoch.json"))
     assert epoch["status"] == "completed" and epoch["wall_time_s"] > 0 and epoch["tokens_per_s_median"] > 0
-    assert " passed" in report(tmp_path, "logs/triton.log")
+    triton_log = report(tmp_path, "logs/triton.log")
+    assert " passed" in triton_log and " deselected" in triton_log  # the interpreter's tests: CI runs them
 
 
 @pytest.mark.slow  # runs the check script for real
@@ -96,6 +261,7 @@ def test_without_the_wheels_the_kernel_sections_still_run(tmp_path):
     assert "omegaconf" in report(tmp_path, "logs/steps-powernorm-single_gpu_bf16.log")
     (tmp_path / "bench").mkdir()
     e = gpu_image_env.image_env(env(), tmp_path / "bench", with_wheels=False)
+    e["PYTHONPATH"] += f":{REPO}"  # as gpu_check.sh runs it: NormLab from the checkout, not installed
     bench = subprocess.run(["python3", "scripts/bench.py", "--layernorm-only", "--quick", "--device", "cpu",
                             "--repeats", "1", "--json"], cwd=REPO, env=e, capture_output=True, text=True, timeout=600)
     assert bench.returncode == 0, bench.stderr[-2000:]

@@ -9,6 +9,8 @@
    kernels as the operators' implementation;
 2. compiled for Hopper (sm_90) down to a cubin, without running, so a kernel that would not build for the real
    target fails here.
+On a GPU, scripts/gpu_check.sh runs this file with `-k "not interpreted"`: the compiled kernels only (the tests of
+1. keep "interpreted" in their names; tests/test_gpu_check.py checks that selection).
 """
 
 import json

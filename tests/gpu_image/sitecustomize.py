@@ -2,8 +2,9 @@
 start-up (and so does every Python process started under it: accelerate's launcher, pytest, train.py).
 
 $NORMLAB_BLOCKED_DISTS (comma-separated distribution names) are made absent: their top-level modules
-($NORMLAB_BLOCKED_MODULES) cannot be imported, and importlib.metadata does not see them (transformers and pytest
-look packages up there before importing them).
+($NORMLAB_BLOCKED_MODULES) cannot be imported, importlib.metadata does not see them (transformers and pytest
+look packages up there before importing them), and the import hook of an editable install of one (setuptools'
+__editable___<name>_<version>_finder, installed by a .pth file before this runs) is removed.
 """
 
 import importlib.machinery
@@ -34,8 +35,14 @@ def _blocked(dist) -> bool:
     return bool(name) and re.sub(r"[-_.]+", "-", name).lower() in _DISTS
 
 
+def _editable_hook_of_blocked(finder) -> bool:
+    module = getattr(finder, "__module__", None) or type(finder).__module__
+    return module.startswith("__editable__") and any(f"___{d.replace('-', '_')}_" in module for d in _DISTS)
+
+
 if _DISTS or _MODULES:
-    sys.meta_path[:] = [_ImagePathFinder if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+    sys.meta_path[:] = [_ImagePathFinder if f is importlib.machinery.PathFinder else f for f in sys.meta_path
+                        if not _editable_hook_of_blocked(f)]
     _all_distributions, _from_name = md.distributions, md.Distribution.from_name.__func__
 
     def _distributions(**kwargs):
