@@ -117,10 +117,22 @@ def _load_experiment(where, spec: dict, defaults: dict) -> dict:
         raise StudyError(f"{where}: warmup must map on/off to train.warmup_steps, e.g. {{on: 30, off: 0}}")
     seeds = spec["seeds"]
     _check_seeds(where, seeds)
-    best_of = spec["lr"].get("best_of") if isinstance(spec["lr"], dict) and set(spec["lr"]) == {"best_of"} else None
+    best_of, ranks = _chosen_lr_spec(where, spec["lr"])
     return {"description": spec.get("description", ""), "variants": _load_variants(where, spec["variants"], warmup),
             "overrides": _overrides(spec.get("overrides"), f"{where} overrides"),
-            "lr": [] if best_of else lr_grid(spec["lr"]), "best_of": best_of, "warmup": warmup, "seeds": seeds}
+            "lr": [] if best_of else lr_grid(spec["lr"]), "best_of": best_of, "ranks": ranks, "warmup": warmup,
+            "seeds": seeds}
+
+
+def _chosen_lr_spec(where, lr) -> tuple:
+    """{best_of: E} -> (E, 1): each variant at the LR E chose; {best_of: E, ranks: 2}: at its best and at its
+    runner-up LR (study v4's robustness rule). Anything else is a grid: (None, 0)."""
+    if not (isinstance(lr, dict) and "best_of" in lr):
+        return None, 0
+    if not set(lr) <= {"best_of", "ranks"} or lr.get("ranks", 1) not in (1, 2):
+        raise StudyError(f"{where}: lr {lr} must be {{best_of: EXPERIMENT}} or {{best_of: EXPERIMENT, ranks: 2}} "
+                         f"(ranks 1: the best LR; 2: the best and the runner-up)")
+    return lr["best_of"], lr.get("ranks", 1)
 
 
 def load_grid(path: Path) -> dict:
@@ -201,7 +213,13 @@ def run_lrs(grid: dict, experiment: str, variant: str, selection: dict) -> list[
         return exp["lr"]
     spec = exp["variants"][variant]
     chosen = selection.get(selection_key(exp["best_of"], spec["tune"], spec["warmup"][0]))
-    return [float(f"{chosen['lr'] * spec['lr_scale']:.3g}")] if chosen else []
+    if not chosen:
+        return []
+    if exp.get("ranks", 1) == 2 and "runner_up" not in chosen:
+        raise StudyError(f"experiment {experiment}: needs the runner-up LR of {spec['tune']}, which selection.json "
+                         f"(written by an older choice) does not have; choose again in a fresh study directory")
+    lrs = [chosen["lr"]] + ([chosen["runner_up"]] if exp.get("ranks", 1) == 2 else [])
+    return [float(f"{lr * spec['lr_scale']:.3g}") for lr in lrs]
 
 
 def selection_key(experiment: str, variant: str, warmup: str) -> str:
