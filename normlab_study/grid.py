@@ -14,7 +14,7 @@ STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
 AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
 FINISHED = ("completed", "diverged")  # a run that ended so is a result: never trained again (failed ones are)
 GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project",
-             "experiments", "init", "score", "share_runs"}
+             "experiments", "init", "score", "share_runs", "signal"}
 VARIANT_KEYS = {"config", "overrides", "warmup", "tune", "lr_scale", "seeds"}
 EXPERIMENT_KEYS = {"description", "overrides", "variants", "lr", "warmup", "seeds"}
 

@@ -243,7 +243,8 @@ def aa_false_positive_rates(a, b, n: int, tests=("t", "permutation"), alpha: flo
     order; -> {test: share of replicates the test calls significant at alpha} (<= alpha for a test to trust)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if not (2 <= n <= min(len(a), len(b))):
-        raise ValueError(f"n={n} seeds per replicate must be between 2 and the smaller seed set ({min(len(a), len(b))})")
+        raise ValueError(f"n={n} seeds per replicate must be between 2 and the smaller seed set "
+                         f"({min(len(a), len(b))})")
     rng = np.random.default_rng(seed)
     diffs = [rng.choice(a, n, replace=False) - rng.choice(b, n, replace=False) for _ in range(reps)]
     return {t: float(np.mean([paired_test(d, t).p < alpha for d in diffs])) for t in tests}

@@ -79,3 +79,45 @@ def test_ranks_need_a_runner_up_and_are_checked(tmp_path):
     path.write_text(TWO_LRS.replace("ranks: 2", "ranks: 3"))
     with pytest.raises(grid_mod.StudyError, match="ranks"):
         study.load_grid(path)
+
+
+def test_mlm_runs_are_scored_on_their_masked_tokens_with_one_fixed_mask(tmp_path):
+    from tests.train_utils import run_here
+
+    from common.io import read_jsonl, read_yaml
+    from normlab_study.scoring import score_run, score_sets
+
+    out = tmp_path / "mlm"
+    assert run_here(out, "task=mlm", "train.max_steps=6", "train.eval_steps=6", "train.save_steps=6") == 0
+    sets = score_sets(read_yaml(out / "config.yaml"), 200)
+    scores, gap = score_run(out, {"val": sets["val"]}, True, 16)
+    assert set(scores) == {"val/sorted/running"} and gap is None
+    again, _ = score_run(out, {"val": sets["val"]}, True, 16)
+    assert again == scores  # the same masks every time
+    logged = [r for r in read_jsonl(out / "metrics.jsonl") if "eval/loss" in r][-1]
+    # the run's own evaluation (first 96 rows, its own masks) and the scoring (every row) measure one model
+    assert scores["val/sorted/running"]["loss"] == pytest.approx(logged["eval/loss"], rel=0.05)
+
+
+def test_pooled_cosine_is_one_for_identical_sentences_and_matches_a_hand_computation():
+    import torch
+
+    from model import NormLabConfig, NormLabForSequenceClassification
+    from normlab_study.signal import cosine_over_steps, pooled_cosine
+
+    torch.manual_seed(0)
+    config = NormLabConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=32, norm="layernorm", hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0, num_labels=2, pad_token_id=0)
+    model = NormLabForSequenceClassification(config).eval()
+    ids = torch.tensor([[2, 5, 6, 3, 0], [2, 7, 8, 9, 3], [2, 11, 3, 0, 0]])
+    batch = {"input_ids": ids, "attention_mask": (ids != 0).long(), "labels": torch.tensor([0, 1, 0])}
+    same = {"input_ids": ids[[0, 0, 0]], "attention_mask": batch["attention_mask"][[0, 0, 0]]}
+    assert pooled_cosine(model, same) == pytest.approx(1.0, abs=1e-6)
+    with torch.no_grad():
+        cls = model.base_model(input_ids=ids, attention_mask=batch["attention_mask"])[0][:, 0]
+    cos = torch.nn.functional.cosine_similarity(cls[:, None], cls[None], dim=-1)
+    assert pooled_cosine(model, batch) == pytest.approx(((cos.sum() - 3) / 6).item(), abs=1e-6)
+    curve = cosine_over_steps(model, [batch, batch], batch, lr=1e-2)
+    assert len(curve) == 3 and curve[0] == pytest.approx(((cos.sum() - 3) / 6).item(), abs=1e-6)
+    assert curve[2] != curve[0]  # two Adam steps move the pooled vectors

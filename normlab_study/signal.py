@@ -1,0 +1,94 @@
+"""Study v4's mechanism measurement (docs/study-v4/predictions.md, M1): how alike the classifier's inputs are for
+different sentences, at initialization and over the first Adam steps. The pooled vector ([CLS], or the mean over
+real tokens) is all the classifier reads; if it is nearly the same for every sentence, the gradient cannot tell
+the classes apart and the loss sits on the ln 2 plateau.
+
+    python -m normlab_study.signal --preset quick_v4 --out signal.jsonl     # every arm of the preset's `signal`
+"""
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from common.config import load_config, model_config_from
+from common.io import read_yaml, write_jsonl
+from model import NormLabForSequenceClassification
+from model.modeling_normlab import _pool
+from normlab_study.grid import REPO_ROOT, format_override, resolve_preset
+from normlab_study.init_exp import fixed_batches
+
+
+def pooled_cosine(model, batch: dict) -> float:
+    """Mean cosine similarity between the pooled vectors of different sentences of `batch` (off the diagonal):
+    1 = the classifier sees the same vector for every sentence. Measured in the model's current mode (train mode
+    for the BN family: the statistics its training steps use), without gradients."""
+    with torch.no_grad():
+        hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])[0]
+        z = F.normalize(_pool(hidden, batch["attention_mask"], model.config.pooling).float(), dim=-1)  # (B, D)
+    n = z.shape[0]
+    sim = z @ z.T
+    return float((sim.sum() - sim.diagonal().sum()) / (n * (n - 1)))
+
+
+def cosine_over_steps(model, train: list[dict], probe: dict, lr: float) -> list[float]:
+    """pooled_cosine on `probe` at initialization and after each Adam step on `train` (no warmup, no clipping;
+    the BN family's running statistics move as in training)."""
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-8)
+    out = [pooled_cosine(model, probe)]
+    for batch in train:
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        out.append(pooled_cosine(model, probe))
+    return out
+
+
+def build_arm(variant: dict, overrides: list[str], vocab: int, seed: int):
+    """The model a study arm trains (its configs/ file and overrides), initialized under `seed`."""
+    cfg = load_config(str(REPO_ROOT / variant["config"]) if variant.get("config") else None,
+                      overrides + [format_override(k, v) for k, v in (variant.get("overrides") or {}).items()])
+    torch.manual_seed(seed)
+    return NormLabForSequenceClassification(model_config_from(cfg, vocab_size=vocab, num_labels=2, pad_token_id=0))
+
+
+def run(preset: Path, out: Path) -> list[dict]:
+    """Every (arm, seed) of the preset's `signal` block: {variant, seed, lr, cosine: [init, step 1, ...]}."""
+    study = read_yaml(preset)
+    sig = study["signal"]
+    overrides = [format_override(k, v) for k, v in study["overrides"].items()]
+    init = {**sig, "adam_steps": sig["steps"]}
+    train, probe, vocab = fixed_batches(init, study["overrides"]["model.vocab_size"],
+                                        study["overrides"]["data.max_train_samples"])
+    rows = []
+    for (name, variant), seed in itertools.product(sig["variants"].items(), sig["seeds"]):
+        model = build_arm(variant, overrides, vocab, seed)
+        cos = cosine_over_steps(model, train[1:], probe, sig["lr"])
+        rows.append({"variant": name, "seed": seed, "lr": sig["lr"], "cosine": [round(c, 5) for c in cos]})
+        print(f"signal {name} seed {seed}: pooled cosine at init {cos[0]:.3f}, after {len(cos) - 1} steps "
+              f"{cos[-1]:.3f}", flush=True)
+    write_jsonl(out, rows)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Pooled-vector similarity across sentences, at init and early.")
+    parser.add_argument("--preset", default="quick_v4", help="a study preset with a `signal` block")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    preset = resolve_preset(args.preset)
+    if "signal" not in read_yaml(preset):
+        print(f"signal.py: error: {preset} has no `signal` block (variants, seeds, steps, lr, batch_size, "
+              f"max_length)", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    run(preset, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
