@@ -172,16 +172,23 @@ def git_commit() -> str | None:
     return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def record_invocation(study_dir: Path, command: str, started: float) -> None:
-    """Append this command's commit, machine, wall time and CPU time (of the runs it started) to study.json."""
+def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False) -> None:
+    """Append this command's commit, machine, wall time and CPU time to study.json: of the runs it started, or
+    (in_process: E1, which trains nothing) its own."""
     path = study_dir / "study.json"
     data = read_json(path)
     times = os.times()
+    cpu = times.user + times.system if in_process else times.children_user + times.children_system
     data.setdefault("invocations", []).append({
         "command": command, "commit": git_commit(), "machine": machine(), "started": time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 1),
-        "cpu_s": round(times.children_user + times.children_system, 1)})
+        "cpu_s": round(cpu, 1)})
     atomic_write_json(path, data, indent=1)
+
+
+def provenance() -> dict:
+    """What every record carries about where it was made: commit, machine, start time."""
+    return {"commit": git_commit(), "machine": machine(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def wants_e1(grid: dict, only: dict) -> bool:

@@ -3,7 +3,7 @@ different sentences, at initialization and over the first Adam steps. The pooled
 real tokens) is all the classifier reads; if it is nearly the same for every sentence, the gradient cannot tell
 the classes apart and the loss sits on the ln 2 plateau.
 
-    python -m normlab_study.signal --preset quick_v4 --out signal.jsonl     # every arm of the preset's `signal`
+    python -m normlab_study.signal --preset quick_v4 --out STUDY/signal.jsonl --selection STUDY/selection.json
 """
 
 import argparse
@@ -15,11 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from common.config import load_config, model_config_from
-from common.io import read_yaml, write_jsonl
+from common.io import read_json, read_yaml, write_jsonl
 from model import NormLabForSequenceClassification
 from model.modeling_normlab import _pool
 from normlab_study.grid import REPO_ROOT, format_override, resolve_preset
 from normlab_study.init_exp import fixed_batches
+from normlab_study.runner import provenance
 
 
 def pooled_cosine(model, batch: dict) -> float:
@@ -56,8 +57,15 @@ def build_arm(variant: dict, overrides: list[str], vocab: int, seed: int):
     return NormLabForSequenceClassification(model_config_from(cfg, vocab_size=vocab, num_labels=2, pad_token_id=0))
 
 
-def run(preset: Path, out: Path) -> list[dict]:
-    """Every (arm, seed) of the preset's `signal` block: {variant, seed, lr, cosine: [init, step 1, ...]}."""
+def arm_lr(selection: dict, name: str, variant: dict, default: float) -> float:
+    """The arm's best LR from a study's selection.json (its `tune` arm's, for an intervention), else `default`."""
+    chosen = selection.get(f"tune/{variant.get('tune', name)}/wuon")
+    return float(chosen["lr"]) if chosen else default
+
+
+def run(preset: Path, out: Path, selection: dict | None = None) -> list[dict]:
+    """Every (arm, seed) of the preset's `signal` block: {variant, seed, lr, cosine: [init, step 1, ...]}; each
+    arm at the signal block's LR, or at its best LR when a study's `selection` is given."""
     study = read_yaml(preset)
     sig = study["signal"]
     overrides = [format_override(k, v) for k, v in study["overrides"].items()]
@@ -67,8 +75,10 @@ def run(preset: Path, out: Path) -> list[dict]:
     rows = []
     for (name, variant), seed in itertools.product(sig["variants"].items(), sig["seeds"]):
         model = build_arm(variant, overrides, vocab, seed)
-        cos = cosine_over_steps(model, train[1:], probe, sig["lr"])
-        rows.append({"variant": name, "seed": seed, "lr": sig["lr"], "cosine": [round(c, 5) for c in cos]})
+        lr = arm_lr(selection or {}, name, variant, sig["lr"])
+        cos = cosine_over_steps(model, train[1:], probe, lr)
+        rows.append({"variant": name, "seed": seed, "lr": lr, "cosine": [round(c, 6) for c in cos],
+                     **provenance()})
         print(f"signal {name} seed {seed}: pooled cosine at init {cos[0]:.3f}, after {len(cos) - 1} steps "
               f"{cos[-1]:.3f}", flush=True)
     write_jsonl(out, rows)
@@ -79,6 +89,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Pooled-vector similarity across sentences, at init and early.")
     parser.add_argument("--preset", default="quick_v4", help="a study preset with a `signal` block")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--selection", type=Path, default=None,
+                        help="a study's selection.json: each arm at its best LR (default: the block's one LR)")
     args = parser.parse_args(argv)
     preset = resolve_preset(args.preset)
     if "signal" not in read_yaml(preset):
@@ -86,7 +98,7 @@ def main(argv=None) -> int:
               f"max_length)", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    run(preset, args.out)
+    run(preset, args.out, read_json(args.selection) if args.selection else None)
     return 0
 
 

@@ -121,3 +121,22 @@ def test_pooled_cosine_is_one_for_identical_sentences_and_matches_a_hand_computa
     curve = cosine_over_steps(model, [batch, batch], batch, lr=1e-2)
     assert len(curve) == 3 and curve[0] == pytest.approx(((cos.sum() - 3) / 6).item(), abs=1e-6)
     assert curve[2] != curve[0]  # two Adam steps move the pooled vectors
+
+
+def test_e1_rows_and_its_invocation_carry_commit_machine_and_start_time(tmp_path):
+    from normlab_study import init_exp
+
+    preset = tmp_path / "p.yaml"
+    preset.write_text(TWO_LRS + "init: {placements: [pre], depths: [1], seeds: [0], adam_steps: 1, lr: 1.0e-3, "
+                      "hidden_size: 16, num_attention_heads: 2, intermediate_size: 32, batch_size: 4, "
+                      "max_length: 16}\n")
+    preset.write_text(preset.read_text().replace("overrides: {train.max_steps: 5}",
+                                                 "overrides: {train.max_steps: 5, data.max_train_samples: 64, "
+                                                 "model.vocab_size: 300}"))
+    (tmp_path / "st").mkdir()
+    study.Study(tmp_path / "st", study.load_grid(preset), preset, "study.py").record("any", status="completed")
+    assert init_exp.main([str(tmp_path / "st")]) == 0
+    (row,) = [json.loads(x) for x in (tmp_path / "st" / "e1.jsonl").read_text().splitlines()]
+    assert row["commit"] and row["machine"] and row["started_at"]
+    (call,) = json.loads((tmp_path / "st" / "study.json").read_text())["invocations"]
+    assert call["command"].startswith("python scripts/init_study.py") and call["commit"] and call["wall_s"] >= 0
