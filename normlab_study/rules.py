@@ -4,6 +4,7 @@ robustness rule (a claim must hold at both LRs), the horizon rule (an arm must h
 ranking must have settled), and the A/A control on two disjoint seed sets (docs/studies.md, "Study v4's rules").
 """
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -230,6 +231,19 @@ def matched_step_value(run: dict, after_exit: int, field: str = "accuracy") -> f
         return math.nan
     later = [e for e in c.get("eval", []) if e["step"] >= exit_step + after_exit and e.get(field) is not None]
     return float(later[0][field]) if later else math.nan
+
+
+def spearman_exact(x, y) -> tuple[float, float]:
+    """(Spearman's rho between x and y, one-sided p of rho <= observed under exchangeability): exact, over every
+    ordering of y (up to 8 values: 40,320 orderings). M1 of predictions.md correlates one number per arm."""
+    rx, ry = stats.rankdata(x), stats.rankdata(y)
+    if len(rx) > 8:
+        raise ValueError(f"spearman_exact enumerates n! orderings; {len(rx)} values is too many (at most 8)")
+    rho = float(np.corrcoef(rx, ry)[0, 1])
+    perms = np.array(list(itertools.permutations(ry)))
+    rx_c, ry_c = rx - rx.mean(), perms - perms.mean(axis=1, keepdims=True)
+    null = ry_c @ rx_c / np.sqrt((rx_c ** 2).sum() * (ry_c ** 2).sum(axis=1))
+    return rho, float(np.mean(null <= rho + 1e-12))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -165,3 +165,16 @@ def test_aa_on_disjoint_seed_sets_keeps_the_false_positive_rate_and_catches_a_sh
         rules.aa_false_positive_rates(a[:5], b, n=10)
     e = rules.aa_interval(a, b, "permutation")
     assert e.n == 20 and e.lo < 0 < e.hi
+
+
+def test_spearman_exact_matches_scipy_and_has_its_floor():
+    x = [0.8, 0.5, 0.02, 0.019, 0.019, 0.0001, 0.003]  # a spread per arm
+    y = [50, 58, 120, 150, 160, 140, 90]  # median exit per arm
+    rho, p = rules.spearman_exact(x, y)
+    assert rho == pytest.approx(stats.spearmanr(x, y).statistic)
+    ref = stats.permutation_test((x,), lambda a: stats.spearmanr(a, y).statistic, permutation_type="pairings",
+                                 alternative="less", n_resamples=np.inf)
+    assert p == pytest.approx(ref.pvalue)
+    assert rules.spearman_exact(range(7), range(7, 0, -1))[1] == pytest.approx(1 / 5040)  # the floor
+    with pytest.raises(ValueError, match="orderings"):
+        rules.spearman_exact(range(9), range(9))
