@@ -140,3 +140,71 @@ def test_e1_rows_and_its_invocation_carry_commit_machine_and_start_time(tmp_path
     assert row["commit"] and row["machine"] and row["started_at"]
     (call,) = json.loads((tmp_path / "st" / "study.json").read_text())["invocations"]
     assert call["command"].startswith("python scripts/init_study.py") and call["commit"] and call["wall_s"] >= 0
+
+
+# --- the v4 report on synthetic records --------------------------------------------------------------------------
+
+ARMS = ("ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm", "no_norm")
+BEST, RUNNER = 0.00316, 0.001
+
+
+def synthetic_run(variant, lr, seed, exit_step, acc, experiment="board", steps=416):
+    import math as m
+
+    loss = [m.log(2) if s < exit_step else 0.45 for s in range(1, steps + 1)]
+    evals = [{"step": s, "accuracy": acc - 0.001 * (steps - s) / 32, "loss": 0.5} for s in range(32, steps + 1, 32)]
+    return {"name": f"{variant}-lr{lr:g}-wuon-s{seed}", "experiment": experiment, "experiments": [experiment],
+            "variant": variant, "lr": lr, "warmup": "on", "seed": seed, "status": "completed", "commit": "abc1234",
+            "machine": "test box", "started_at": "2026-12-01T00:00:00+0000",
+            "curves": {"step": list(range(1, steps + 1)), "loss": loss, "eval": evals},
+            "scores": {"val/sorted/running": {"accuracy": acc, "loss": 1 - acc}}}
+
+
+def synthetic_records():
+    import numpy as np
+
+    from normlab_study.analysis import Records
+
+    rng = np.random.default_rng(0)
+    runs, base = [], {a: 0.72 for a in ARMS}
+    for seed in range(10):
+        noise = rng.normal(0, 0.003)
+        for arm in ARMS:
+            for lr in (BEST, RUNNER):
+                acc = base[arm] + noise + rng.normal(0, 0.002)
+                if arm == "batchnorm" and lr == BEST:
+                    acc += 0.05  # BN ahead of LN only at the best LR: H1 depends on the LR
+                exit_step = 200 if arm == "dyt" else 60 + (40 if arm in ("ln_pre", "custom_ln", "rmsnorm") else 0)
+                runs.append(synthetic_run(arm, lr, seed, exit_step + int(rng.integers(0, 12)), acc))
+        runs.append(synthetic_run("ln_pre", BEST, seed + 10, 100, base["ln_pre"] + rng.normal(0, 0.003), "aa"))
+    selection = {f"tune/{a}/wuon": {"lr": BEST, "runner_up": RUNNER, "near_tie": a == "ln_pre"} for a in ARMS}
+    return Records(runs, selection)
+
+
+def test_the_v4_report_applies_the_robustness_and_horizon_rules(tmp_path):
+    from normlab_study import report_v4
+
+    rec = synthetic_records()
+    assert report_v4.is_v4(rec)
+    rows = {r["id"]: r for r in report_v4.claim_rows(rec, "t")}
+    assert set(rows) == {"H1", "H2", "H3", "H4"}  # no mechanism runs, no MLM in these records
+    assert rows["H1"]["verdicts"] == {0: "refuted", 1: "not separated"} and rows["H1"]["verdict"] == rules.DEPENDS
+    assert rows["H3"]["verdict"] == rules.HORIZON_TOO_SHORT  # DyT leaves the plateau at step ~205 of 416
+    assert rows["H4"]["verdict"] == "confirmed" and rows["H4"]["horizon"] is None  # slow group exits later
+    text = report_v4.write_markdown(rec, {"name": "synthetic", "invocations": []})
+    assert "abc1234 (190)" in text and "near tie" in text and "**horizon too short**" in text
+    assert "## Calibration: the A/A control" in text and "depends on the LR" in text
+
+
+def test_make_report_writes_the_v4_report_for_v4_records_and_keeps_v3s(tmp_path):
+    import gzip
+
+    from normlab_study.report import RECORDS, make_report
+
+    rec = synthetic_records()
+    with gzip.open(tmp_path / RECORDS, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rec.runs)
+    (tmp_path / "selection.json").write_text(json.dumps(rec.selection))
+    (tmp_path / "meta.json").write_text(json.dumps({"name": "quick_v4", "invocations": []}))
+    text = make_report(tmp_path, wandb_mode="disabled").read_text()
+    assert text.startswith("# Study v4 (quick_v4): report") and "| H2 |" in text
