@@ -108,7 +108,8 @@ def main(argv=None) -> int:
     run(source["init"], args.study_dir / "e1.jsonl", int(overrides.get("data.max_train_samples", 5120)),
         int(overrides.get("model.vocab_size", 4000)))
     if (args.study_dir / "study.json").is_file():  # meta.json lists every invocation, E1's too
-        record_invocation(args.study_dir, shlex.join(["python", "scripts/init_study.py", *(argv or sys.argv[1:])]),
+        record_invocation(args.study_dir, shlex.join(["python", "scripts/init_study.py",
+                                                      *(argv if argv is not None else sys.argv[1:])]),
                           started, in_process=True)
     return 0
 

@@ -37,7 +37,7 @@ def copy_records(study_dir: Path, out: Path) -> None:
                 if key.startswith("dev/"):
                     score.pop("pred", None)  # dev only chooses LRs, by its loss
             f.write(json.dumps(r, separators=(",", ":")) + "\n")
-    for name in ("selection.json", "e1.jsonl", "labels.json"):
+    for name in ("selection.json", "e1.jsonl", "labels.json", "signal.jsonl"):
         if (study_dir / name).is_file() and study_dir.resolve() != out.resolve():
             shutil.copyfile(study_dir / name, out / name)
     calls = study.get("invocations", [])
@@ -262,7 +262,7 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabl
     rec = load(out)
     meta = read_json(out / "meta.json", {}) or {}
     if report_v4.is_v4(rec):  # study v4's presets: its own rules and report (no v3 figures, no W&B run yet)
-        (out / "report.md").write_text(report_v4.write_markdown(rec, meta))
+        (out / "report.md").write_text(report_v4.write_markdown(rec, meta, read_jsonl(out / "signal.jsonl")))
         return out / "report.md"
     figures = plots.all_figures(rec, out)
     (out / "report.md").write_text(write_markdown(rec, meta))

@@ -10,8 +10,8 @@ import numpy as np
 
 from normlab_study import outcomes as oc
 from normlab_study import rules
-from normlab_study.analysis import Records, by_seed, paired, value
-from normlab_study.seedstats import holm, t_interval
+from normlab_study.analysis import Records, by_seed, largest_lr_by_seed, outcome_grid, paired, value
+from normlab_study.seedstats import holm, paired_test, t_interval
 
 BOARD = "board"
 PRIMARY = ("ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm",
@@ -19,10 +19,13 @@ PRIMARY = ("ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "mas
 SLOW, FAST = ("ln_pre", "custom_ln", "rmsnorm", "dyt"), ("batchnorm", "masked_batchnorm", "no_norm", "ln_post")
 AFTER_EXIT = 128  # matched_step_value: accuracy this many steps after each run's own plateau exit
 AA_SEEDS = 8  # seeds per A/A resample (of 10 per set)
+M1_ARMS = ("ln_pre", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm")
 
 
 def is_v4(rec: Records) -> bool:
-    return any(BOARD in r.get("experiments", [r["experiment"]]) for r in rec.runs)
+    """v4's presets: a `board` (quick, long, MLM) or only a `placement` at warmup on and off (P2)."""
+    experiments = {e for r in rec.runs for e in r.get("experiments", [r["experiment"]])}
+    return BOARD in experiments or experiments == {"placement"}
 
 
 def choice(rec: Records, arm: str) -> dict | None:
@@ -127,6 +130,44 @@ def aa_section(rec: Records) -> dict | None:
     return {"fpr": fpr, "estimate": rules.aa_interval(a, b, test), "test": test, "ok": ok, "n": (len(a), len(b))}
 
 
+def p2_lines(rec: Records) -> list[str]:
+    """P2: per seed, log10 of post-LN's largest learning LR with warmup minus without (Wilcoxon); undecidable
+    when too few seeds differ for the test's floor to reach alpha."""
+    on, off = (largest_lr_by_seed(rec, "ln_post", w) for w in ("on", "off"))
+    diffs = paired(on, off)
+    if not diffs:
+        return []
+    est = paired_test(diffs, "wilcoxon")
+    nonzero = sum(d != 0 for d in diffs)
+    floor = rules.test_floor(nonzero)
+    verdict = (f"could not decide: {nonzero} of {len(diffs)} seeds differ, so p cannot go below {floor:.3g}"
+               if floor >= rules.ALPHA else rules.single_verdict(est, est.p, +1))
+    grid = " ".join(f"{g['variant']} wu{g['warmup']} {g['lr']:g}: {g[oc.LEARNED]}/{g['n']};"
+                    for g in outcome_grid(rec, "placement"))
+    return ["## P2: warmup and post-LN's largest learning LR", "",
+            f"log10 largest learning LR, warmup on - off, per seed: {est.fmt()}; {nonzero} non-zero pairs, floor "
+            f"{floor:.3g}. Verdict: **{verdict}**.", "", f"Seeds that learned / run: {grid}", ""]
+
+
+def m1_lines(rec: Records, signal: list[dict]) -> list[str]:
+    """M1: Spearman's rho, over the seven pre-norm arms with a norm, between the pooled-vector spread after the
+    signal's Adam steps (median over seeds) and the arm's median plateau exit at its best LR (board)."""
+    arms = [a for a in M1_ARMS if any(r["variant"] == a for r in signal) and runs_at(rec, a, 0)]
+    if len(arms) < 3:
+        return []
+    spread = [float(np.median([1 - r["cosine"][-1] for r in signal if r["variant"] == a])) for a in arms]
+    exits = [rules.median_exit(runs_at(rec, a, 0)) for a in arms]
+    rho, p = rules.spearman_exact(spread, exits)
+    verdict = "confirmed" if p < rules.ALPHA else "not separated"
+    if rules.spearman_exact(spread, [-e for e in exits])[1] < rules.ALPHA:
+        verdict = "refuted"
+    rows = [[a, f"{sp:.2e}", f"{ex:.0f}"] for a, sp, ex in zip(arms, spread, exits)]
+    return ["## M1: the spread of the classifier's input and the plateau exit", "",
+            f"Spearman's rho over {len(arms)} arms: {rho:+.2f} (exact one-sided p {p:.3g}; predicted < 0). Verdict: "
+            f"**{verdict}**.", ""] + _table(["arm", "spread after the signal's steps", "median exit (board, best LR)"],
+                                           rows)
+
+
 def _ci(values) -> str:
     x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     if len(x) < 2:
@@ -195,7 +236,7 @@ def provenance_lines(rec: Records, meta: dict) -> list[str]:
                 f"`{c['command']}` at {c['commit']} ({c['wall_s'] / 60:.1f} min)" for c in calls)]
 
 
-def write_markdown(rec: Records, meta: dict) -> str:
+def write_markdown(rec: Records, meta: dict, signal: list[dict] = ()) -> str:
     aa = aa_section(rec)
     test = aa["test"] if aa else "permutation"
     rows = claim_rows(rec, test)
@@ -211,4 +252,6 @@ def write_markdown(rec: Records, meta: dict) -> str:
                   f"{aa['fpr']['permutation']:.1%}. Test used: **{test}**.", ""]
     else:
         lines += ["No A/A control in these records: the exact sign-flip test is used.", ""]
-    return "\n".join(lines + claim_lines(rows, test) + board_lines(rec)) + "\n"
+    sections = claim_lines(rows, test) if rows else []
+    sections += board_lines(rec) + m1_lines(rec, list(signal)) + p2_lines(rec)
+    return "\n".join(lines + sections) + "\n"

@@ -8,7 +8,9 @@ the classes apart and the loss sits on the ln 2 plateau.
 
 import argparse
 import itertools
+import shlex
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -20,7 +22,7 @@ from model import NormLabForSequenceClassification
 from model.modeling_normlab import _pool
 from normlab_study.grid import REPO_ROOT, format_override, resolve_preset
 from normlab_study.init_exp import fixed_batches
-from normlab_study.runner import provenance
+from normlab_study.runner import provenance, record_invocation
 
 
 def pooled_cosine(model, batch: dict) -> float:
@@ -98,7 +100,12 @@ def main(argv=None) -> int:
               f"max_length)", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
+    started = time.time()
     run(preset, args.out, read_json(args.selection) if args.selection else None)
+    if (args.out.parent / "study.json").is_file():  # written into a study: meta.json lists this invocation
+        record_invocation(args.out.parent, shlex.join(["python", "-m", "normlab_study.signal",
+                                                       *(argv if argv is not None else sys.argv[1:])]),
+                          started, in_process=True)
     return 0
 
 

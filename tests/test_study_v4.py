@@ -208,3 +208,62 @@ def test_make_report_writes_the_v4_report_for_v4_records_and_keeps_v3s(tmp_path)
     (tmp_path / "meta.json").write_text(json.dumps({"name": "quick_v4", "invocations": []}))
     text = make_report(tmp_path, wandb_mode="disabled").read_text()
     assert text.startswith("# Study v4 (quick_v4): report") and "| H2 |" in text
+
+
+def p2_records(differ: int, seeds: int = 12):
+    from normlab_study.analysis import Records
+
+    lrs, runs = (1.78e-3, 2.37e-3, 3.16e-3, 4.22e-3), []
+    for seed in range(seeds):
+        largest = {"off": 1, "on": 2 if seed < differ else 1}  # index of the largest LR that learns
+        for warmup, top in largest.items():
+            for i, lr in enumerate(lrs):
+                r = synthetic_run("ln_post", lr, seed, 60 if i <= top else 10_000, 0.75, "placement")
+                runs.append(dict(r, warmup=warmup, name=r["name"].replace("wuon", f"wu{warmup}")))
+    return Records(runs, {})
+
+
+def test_p2_is_undecidable_when_too_few_seeds_differ_and_decided_when_enough_do():
+    from normlab_study import report_v4
+
+    assert report_v4.is_v4(p2_records(3))
+    few = "\n".join(report_v4.p2_lines(p2_records(differ=5)))
+    assert "could not decide: 5 of 12 seeds differ, so p cannot go below 0.0625" in few
+    enough = "\n".join(report_v4.p2_lines(p2_records(differ=9)))
+    assert "9 non-zero pairs" in enough and "Verdict: **confirmed**" in enough
+
+
+def test_m1_correlates_the_spread_with_the_exit_across_arms():
+    from normlab_study import report_v4
+
+    rec = synthetic_records()
+    exits = {a: rules.median_exit(report_v4.runs_at(rec, a, 0)) for a in report_v4.M1_ARMS}
+    signal = [{"variant": a, "seed": s, "cosine": [0.9, 1 - 1 / exits[a]]} for a in report_v4.M1_ARMS
+              for s in range(3)]  # more spread, earlier exit
+    text = "\n".join(report_v4.m1_lines(rec, signal))
+    assert "Spearman's rho over 7 arms: -" in text and "**confirmed**" in text
+    backwards = [dict(r, cosine=[0.9, 1 - exits[r["variant"]] / 1000]) for r in signal]
+    assert "**refuted**" in "\n".join(report_v4.m1_lines(rec, backwards))
+
+
+def test_signal_rows_take_each_arms_best_lr_and_carry_provenance(tmp_path):
+    from normlab_study import signal
+
+    preset = tmp_path / "p.yaml"
+    preset.write_text(TWO_LRS.replace("overrides: {train.max_steps: 5}",
+                                      "overrides: {train.max_steps: 5, data.max_train_samples: 64, "
+                                      "model.vocab_size: 300, model.hidden_size: 16, model.num_hidden_layers: 1, "
+                                      "model.num_attention_heads: 2, model.intermediate_size: 32}")
+                      + "signal: {variants: {a: {config: configs/pre_ln.yaml}, b: {config: configs/batchnorm.yaml}, "
+                        "a_mean: {config: configs/pre_ln.yaml, overrides: {model.pooling: mean}, tune: a}}, "
+                        "seeds: [0], steps: 2, lr: 1.0e-3, batch_size: 4, max_length: 16}\n")
+    (tmp_path / "st").mkdir()
+    study.Study(tmp_path / "st", study.load_grid(preset), preset, "study.py").record("any", status="completed")
+    (tmp_path / "sel.json").write_text(json.dumps({"tune/a/wuon": {"lr": 0.00316}}))
+    out = tmp_path / "st" / "signal.jsonl"
+    assert signal.main(["--preset", str(preset), "--out", str(out), "--selection", str(tmp_path / "sel.json")]) == 0
+    rows = {r["variant"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert {v: r["lr"] for v, r in rows.items()} == {"a": 0.00316, "b": 1e-3, "a_mean": 0.00316}  # b: not tuned
+    assert all(len(r["cosine"]) == 3 and r["commit"] and r["machine"] and r["started_at"] for r in rows.values())
+    (call,) = json.loads((tmp_path / "st" / "study.json").read_text())["invocations"]
+    assert call["command"].startswith("python -m normlab_study.signal")
