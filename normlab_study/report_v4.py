@@ -4,7 +4,7 @@ the provenance of the records. report.make_report writes it for a study with a `
 v3's records keep v3's report."""
 
 import math
-from collections import Counter
+from collections import Counter, namedtuple
 
 import numpy as np
 
@@ -51,15 +51,16 @@ def exit_or_end(run: dict) -> float:
 
 def per_seed(rec: Records, arms, rank: int, field: str, experiment: str = BOARD, tune=None) -> dict:
     """{seed: value}, averaged over `arms` (a name or a group) at the LR rank; field: accuracy, loss or exit."""
-    arms = (arms,) if isinstance(arms, str) else arms
+    arms = _arms(arms)
     fn = exit_or_end if field == "exit" else (lambda r: value(r, field))
     tables = [by_seed(runs_at(rec, a, rank, experiment, tune), fn) for a in arms]
     seeds = set.intersection(*(set(t) for t in tables)) if tables else set()
     return {s: float(np.mean([t[s] for t in tables])) for s in sorted(seeds)}
 
 
-# id, claim, arms a, arms b, field, predicted sign, family, experiment of a (tune arm of a)
-CLAIMS = (
+# a - b per seed; field: accuracy, loss or exit; sign: the predicted one; family: Holm's; a's experiment and tune arm
+Claim = namedtuple("Claim", "id text a b field sign family experiment tune")
+CLAIMS = tuple(Claim(*c) for c in (
     ("H1", "naive BN is less accurate than LN (Shen et al. 2020): accuracy, batchnorm - ln_pre",
      "batchnorm", "ln_pre", "accuracy", -1, "F1", BOARD, None),
     ("H2", "masked BN is more accurate than naive BN: accuracy, masked - naive",
@@ -72,7 +73,11 @@ CLAIMS = (
      "ln_pre_meanpool", "ln_pre", "exit", -1, "M2", "mechanism", "ln_pre"),
     ("MLM1", "on MLM naive BN's masked-token loss is higher than LN's (Shen 2020): loss, batchnorm - ln_pre",
      "batchnorm", "ln_pre", "loss", +1, "MLM1", BOARD, None),
-)
+))
+
+
+def _arms(x) -> tuple:
+    return (x,) if isinstance(x, str) else tuple(x)
 
 
 def claim_rows(rec: Records, test: str) -> list[dict]:
@@ -80,15 +85,15 @@ def claim_rows(rec: Records, test: str) -> list[dict]:
     robustness rule's verdict, and the horizon rule's."""
     mlm = any(r.get("task") == "mlm" for r in rec.runs)
     rows = []
-    for cid, text, a, b, field, sign, family, exp_a, tune_a in CLAIMS:
-        if (cid == "MLM1") != mlm:
+    for c in CLAIMS:
+        if (c.id == "MLM1") != mlm:
             continue
-        ests = {k: rules.estimate(paired(per_seed(rec, a, k, field, exp_a, tune_a), per_seed(rec, b, k, field)),
-                                  test) for k in (0, 1)}
+        ests = {k: rules.estimate(paired(per_seed(rec, c.a, k, c.field, c.experiment, c.tune),
+                                         per_seed(rec, c.b, k, c.field)), test) for k in (0, 1)}
         if all(e.n < 2 for e in ests.values()):
             continue
-        rows.append({"id": cid, "claim": text, "family": family, "sign": sign, "est": ests, "field": field,
-                     "arms": [x for x in ((a,) if isinstance(a, str) else a) + ((b,) if isinstance(b, str) else b)]})
+        rows.append({"id": c.id, "claim": c.text, "family": c.family, "sign": c.sign, "est": ests, "field": c.field,
+                     "arms": _arms(c.a) + _arms(c.b)})
     for k in (0, 1):
         for family in {r["family"] for r in rows}:
             adjusted = holm({r["id"]: r["est"][k].p for r in rows if r["family"] == family})

@@ -17,7 +17,8 @@ def run(exit_step: int, steps: int = 320, final_loss: float = 0.4, evals=None, s
     """A synthetic record: train loss at ln 2 until `exit_step`, then `final_loss`; evaluations {step: accuracy}."""
     loss = [LN2 if s < exit_step else final_loss for s in range(1, steps + 1)]
     return {"seed": seed, "curves": {"step": list(range(1, steps + 1)), "loss": loss,
-                                     "eval": [{"step": s, "accuracy": a, "loss": 1 - a} for s, a in (evals or {}).items()]}}
+                                     "eval": [{"step": s, "accuracy": a, "loss": 1 - a}
+                                              for s, a in (evals or {}).items()]}}
 
 
 # --- the floor --------------------------------------------------------------------------------------------------

@@ -61,8 +61,8 @@ def test_a_coin_flip_tuning_trains_both_lrs_and_is_flagged(tmp_path, monkeypatch
     assert a["dev_loss_by_seed"]["0.001"] == DEV["a-lr0.001"]
     trained = json.loads((tmp_path / "st" / "study.json").read_text())["runs"]
     board = {n for n, r in trained.items() if "board" in r["experiments"]}
-    assert board == {f"{arm}-lr{lr}-wuon-s{s}" for arm, lrs in (("a", ("0.00316", "0.001")), ("b", ("0.001", "0.00316")))
-                     for lr in lrs for s in (0, 1)}
+    lrs = {"a": ("0.00316", "0.001"), "b": ("0.001", "0.00316")}
+    assert board == {f"{arm}-lr{lr}-wuon-s{s}" for arm in lrs for lr in lrs[arm] for s in (0, 1)}
     # b's runner-up 3.16e-3 and best 1e-3 appear as the same names a's do: runs are shared by configuration only
     assert all(r["status"] == "completed" and r["commit"] and r["machine"] and r["started_at"]
                for r in trained.values())
