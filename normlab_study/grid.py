@@ -14,7 +14,7 @@ STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
 AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
 FINISHED = ("completed", "diverged")  # a run that ended so is a result: never trained again (failed ones are)
 GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project",
-             "experiments", "init", "score", "share_runs", "signal"}
+             "experiments", "init", "score", "share_runs", "signal", "selection_from"}
 VARIANT_KEYS = {"config", "overrides", "warmup", "tune", "lr_scale", "seeds"}
 EXPERIMENT_KEYS = {"description", "overrides", "variants", "lr", "warmup", "seeds"}
 
@@ -158,7 +158,8 @@ def load_grid(path: Path) -> dict:
     out = {"name": str(grid["name"]), "description": grid.get("description", ""),
            "overrides": _overrides(grid.get("overrides"), "overrides"), "experiments": experiments,
            "init": grid.get("init"), "score": grid.get("score") or {}, "share_runs": bool(grid.get("share_runs")),
-           "comparisons": grid.get("comparisons", []), "wandb_project": grid.get("wandb_project")}
+           "comparisons": grid.get("comparisons", []), "wandb_project": grid.get("wandb_project"),
+           "selection_from": grid.get("selection_from")}
     _check_selection(path, out)
     if out["share_runs"]:
         _check_shared(path, out)
@@ -231,7 +232,11 @@ def expand(grid: dict, selection: dict | None = None) -> list[dict]:
     of a {best_of} experiment appear once `selection` holds their LR. Shared runs appear once, under the first
     experiment that needs them, with every experiment that uses them in `experiments`."""
     runs, by_name = [], {}
+    # selection_from: the LRs were chosen by another study, whose sweeps are named here but never trained
+    named_only = {e["best_of"] for e in grid["experiments"].values()} if grid.get("selection_from") else set()
     for experiment, exp in grid["experiments"].items():
+        if experiment in named_only:
+            continue
         for variant, spec in exp["variants"].items():
             lrs = run_lrs(grid, experiment, variant, selection or {})
             for lr, warmup, seed in itertools.product(lrs, spec["warmup"], spec["seeds"] or exp["seeds"]):

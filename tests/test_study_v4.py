@@ -267,3 +267,20 @@ def test_signal_rows_take_each_arms_best_lr_and_carry_provenance(tmp_path):
     assert all(len(r["cosine"]) == 3 and r["commit"] and r["machine"] and r["started_at"] for r in rows.values())
     (call,) = json.loads((tmp_path / "st" / "study.json").read_text())["invocations"]
     assert call["command"].startswith("python -m normlab_study.signal")
+
+
+def test_a_study_can_take_its_lrs_from_another_and_never_trains_the_named_sweep(tmp_path):
+    path = tmp_path / "long.yaml"
+    source = tmp_path / "quick_selection.json"
+    path.write_text(TWO_LRS.replace("share_runs: true", f"share_runs: true\nselection_from: {source}"))
+    g = study.load_grid(path)
+    with pytest.raises(grid_mod.StudyError, match="selection_from: .* not found"):
+        study.study_selection(g, tmp_path / "st")
+    source.write_text(json.dumps({"tune/a/wuon": {"lr": 0.001, "runner_up": 0.00316}}))
+    with pytest.raises(grid_mod.StudyError, match="no choice for tune/b/wuon"):
+        study.study_selection(g, tmp_path / "st")
+    source.write_text(json.dumps({f"tune/{v}/wuon": {"lr": 0.001, "runner_up": 0.00316} for v in "ab"}))
+    study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", study.LocalEngine(runner=fake_runner))
+    trained = json.loads((tmp_path / "st" / "study.json").read_text())["runs"]
+    assert len(trained) == 2 * 2 * 2 and all("board" in r["experiments"] for r in trained.values())
+    assert json.loads((tmp_path / "st" / "selection.json").read_text()) == json.loads(source.read_text())
