@@ -194,6 +194,7 @@ def test_the_v4_report_applies_the_robustness_and_horizon_rules(tmp_path):
     text = report_v4.write_markdown(rec, {"name": "synthetic", "invocations": []})
     assert "abc1234 (190)" in text and "near tie" in text and "**horizon too short**" in text
     assert "## Calibration: the A/A control" in text and "depends on the LR" in text
+    assert "DyT's validation loss relative to pre-LN's: " in text and "(arXiv 2604.23434: -27%" in text
 
 
 def test_make_report_writes_the_v4_report_for_v4_records_and_keeps_v3s(tmp_path):
