@@ -35,7 +35,9 @@ def choice(losses: dict) -> dict:
     out = {"lr": best_lr(losses), "dev_loss": {f"{k:g}": round(float(np.mean(v)), 5) for k, v in losses.items()}}
     if len(losses) >= 2:
         picked = choose_lrs(losses)
-        out.update({k: picked[k] for k in ("runner_up", "gap", "seed_sd", "near_tie")})
+        out.update({k: picked[k] for k in ("runner_up", "near_tie")})
+        # a diverged seed makes the gap or the SD infinite or undefined: null in JSON
+        out.update({k: round(picked[k], 5) if math.isfinite(picked[k]) else None for k in ("gap", "seed_sd")})
         out["dev_loss_by_seed"] = {f"{k:g}": [round(float(x), 5) if math.isfinite(x) else None for x in v]
                                    for k, v in losses.items()}
     return out

@@ -285,3 +285,13 @@ def test_a_study_can_take_its_lrs_from_another_and_never_trains_the_named_sweep(
     trained = json.loads((tmp_path / "st" / "study.json").read_text())["runs"]
     assert len(trained) == 2 * 2 * 2 and all("board" in r["experiments"] for r in trained.values())
     assert json.loads((tmp_path / "st" / "selection.json").read_text()) == json.loads(source.read_text())
+
+
+def test_a_diverged_tuning_seed_gives_no_gap_and_no_near_tie():
+    from normlab_study.selection import choice
+
+    picked = choice({1e-3: [0.40, 0.41], 1e-2: [0.41, float("inf")]})
+    assert (picked["lr"], picked["runner_up"], picked["gap"], picked["seed_sd"]) == (1e-3, 1e-2, None, None)
+    assert picked["dev_loss_by_seed"]["0.01"] == [0.41, None]
+    assert picked["near_tie"] is False and picked["dev_loss"]["0.01"] == float("inf")  # as v3 wrote it
+    assert "runner_up" not in choice({1e-3: [0.4]})  # a one-LR sweep has no runner-up
