@@ -14,7 +14,7 @@ STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
 AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
 FINISHED = ("completed", "diverged")  # a run that ended so is a result: never trained again (failed ones are)
 GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project",
-             "experiments", "init", "score", "share_runs"}
+             "experiments", "init", "score", "share_runs", "signal", "selection_from"}
 VARIANT_KEYS = {"config", "overrides", "warmup", "tune", "lr_scale", "seeds"}
 EXPERIMENT_KEYS = {"description", "overrides", "variants", "lr", "warmup", "seeds"}
 
@@ -117,10 +117,22 @@ def _load_experiment(where, spec: dict, defaults: dict) -> dict:
         raise StudyError(f"{where}: warmup must map on/off to train.warmup_steps, e.g. {{on: 30, off: 0}}")
     seeds = spec["seeds"]
     _check_seeds(where, seeds)
-    best_of = spec["lr"].get("best_of") if isinstance(spec["lr"], dict) and set(spec["lr"]) == {"best_of"} else None
+    best_of, ranks = _chosen_lr_spec(where, spec["lr"])
     return {"description": spec.get("description", ""), "variants": _load_variants(where, spec["variants"], warmup),
             "overrides": _overrides(spec.get("overrides"), f"{where} overrides"),
-            "lr": [] if best_of else lr_grid(spec["lr"]), "best_of": best_of, "warmup": warmup, "seeds": seeds}
+            "lr": [] if best_of else lr_grid(spec["lr"]), "best_of": best_of, "ranks": ranks, "warmup": warmup,
+            "seeds": seeds}
+
+
+def _chosen_lr_spec(where, lr) -> tuple:
+    """{best_of: E} -> (E, 1): each variant at the LR E chose; {best_of: E, ranks: 2}: at its best and at its
+    runner-up LR (study v4's robustness rule). Anything else is a grid: (None, 0)."""
+    if not (isinstance(lr, dict) and "best_of" in lr):
+        return None, 0
+    if not set(lr) <= {"best_of", "ranks"} or lr.get("ranks", 1) not in (1, 2):
+        raise StudyError(f"{where}: lr {lr} must be {{best_of: EXPERIMENT}} or {{best_of: EXPERIMENT, ranks: 2}} "
+                         f"(ranks 1: the best LR; 2: the best and the runner-up)")
+    return lr["best_of"], lr.get("ranks", 1)
 
 
 def load_grid(path: Path) -> dict:
@@ -146,7 +158,8 @@ def load_grid(path: Path) -> dict:
     out = {"name": str(grid["name"]), "description": grid.get("description", ""),
            "overrides": _overrides(grid.get("overrides"), "overrides"), "experiments": experiments,
            "init": grid.get("init"), "score": grid.get("score") or {}, "share_runs": bool(grid.get("share_runs")),
-           "comparisons": grid.get("comparisons", []), "wandb_project": grid.get("wandb_project")}
+           "comparisons": grid.get("comparisons", []), "wandb_project": grid.get("wandb_project"),
+           "selection_from": grid.get("selection_from")}
     _check_selection(path, out)
     if out["share_runs"]:
         _check_shared(path, out)
@@ -201,7 +214,13 @@ def run_lrs(grid: dict, experiment: str, variant: str, selection: dict) -> list[
         return exp["lr"]
     spec = exp["variants"][variant]
     chosen = selection.get(selection_key(exp["best_of"], spec["tune"], spec["warmup"][0]))
-    return [float(f"{chosen['lr'] * spec['lr_scale']:.3g}")] if chosen else []
+    if not chosen:
+        return []
+    if exp.get("ranks", 1) == 2 and "runner_up" not in chosen:
+        raise StudyError(f"experiment {experiment}: needs the runner-up LR of {spec['tune']}, which selection.json "
+                         f"(written by an older choice) does not have; choose again in a fresh study directory")
+    lrs = [chosen["lr"]] + ([chosen["runner_up"]] if exp.get("ranks", 1) == 2 else [])
+    return [float(f"{lr * spec['lr_scale']:.3g}") for lr in lrs]
 
 
 def selection_key(experiment: str, variant: str, warmup: str) -> str:
@@ -213,7 +232,11 @@ def expand(grid: dict, selection: dict | None = None) -> list[dict]:
     of a {best_of} experiment appear once `selection` holds their LR. Shared runs appear once, under the first
     experiment that needs them, with every experiment that uses them in `experiments`."""
     runs, by_name = [], {}
+    # selection_from: the LRs were chosen by another study, whose sweeps are named here but never trained
+    named_only = {e["best_of"] for e in grid["experiments"].values()} if grid.get("selection_from") else set()
     for experiment, exp in grid["experiments"].items():
+        if experiment in named_only:
+            continue
         for variant, spec in exp["variants"].items():
             lrs = run_lrs(grid, experiment, variant, selection or {})
             for lr, warmup, seed in itertools.product(lrs, spec["warmup"], spec["seeds"] or exp["seeds"]):

@@ -5,7 +5,9 @@ batches for every model. Writes STUDY/e1.jsonl, one record per (placement, depth
 
 import argparse
 import itertools
+import shlex
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -17,6 +19,7 @@ from common.probes import block_parameters
 from common.step import model_inputs
 from common.tokenizer import get_tokenizer
 from model import NormLabConfig, NormLabForSequenceClassification
+from normlab_study.runner import provenance, record_invocation
 
 DATA = {"name": "stanfordnlp/sst2", "path": None, "text_column": "sentence", "label_column": "label",
         "num_labels": None, "train_split": "train", "eval_split": "validation", "max_train_samples": None,
@@ -79,7 +82,7 @@ def run(init: dict, out: Path, tokenizer_rows: int, vocab_size: int) -> list[dic
     train, probe, vocab = fixed_batches(init, vocab_size, tokenizer_rows)
     rows = []
     for placement, depth, seed in itertools.product(init["placements"], init["depths"], init["seeds"]):
-        rows.append(measure(placement, depth, seed, init, train, probe, vocab))
+        rows.append({**measure(placement, depth, seed, init, train, probe, vocab), **provenance()})
         r = rows[-1]
         print(f"e1 {placement} depth {depth} seed {seed}: grad last/first "
               f"{r['grad_norm'][-1] / r['grad_norm'][0]:.3g}, output change {r['output_change'][-1]:.3g}", flush=True)
@@ -101,7 +104,12 @@ def main(argv=None) -> int:
     if isinstance(overrides, list):
         overrides = dict(o.split("=", 1) for o in overrides)
     torch.set_num_threads(1)  # tiny models: one thread is as fast and leaves the other core to the study
+    started = time.time()
     run(source["init"], args.study_dir / "e1.jsonl", int(overrides.get("data.max_train_samples", 5120)),
         int(overrides.get("model.vocab_size", 4000)))
+    if (args.study_dir / "study.json").is_file():  # meta.json lists every invocation, E1's too
+        record_invocation(args.study_dir, shlex.join(["python", "scripts/init_study.py",
+                                                      *(argv if argv is not None else sys.argv[1:])]),
+                          started, in_process=True)
     return 0
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from common.io import atomic_write_json, read_json, read_jsonl
 from normlab_study import outcomes as oc
-from normlab_study import plots
+from normlab_study import plots, report_v4
 from normlab_study.analysis import (BATCH_STAT, DEV, Records, by_seed, leaderboard, outcome_grid, outcome_of, paired,
                                     value)
 from normlab_study.hypotheses import flip_table, verdicts
@@ -37,7 +37,7 @@ def copy_records(study_dir: Path, out: Path) -> None:
                 if key.startswith("dev/"):
                     score.pop("pred", None)  # dev only chooses LRs, by its loss
             f.write(json.dumps(r, separators=(",", ":")) + "\n")
-    for name in ("selection.json", "e1.jsonl", "labels.json"):
+    for name in ("selection.json", "e1.jsonl", "labels.json", "signal.jsonl"):
         if (study_dir / name).is_file() and study_dir.resolve() != out.resolve():
             shutil.copyfile(study_dir / name, out / name)
     calls = study.get("invocations", [])
@@ -260,8 +260,11 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabl
         raise FileNotFoundError(f"{out / RECORDS} not found: give a scored study directory (after "
                                 f"scripts/score_runs.py) or a folder of committed records")
     rec = load(out)
-    figures = plots.all_figures(rec, out)
     meta = read_json(out / "meta.json", {}) or {}
+    if report_v4.is_v4(rec):  # study v4's presets: its own rules and report (no v3 figures, no W&B run yet)
+        (out / "report.md").write_text(report_v4.write_markdown(rec, meta, read_jsonl(out / "signal.jsonl")))
+        return out / "report.md"
+    figures = plots.all_figures(rec, out)
     (out / "report.md").write_text(write_markdown(rec, meta))
     if wandb_mode != "disabled":
         log_to_wandb(rec, out, meta, figures, wandb_mode)

@@ -172,16 +172,23 @@ def git_commit() -> str | None:
     return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def record_invocation(study_dir: Path, command: str, started: float) -> None:
-    """Append this command's commit, machine, wall time and CPU time (of the runs it started) to study.json."""
+def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False) -> None:
+    """Append this command's commit, machine, wall time and CPU time to study.json: of the runs it started, or
+    (in_process: E1, which trains nothing) its own."""
     path = study_dir / "study.json"
     data = read_json(path)
     times = os.times()
+    cpu = times.user + times.system if in_process else times.children_user + times.children_system
     data.setdefault("invocations", []).append({
         "command": command, "commit": git_commit(), "machine": machine(), "started": time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 1),
-        "cpu_s": round(times.children_user + times.children_system, 1)})
+        "cpu_s": round(cpu, 1)})
     atomic_write_json(path, data, indent=1)
+
+
+def provenance() -> dict:
+    """What every record carries about where it was made: commit, machine, start time."""
+    return {"commit": git_commit(), "machine": machine(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def wants_e1(grid: dict, only: dict) -> bool:
@@ -231,6 +238,25 @@ def score_study(study_dir: Path, shards: int) -> None:
         part.unlink()
 
 
+def study_selection(grid, study_dir: Path) -> dict:
+    """STUDY/selection.json; for a study whose LRs another study chose (`selection_from`, e.g. long_v4 takes
+    quick_v4's), that study's file until this one has its own copy."""
+    selection = read_json(study_dir / "selection.json", {}) or {}
+    source = grid.get("selection_from")
+    if selection or not source:
+        return selection
+    path = Path(source) if Path(source).is_absolute() else REPO_ROOT / source
+    if not path.is_file():
+        raise StudyError(f"selection_from: {path} not found; run the study that chooses these LRs first "
+                         f"(or copy its selection.json to {study_dir})")
+    selection = read_json(path)
+    missing = pending_selections(grid, selection)
+    if missing:
+        raise StudyError(f"selection_from: {path} has no choice for {', '.join(sorted(missing))}; this study "
+                         f"cannot choose them (its sweeps are named, not trained)")
+    return selection
+
+
 def selected_runs(grid, only: dict, selection: dict) -> list[dict]:
     """The runs --only asks for among those whose LR is known; a value that names nothing is an error only once
     every chosen-LR experiment can expand (before that, it may name a run the selection will create)."""
@@ -244,7 +270,10 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
     unlock; repeat until nothing more can run (a narrowed study may leave choices for a later invocation)."""
     from normlab_study.selection import select
 
-    selection = read_json(study_dir / "selection.json", {}) or {}
+    selection = study_selection(grid, study_dir)
+    if selection and not (study_dir / "selection.json").is_file():  # taken from selection_from: keep the copy
+        study_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(study_dir / "selection.json", selection, indent=1)
     while True:
         runs = selected_runs(grid, only, selection)
         sweeps = {experiment for experiment, _, _ in pending_selections(grid, selection).values()}
@@ -315,7 +344,7 @@ def main(argv=None) -> int:
         only = parse_only(args.only)
         run_e1 = wants_e1(grid, only)
         study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
-        runs = selected_runs(grid, only, read_json(study_dir / "selection.json", {}) or {})
+        runs = selected_runs(grid, only, study_selection(grid, study_dir))
         validate_commands(grid, runs, args.overrides)
         if args.dry_run:
             return dry_run(grid, runs, study_dir, args.overrides)

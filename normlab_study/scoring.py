@@ -9,17 +9,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.batching import encode_rows, row_batches
+from common.batching import MLM_PROBABILITY, encode_rows, row_batches
 from common.data import resolve_dataset
-from common.evaluation import in_row_order, score_batches
+from common.evaluation import evaluate, in_row_order, score_batches
 from common.io import atomic_write_json, read_json, read_jsonl, read_yaml, write_jsonl
-from model import BATCH_STAT_NORMS, NormLabForSequenceClassification
+from model import BATCH_STAT_NORMS, NormLabForMaskedLM, NormLabForSequenceClassification
 from model.norms import real_token_mask
 
 # sorted: length-sorted batches padded to their longest; shuffled: one fixed random order, padded to the batch's
 # longest; fixed: the sorted batches padded to data.max_length
 BATCHINGS = ("sorted", "shuffled", "fixed")
 SHUFFLE_SEED = 1234  # one order for every model, so their shuffled batches hold the same sentences
+MLM_SEED = 1234  # the masks of every MLM model's scoring: one draw, shared
 SCORE_DEFAULTS = {"dev_rows": 2000, "batch_size": 32}  # a study file's `score` block overrides them
 
 
@@ -108,9 +109,11 @@ def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) 
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # quietly: a study loads hundreds of models
+    cfg = read_yaml(run_dir / "config.yaml")
+    if cfg.get("task") == "mlm":
+        return score_mlm(run_dir, sets, batch_size), None
     model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
-    cfg = read_yaml(run_dir / "config.yaml")
     max_length = cfg["data"]["max_length"]
     out, rows = {}, {}
     for split, (texts, labels) in sets.items():
@@ -126,14 +129,36 @@ def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) 
     return out, gap
 
 
+def score_mlm(run_dir: Path, sets: dict, batch_size: int) -> dict:
+    """An MLM run's final model: mean masked-token loss and accuracy per split (length-sorted batches), with the
+    same masks for every model (15% of the tokens, drawn under MLM_SEED), so that arms are compared on one task."""
+    from transformers import AutoTokenizer, DataCollatorForLanguageModeling
+
+    model = NormLabForMaskedLM.from_pretrained(run_dir / "final").eval()
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
+    max_length = read_yaml(run_dir / "config.yaml")["data"]["max_length"]
+    collate = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=MLM_PROBABILITY)
+    out = {}
+    for split, (texts, _) in sets.items():
+        enc = tokenizer(list(texts), truncation=True, max_length=max_length, return_special_tokens_mask=True)
+        rows = [{"input_ids": i, "special_tokens_mask": m}
+                for i, m in zip(enc["input_ids"], enc["special_tokens_mask"])]
+        loader = row_batches(rows, batch_size, tokenizer.pad_token_id, order="sorted", collate=collate)
+        metrics = evaluate(None, model, loader, "mlm", seed=MLM_SEED)
+        out[f"{split}/sorted/running"] = {"loss": _sig(metrics["eval/loss"]),
+                                          "accuracy": _sig(metrics["eval/accuracy"])}
+    return out
+
+
 def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> dict:
     run_dir = study_dir / "runs" / name
     cfg = read_yaml(run_dir / "config.yaml", {})
     summary = read_json(run_dir / "summary.json", {})
     rec = {k: entry.get(k) for k in ("experiment", "variant", "lr", "warmup", "seed")}
     model_cfg = cfg.get("model", {})
-    rec.update(name=name, status=summary.get("status", entry.get("status")), norm=model_cfg.get("norm"),
-               placement=model_cfg.get("norm_placement"), qk_norm=bool(model_cfg.get("qk_norm")),
+    rec.update(name=name, status=summary.get("status", entry.get("status")), task=cfg.get("task", "classification"),
+               norm=model_cfg.get("norm"), placement=model_cfg.get("norm_placement"),
+               qk_norm=bool(model_cfg.get("qk_norm")),
                grouped=bool(cfg.get("data", {}).get("group_by_length")), duration_s=entry.get("duration_s"),
                loss_spikes=summary.get("loss_spikes"), wandb_run_id=summary.get("wandb_run_id"))
     if (run_dir / "metrics.jsonl").is_file():

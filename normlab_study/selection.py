@@ -11,6 +11,7 @@ import torch
 
 from common.io import atomic_write_json, read_json, read_yaml
 from normlab_study.engines import read_status
+from normlab_study.rules import choose_lrs
 from normlab_study.scoring import SCORE_DEFAULTS, score_run, score_sets
 
 
@@ -25,6 +26,21 @@ def dev_loss(run_dir: Path, dev, batch_size: int) -> float:
 def best_lr(dev_loss_by_lr: dict) -> float:
     """The LR with the lowest mean dev loss over seeds ({lr: [loss per seed]}); ties go to the smaller LR."""
     return min(sorted(dev_loss_by_lr), key=lambda lr: float(np.mean(dev_loss_by_lr[lr])))
+
+
+def choice(losses: dict) -> dict:
+    """{lr: [dev loss per seed]} -> the record selection.json keeps: the best LR and the mean dev loss per LR; with
+    two LRs or more also the runner-up, the gap between them, the per-seed SD and whether they are a near tie
+    (rules.choose_lrs), and every seed's loss (LRs stay floats, as runs are named by them)."""
+    out = {"lr": best_lr(losses), "dev_loss": {f"{k:g}": round(float(np.mean(v)), 5) for k, v in losses.items()}}
+    if len(losses) >= 2:
+        picked = choose_lrs(losses)
+        out.update({k: picked[k] for k in ("runner_up", "near_tie")})
+        # a diverged seed makes the gap or the SD infinite or undefined: null in JSON
+        out.update({k: round(picked[k], 5) if math.isfinite(picked[k]) else None for k in ("gap", "seed_sd")})
+        out["dev_loss_by_seed"] = {f"{k:g}": [round(float(x), 5) if math.isfinite(x) else None for x in v]
+                                   for k, v in losses.items()}
+    return out
 
 
 def select(study_dir: Path, candidates: dict, score: dict) -> dict:
@@ -42,8 +58,7 @@ def select(study_dir: Path, candidates: dict, score: dict) -> dict:
         for key, by_lr in todo.items():
             losses = {lr: [dev_loss(study_dir / "runs" / n, dev, score["batch_size"]) for n in names]
                       for lr, names in by_lr.items()}
-            lr = best_lr(losses)
-            chosen[key] = {"lr": lr, "dev_loss": {f"{k:g}": round(float(np.mean(v)), 5) for k, v in losses.items()},
-                           "runs": {f"{k:g}": names for k, names in by_lr.items()}}
+            chosen[key] = choice(losses)
+            chosen[key]["runs"] = {f"{k:g}": names for k, names in by_lr.items()}
         atomic_write_json(path, chosen, indent=1)
     return chosen
