@@ -56,7 +56,8 @@ def _compare(norm, backend):
     (grads, state), (grads_c, state_c) = _train(norm), _train(norm, backend)
     for step, (g, g_c) in enumerate(zip(grads, grads_c, strict=True), 1):
         for name in g:
-            torch.testing.assert_close(g_c[name], g[name], rtol=RTOL, atol=ATOL, msg=lambda m: f"step {step} {name}: {m}")
+            torch.testing.assert_close(g_c[name], g[name], rtol=RTOL, atol=ATOL,
+                                       msg=lambda m: f"step {step} {name}: {m}")
     for name in state:
         torch.testing.assert_close(state_c[name], state[name], rtol=RTOL, atol=ATOL, msg=lambda m: f"{name}: {m}")
     return state
