@@ -71,3 +71,15 @@ def test_a_real_run_ends_with_the_summary_and_names_its_labels(tmp_path, capsys)
 
     classify = pipeline("text-classification", model=str(out / "final"), trust_remote_code=True, device="cpu")
     assert classify("a gorgeous film")[0]["label"] in ("negative", "positive")
+
+
+def test_the_model_cards_best_line_is_readable():
+    from common.config import load_config
+    from common.model_card import model_card
+
+    card = model_card(load_config(), {**COMPLETED, "loss_spikes": 0}, {0: "negative", 1: "positive"})
+    assert ("Best evaluation (highest accuracy): step 2000: eval/accuracy 0.8119, eval/loss 0.4500. Loss spikes "
+            "during training:\n0.") in card
+    assert "{" not in card.split("## Results")[1].split("## Config")[0]  # no Python dict in the results
+    no_eval = model_card(load_config(), {**COMPLETED, "best": None})
+    assert "Best evaluation (highest accuracy): no evaluation." in no_eval
