@@ -50,6 +50,7 @@ from common.metrics_jsonl import MetricsWriter
 from common.model_card import RUN_CONFIG_FILE, model_card
 from common.optim import adamw
 from common.preflight import preflight
+from common.progress_bars import bars_on
 from common.probes import StabilityProbe
 from common.run_summary import format_summary
 from common.spikes import LossSpikeDetector
@@ -90,6 +91,7 @@ def train(cfg: dict, variant: str | None = None) -> int:
     """One run of `cfg`; `variant` (the --config file's name) becomes a wandb tag."""
     resume_path, notices, trackers, wandb_mode = preflight(cfg)
     accelerator = make_accelerator(cfg, trackers)
+    bars_on()  # off in a redirected log: before the data's and the weights' bars
     for message in notices:
         accelerator.print(f"note: {message}", file=sys.stderr)
     set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
@@ -423,7 +425,7 @@ class RunDir:
         if self.wandb_on and accelerator.is_main_process:
             self.wb = accelerator.get_tracker("wandb", unwrap=True)
         self.progress = tqdm(total=total_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
-                             disable=not accelerator.is_local_main_process)
+                             disable=not accelerator.is_local_main_process or not bars_on())
 
     def log(self, row: dict) -> None:
         if self.writer is not None:
