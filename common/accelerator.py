@@ -9,6 +9,7 @@ from accelerate import Accelerator
 
 from common.machine import available_cpus, load_average
 
+
 def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ, load=None):
     """-> (intra-op threads per process of a CPU run, None off CPU; a note when they are fewer than the cores
     because others are busy, else None). `setting` (train.cpu_threads), else the user's OMP_NUM_THREADS (not the

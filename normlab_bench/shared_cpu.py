@@ -74,7 +74,8 @@ def print_shared_cpu(res: dict, command: str) -> None:
     print(f"load average before / between / after: {res['load_average_start']} / {res['load_average_between']} / "
           f"{res['load_average_end']}  (a busy machine before the lone run makes the ratios meaningless)")
     alone = res["alone"]
-    print(f"   {'alone':>6}: {alone['tokens_per_s']:,.0f} tokens/s, {alone['cpu_threads']} threads, {alone['wall_s']} s")
+    print(f"   {'alone':>6}: {alone['tokens_per_s']:,.0f} tokens/s, {alone['cpu_threads']} threads, "
+          f"{alone['wall_s']} s")
     for name, run in res["together"].items():
         print(f"   {name:>6}: {run['tokens_per_s']:,.0f} tokens/s, {run['cpu_threads']} threads, {run['wall_s']} s: "
               f"{res['slowdown'][name]:.2f}x the lone run's time per token")
