@@ -10,7 +10,11 @@ follows them. The run directory and the exit codes (0 ok, 1 crash, 2 bad input, 
 docs/training.md.
 """
 
-import math
+from common.cpu_share import prefer_passive_openmp  # first: OpenMP reads its wait policy once, as torch loads
+
+prefer_passive_openmp()
+
+import math  # noqa: E402 - (every import from here on: after the wait policy)
 import sys
 import time
 import uuid
@@ -39,6 +43,7 @@ from common.checkpointing import (
 )
 from common.batching import build_dataloaders
 from common.config import flatten_config, model_config_from, parse_cli, save_config
+from common.cpu_share import StarvationWatch
 from common.data import label_names
 from common.evaluation import evaluate
 from common.io import atomic_write_json, atomic_write_text, read_json
@@ -46,6 +51,7 @@ from common.metrics_jsonl import MetricsWriter
 from common.model_card import RUN_CONFIG_FILE, model_card
 from common.optim import adamw
 from common.preflight import RUN_FILE, preflight, run_config
+from common.progress_bars import bars_on
 from common.probes import StabilityProbe
 from common.run_summary import format_summary
 from common.spikes import LossSpikeDetector
@@ -87,6 +93,7 @@ def train(cfg: dict, record: dict | None = None, notices=()) -> int:
     config_file naming the variant, a wandb tag; `notices`: what resolving the config had to say."""
     resume_path, more_notices, trackers, wandb_mode = preflight(cfg)
     accelerator = make_accelerator(cfg, trackers)
+    bars_on()  # off in a redirected log: before the data's and the weights' bars
     for message in [*notices, *more_notices]:
         accelerator.print(f"note: {message}", file=sys.stderr)
     set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
@@ -133,6 +140,9 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
     t, unwrapped, facts = cfg["train"], accelerator.unwrap_model(model), {}
     probe = StabilityProbe(unwrapped, BatchStatNorm)  # before the first forward: its hooks must be traced too
     clock, status = StepClock(), "completed"
+    watch = None  # a CPU run's first local process says once when other processes starve it
+    if accelerator.device.type == "cpu" and accelerator.is_local_main_process:
+        watch = StarvationWatch(torch.get_num_threads(), say=lambda text: run_dir.progress.write(text, sys.stderr))
     model.train()
     while state.step < total_steps:
         batch = next(batches)
@@ -148,7 +158,9 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
             break
         state.step += 1
         if logging_step:  # the learning rate this step used, read before the schedule moves on
-            log_step(accelerator, probe, state, run_dir, done.grad_norm, optimizer.param_groups[0]["lr"])
+            row = log_step(accelerator, probe, state, run_dir, done.grad_norm, optimizer.param_groups[0]["lr"])
+            if watch is not None:
+                watch.update(row["train/tokens_per_s"])
         scheduler.step()
         clock.step_done()
         run_dir.progress.update(1)
@@ -172,12 +184,14 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
 # what the loop calls
 
 
-def log_step(accelerator, probe, state, run_dir, grad_norm: float, lr: float) -> None:
+def log_step(accelerator, probe, state, run_dir, grad_norm: float, lr: float) -> dict:
+    """Log the step's metrics; returns the probe's row."""
     row = probe.collect(accelerator, grad_norm, lr)
     spike = state.spikes.update(row["train/loss"])
     run_dir.log({"step": state.step, "epoch": state.epoch, **row, "events/loss_spike": int(spike),
                  "events/nonfinite": 0})
     run_dir.progress.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
+    return row
 
 
 def log_divergence(accelerator, probe, state, run_dir, grad_norm: float, lr: float) -> None:
@@ -458,7 +472,7 @@ class RunDir:
         if self.wandb_on and accelerator.is_main_process:
             self.wb = accelerator.get_tracker("wandb", unwrap=True)
         self.progress = tqdm(total=total_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
-                             disable=not accelerator.is_local_main_process)
+                             disable=not accelerator.is_local_main_process or not bars_on())
 
     def log(self, row: dict) -> None:
         if self.writer is not None:

@@ -44,6 +44,16 @@ def _suggest(word, choices) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def _keys_named(name: str) -> list[str]:
+    """The dotted config keys that are `name` or end in it (dashes read as underscores): `max_steps` ->
+    ['train.max_steps']."""
+    def keys(kind, prefix=""):
+        for f in dataclasses.fields(kind):
+            yield from keys(f.type, f"{prefix}{f.name}.") if dataclasses.is_dataclass(f.type) else [prefix + f.name]
+    name = name.replace("-", "_")
+    return [k for k in keys(RunConfig) if k == name or k.rsplit(".", 1)[-1] == name]
+
+
 def _key_type(key: str, source: str):
     """The schema type of a dotted key, or a ConfigError naming the key, a close match and the valid keys."""
     kind, here = RunConfig, ""
@@ -54,8 +64,10 @@ def _key_type(key: str, source: str):
         full = f"{here}.{part}" if here else part
         if part not in fields:
             close = difflib.get_close_matches(part, list(fields), n=1, cutoff=0.6)
+            named = _keys_named(part) if not here else []  # `max_steps=200`: a key of a section
             hint = f"; {HINTS[full]}" if full in HINTS else (
-                f"; did you mean '{here + '.' if here else ''}{close[0]}'?" if close else "")
+                f"; did you mean '{here + '.' if here else ''}{close[0]}'?" if close else
+                f"; did you mean '{named[0]}'?" if named else "")
             under = f"under {here}" if here else "at the top level"
             raise ConfigError(f"unknown config key '{full}' ({source}){hint}; valid keys {under}: {', '.join(fields)}")
         kind, here = fields[part], full
@@ -223,6 +235,15 @@ def flatten_config(cfg: dict, prefix: str = "") -> dict:
     return flat
 
 
+def _as_override(name: str, value: str | None) -> str:
+    """'; settings are key=value: train.max_steps=200' when `--name value` names a config key, else ''."""
+    keys = _keys_named(name)
+    if not keys:
+        return ""
+    given = value if value is not None and not value.startswith("-") and "=" not in value else "..."
+    return f"; settings are key=value: {' or '.join(f'{k}={given}' for k in keys)}"
+
+
 def parse_cli(argv=None):
     """`[--config FILE] [--debug] [key=value ...]` -> (config_file or None, [overrides], debug)."""
     args = iter(sys.argv[1:] if argv is None else argv)
@@ -242,7 +263,8 @@ def parse_cli(argv=None):
             print(f"usage: {USAGE}")
             raise SystemExit(0)
         elif arg.startswith("-") and "=" not in arg:
-            raise ConfigError(f"unknown option {arg!r}; usage: {USAGE}")
+            hint = _as_override(arg.lstrip("-"), next(args, None))  # `--max_steps 200`: train.max_steps=200
+            raise ConfigError(f"unknown option {arg!r}{hint}; usage: {USAGE}")
         elif "=" not in arg:
             raise ConfigError(f"unexpected argument {arg!r}: overrides are key=value (e.g. train.lr=1e-3) and a "
                               f"config file goes after --config")

@@ -15,6 +15,13 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on: a taskset or a container's cpuset may allow fewer than the machine has."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def load_average() -> list[float] | None:
     """The 1, 5 and 15 minute load averages (None where the OS has none): other processes skew timings."""
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else None

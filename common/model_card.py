@@ -6,6 +6,14 @@ import yaml
 RUN_CONFIG_FILE = "normlab_run.yaml"  # final/'s copy of the run config, so final/ copied elsewhere keeps its dataset
 
 
+def best_line(best: dict | None) -> str:
+    """'step 1500: eval/accuracy 0.8100, eval/loss 0.4400' (the evaluation with the best accuracy)."""
+    if not best:
+        return "no evaluation"
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if k != "step" and isinstance(v, float))
+    return f"step {best.get('step')}: {metrics}"
+
+
 def model_card(cfg: dict, summary: dict, id2label: dict | None = None) -> str:
     """The card's Markdown for a run of `cfg` that ended with `summary`; `id2label`: the classifier's class names."""
     m = cfg["model"]
@@ -39,7 +47,8 @@ Labels: {labels or "none (masked language model)"}.
 |---|---|
 {results}
 
-Best: {summary.get('best')}. Loss spikes during training: {summary.get('loss_spikes')}.
+Best evaluation (highest accuracy): {best_line(summary.get('best'))}. Loss spikes during training:
+{summary.get('loss_spikes')}.
 
 ## Config
 

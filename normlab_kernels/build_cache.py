@@ -1,11 +1,14 @@
 """The C++ backend's build cache (torch.utils.cpp_extension's folder TORCH_EXTENSIONS_DIR/<name>/), checked when
 read: a library that a killed link left truncated, or that changed since it last loaded, or that does not load, is
 rebuilt with one warning (docs/kernels.md). A build that fails with no library cached (no compiler) raises.
+torch's build lock left behind by a killed build (on which every later load would wait for good) is removed with
+one warning.
 """
 
 import contextlib
 import hashlib
 import shutil
+import sys
 from pathlib import Path
 
 from common.cache import MANIFEST, file_digest, short, warn_rebuilding
@@ -57,8 +60,37 @@ def _problem(folder: Path, library: Path, inputs: str) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def loading(folder: Path):
+    """Held around every load of the build in `folder`: an exclusive flock on `<folder>.loading`, so NormLab's
+    loads of one build take turns (a cached build loads in about a second), and the kernel drops it when its
+    process dies, however it dies. So torch's `lock` in the folder, found while holding it, was left by a killed
+    build (every later load would wait on it for good): it is removed with one warning, and this load builds.
+    Without fcntl (not POSIX) nothing is checked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{folder}.loading", "a") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)  # waits for a live load or build; released when the file closes
+        lock = folder / "lock"
+        if lock.exists():
+            lock.unlink(missing_ok=True)
+            print(f"warning: {lock} was left by a kernel build that was killed (no process is building); removed "
+                  f"it, building again", file=sys.stderr, flush=True)
+        yield
+
+
 def load_checked(build_and_load, name: str, sources, extra_cflags):
-    """build_and_load(name=, sources=, extra_cflags=) (torch.utils.cpp_extension.load), on a checked cache."""
+    """build_and_load(name=, sources=, extra_cflags=) (torch.utils.cpp_extension.load), on a checked cache, with
+    a stale build lock removed first."""
+    with loading(Path(build_dir(name))):
+        return _load_checked(build_and_load, name, sources, extra_cflags)
+
+
+def _load_checked(build_and_load, name: str, sources, extra_cflags):
     folder = Path(build_dir(name))
     library, inputs = folder / f"{name}.so", _inputs_digest(sources, extra_cflags)
 
@@ -86,4 +118,4 @@ def load_checked(build_and_load, name: str, sources, extra_cflags):
         return load()
 
 
-__all__ = ["build_dir", "load_checked"]
+__all__ = ["build_dir", "load_checked", "loading"]

@@ -45,8 +45,8 @@ class BuildProgress:
 
     def __init__(self, announce_now: bool, stream=None, grace: float = 5.0, every: float = 20.0, lock=None):
         self.announce_now, self.grace, self.every = announce_now, grace, every
-        # torch's build lock, already there before this load: another process builds, or one that was killed
-        # while building left it behind (then every load waits for good until it is deleted)
+        # torch's build lock, already there before this load: another process builds (this one waits its turn),
+        # or one that was killed while building left it behind (build_cache.loading removes it)
         self.waits_on = lock if lock is not None and os.path.exists(lock) else None
         self.stream = stream or sys.stderr
         self.announced = False
@@ -72,7 +72,7 @@ class BuildProgress:
         while not self._done.wait(self.every):
             if self.waits_on and os.path.exists(self.waits_on):
                 self._say(f"normlab_kernels: waiting {self._elapsed():.0f} s for another process's build (its lock "
-                          f"file {self.waits_on}; if no build runs, delete it)")
+                          f"file {self.waits_on})")
             else:
                 self._say(f"normlab_kernels: still building ({self._elapsed():.0f} s)")
 

@@ -237,8 +237,9 @@ SCALE = ["## Scale", "",
          "separated here is a result at this scale, not evidence about theirs."]
 
 
-def log_to_wandb(rec: Records, out: Path, meta: dict, figures: list[str], mode: str) -> dict | None:
-    """The report as a W&B run in the study's group: every run a row, the verdicts a table, the figures images."""
+def log_to_wandb(rec: Records, out: Path, meta: dict, figures: list[str], mode: str, wandb_dir: Path) -> dict | None:
+    """The report as a W&B run in the study's group (its files in wandb_dir/wandb): every run a row, the verdicts
+    a table, the figures images."""
     from common.wandb_report import log_study
 
     fields = ("name", "experiment", "variant", "lr", "warmup", "seed", "status", "norm", "placement", "commit")
@@ -248,10 +249,13 @@ def log_to_wandb(rec: Records, out: Path, meta: dict, figures: list[str], mode: 
     table = [{"id": h.id, "claim": h.claim, "estimate": h.estimate.fmt(4), "test": h.test, "p_holm": h.p_adjusted,
               "verdict": h.verdict} for h in hyps]
     images = {name.removesuffix(".png"): out / name for name in figures}
-    return log_study(out, meta.get("name") or out.name, rows, {}, table, images, mode)
+    return log_study(wandb_dir, meta.get("name") or out.name, rows, {}, table, images, mode)
 
 
-def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabled") -> Path:
+def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabled",
+                wandb_dir: Path | None = None) -> Path:
+    """report.md and its figures in `out` (default: source); with a wandb_mode, the W&B report run's files go to
+    wandb_dir (default: source), never into `out` unless it is that."""
     source, out = Path(source), Path(out or source)
     out.mkdir(parents=True, exist_ok=True)
     if (source / "study.json").is_file():
@@ -267,5 +271,6 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabl
     figures = plots.all_figures(rec, out)
     (out / "report.md").write_text(write_markdown(rec, meta))
     if wandb_mode != "disabled":
-        log_to_wandb(rec, out, meta, figures, wandb_mode)
+        (wandb_dir := Path(wandb_dir or source)).mkdir(parents=True, exist_ok=True)
+        log_to_wandb(rec, out, meta, figures, wandb_mode, wandb_dir)
     return out / "report.md"

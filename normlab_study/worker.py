@@ -54,9 +54,8 @@ def environment(extra: dict):
 
 
 def run_job(job: dict) -> int:
+    import train  # imported once per worker: this is the saving; first: it sets OpenMP's wait policy before torch loads
     from accelerate.state import AcceleratorState, GradientState
-
-    import train  # imported once per worker: this is the saving
 
     # accelerate keeps its state in process-wide singletons; a run starts from none, as in a fresh process
     AcceleratorState._reset_state(reset_partial_state=True)

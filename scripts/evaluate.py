@@ -24,6 +24,9 @@ from common.model_card import RUN_CONFIG_FILE
 from common.wandb_run import keep_offline_files_in, resolve_mode
 
 
+DEFAULT_BATCH_SIZE = 64  # evaluation with the running statistics: the batch size changes only the speed
+
+
 class EvalError(ValueError):
     """Bad input; the message names the problem and what would be valid."""
 
@@ -125,6 +128,15 @@ def load_model(checkpoint: Path):
                         f"vocab_size is {config.vocab_size}; save the tokenizer the model was trained with")
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, trust_remote_code=True)
     return model, tokenizer
+
+
+def batch_size_for(args, checkpoint: Path) -> int:
+    """--batch-size, else with --batch-stats the run's training batch size (each batch's statistics depend on
+    how many rows it has: train.py's own evaluation uses that size), else DEFAULT_BATCH_SIZE."""
+    if args.batch_size is not None:
+        return args.batch_size
+    trained = ((run_config(checkpoint) or {}).get("train") or {}).get("batch_size") if args.batch_stats else None
+    return trained if isinstance(trained, int) and trained >= 1 else DEFAULT_BATCH_SIZE
 
 
 def check_batch_stats(model, checkpoint: Path) -> None:
@@ -307,7 +319,8 @@ def evaluate(args):
     examples = None
     if args.data is not None or args.split is not None or not args.text:
         texts, labels, where = labeled_examples(args, checkpoint, names)
-        examples = score(accelerator, model, tokenizer, texts, labels, args.batch_size, args.batch_stats)
+        result["batch_size"] = batch_size_for(args, checkpoint)
+        examples = score(accelerator, model, tokenizer, texts, labels, result["batch_size"], args.batch_stats)
         examples["text"] = list(texts)
         result["dataset"] = {**where, "text_column": args.text_column if args.data else None,
                              "label_column": args.label_column if args.data else None}
@@ -374,7 +387,9 @@ def main(argv=None) -> int:
     parser.add_argument("--label-column", default="label", help="label column of --data (default: label)")
     parser.add_argument("--text", action="append", default=[], help="predict this text (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    parser.add_argument("--batch-size", type=int, default=64, help="examples per batch per process")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"examples per batch per process (default {DEFAULT_BATCH_SIZE}; with --batch-stats the "
+                             f"run's train.batch_size)")
     parser.add_argument("--batch-stats", action="store_true",
                         help="BN-family norms: use each batch's statistics instead of the running ones")
     parser.add_argument("--wandb", action="store_true",
@@ -384,7 +399,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.data is not None and args.split is not None:
         parser.error("give --split (the run's dataset) or --data FILE, not both")
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         parser.error("--batch-size must be >= 1")
     try:
         mode = resolve_mode(args.wandb_mode) if args.wandb else "disabled"

@@ -33,10 +33,13 @@ def row_label(run) -> str:
     return label + (f", val acc {accuracy:.3f}" if isinstance(accuracy, float) else "")
 
 
-def draw(runs, out: Path, log_y: bool = True) -> None:
+def figure(runs, log_y: bool = True):
+    """The figure: a row per run, a column per depth chart any run drew, each column titled on its first drawn
+    panel (the BN drift chart's first may be in a later row)."""
     quantities = [q for q in DEPTH_CHARTS if any(f"depth/{q}" in r.charts() for r in runs)]
     fig, axes = plt.subplots(len(runs), len(quantities), figsize=(3.4 * len(quantities), 2.6 * len(runs)),
                              squeeze=False, sharex=True)
+    titled = set()
     for row, run in enumerate(runs):
         for col, quantity in enumerate(quantities):
             ax = axes[row][col]
@@ -54,8 +57,9 @@ def draw(runs, out: Path, log_y: bool = True) -> None:
             if log_y and all(v > 0 for _, ys in lines.values() for v in ys):
                 ax.set_yscale("log")
             ax.grid(alpha=0.3)
-            if row == 0:
+            if quantity not in titled:
                 ax.set_title(f"depth/{quantity}\n{DEPTH_CHARTS[quantity]}", fontsize=8)
+                titled.add(quantity)
             if row == len(runs) - 1:
                 ax.set_xlabel("step")
             if col == 0:
@@ -63,6 +67,11 @@ def draw(runs, out: Path, log_y: bool = True) -> None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig
+
+
+def draw(runs, out: Path, log_y: bool = True) -> None:
+    fig = figure(runs, log_y)
     fig.savefig(out, dpi=80)
     plt.close(fig)
     from PIL import Image  # (matplotlib's dependency) a 256-colour palette: a third of the file, same picture

@@ -121,3 +121,29 @@ def test_pad_fractions_match_a_direct_count(bench_json):
         assert 0 < got["pad_fraction"] < 1
     # random batches are far more padded than length-grouped ones (SST-2: ~67% vs a few %)
     assert pad["random"]["pad_fraction"] > 5 * pad["length_grouped"]["pad_fraction"]
+
+
+def test_shared_cpu_bench_runs_alone_then_two_together_and_prints_each_ratio(tmp_path):
+    """scripts/bench_shared_cpu.py on tiny runs (its numbers mean nothing here): three runs, the printed ratios
+    are the lone run's median rate over each concurrent run's, as the JSON records them."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from train_utils import TINY, env
+
+    tiny = [o for o in TINY if not o.startswith(("wandb.", "train.cpu_threads"))]  # the threads train.py picks
+    proc = subprocess.run([sys.executable, "scripts/bench_shared_cpu.py", "--steps", "30", "--settle-s", "0",
+                           "--keep", str(tmp_path / "runs"), "--json", str(tmp_path / "res.json"),
+                           "train.kernels=reference", *tiny],
+                          cwd=REPO, env={k: v for k, v in env().items() if k != "OMP_NUM_THREADS"},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "res.json").read_text())
+    from common.run_summary import tokens_per_s
+
+    for name in ("alone", "first", "second"):
+        assert (tmp_path / "runs" / name / "summary.json").is_file()
+    alone = tokens_per_s(tmp_path / "runs" / "alone" / "metrics.jsonl")
+    for name in ("first", "second"):
+        ratio = alone / tokens_per_s(tmp_path / "runs" / name / "metrics.jsonl")
+        assert res["slowdown"][name] == pytest.approx(ratio, abs=0.005)
+        assert f"{res['slowdown'][name]:.2f}x the lone run's time per token" in proc.stdout
+    assert "goal: each at most 2.5x" in proc.stdout and res["omp_wait_policy"]

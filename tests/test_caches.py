@@ -142,3 +142,58 @@ def test_a_truncated_kernel_build_is_relinked_with_one_warning(recorded, cpp, tm
     assert len(warned) == 1 and str(folder) in warned[0] and expected in warned[0], warned
     result = load_kernels(tmp_path / "extensions")
     assert result.returncode == 0 and not warnings_in(result.stderr), result.stderr[-2000:]
+
+
+HOLD_BUILD_LOCK = """
+import sys, time
+from pathlib import Path
+from normlab_kernels.build_cache import loading
+folder = Path(sys.argv[1])
+with loading(folder):  # what a NormLab load does around torch's build, which creates its lock first
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lock").touch()
+    print("building", flush=True)
+    time.sleep(float(sys.argv[2]))
+    (folder / "lock").unlink()  # a build that finishes releases torch's lock
+"""
+
+
+def start_build(folder, seconds: float) -> subprocess.Popen:
+    """A process that loads the kernels as NormLab does and builds for `seconds`, holding torch's build lock."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_BUILD_LOCK, str(folder), str(seconds)], cwd=REPO_ROOT,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "building"
+    assert (folder / "lock").exists()
+    return proc
+
+
+def fake_build(folder, calls: list):
+    """torch.utils.cpp_extension.load's part in it: with its lock there it would wait until the lock goes."""
+    def build_and_load(name, sources, extra_cflags):
+        assert not (folder / "lock").exists(), "torch would wait on this lock for good"
+        calls.append(name)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.so").write_bytes(b"not ELF: loading is the check")
+        return "module"
+    return build_and_load
+
+
+@pytest.mark.parametrize("killed", [True, False], ids=["builder killed", "builder alive"])
+def test_a_build_lock_whose_builder_was_killed_is_removed_with_one_warning(killed, tmp_path, monkeypatch, capsys):
+    from normlab_kernels.build_cache import load_checked
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    folder, source = tmp_path / "extensions" / "fake_ext", tmp_path / "fake.cpp"
+    source.write_text("// the sources' digest is part of the cache check")
+    builder = start_build(folder, seconds=60 if killed else 1)
+    if killed:
+        builder.kill()  # kill -9 mid-build: torch's lock stays behind
+    builder.wait(timeout=60)
+    calls = []
+    assert load_checked(fake_build(folder, calls), "fake_ext", [str(source)], ["-O3"]) == "module"
+    assert calls == ["fake_ext"] and not (folder / "lock").exists()
+    warned = warnings_in(capsys.readouterr().err)
+    if killed:
+        assert len(warned) == 1 and str(folder / "lock") in warned[0] and "killed" in warned[0], warned
+    else:  # a live build's lock is its own: the load waits its turn, then finds no lock to remove
+        assert warned == []

@@ -182,6 +182,27 @@ def test_parse_cli():
         parse_cli(["--fast"])
     with pytest.raises(ConfigError, match="--config needs a file"):
         parse_cli(["--config"])
+    with pytest.raises(ConfigError) as err:
+        parse_cli(["--fast"])
+    assert "key=value" not in str(err.value).split("usage")[0]  # not a config key: no settings hint
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["--max_steps", "200"], "unknown option '--max_steps'; settings are key=value: train.max_steps=200;"),
+    (["--max-steps", "200"], "settings are key=value: train.max_steps=200;"),
+    (["--train.lr", "1e-3"], "settings are key=value: train.lr=1e-3;"),
+    (["--epochs"], "settings are key=value: train.epochs=...;"),  # no value after it
+    (["--seed", "--debug"], "settings are key=value: seed=...;"),
+])
+def test_an_option_named_like_a_config_key_points_at_the_key_value_form(argv, hint):
+    with pytest.raises(ConfigError) as err:
+        parse_cli(argv)
+    assert hint in str(err.value)
+
+
+def test_a_section_key_given_at_the_top_level_names_its_section():
+    with pytest.raises(ConfigError, match="unknown config key 'max_steps' .*did you mean 'train.max_steps'"):
+        load_config(None, ["max_steps=200"])
     with pytest.raises(ConfigError, match="--config given twice"):
         parse_cli(["--config", "a", "--config", "b"])
 

@@ -287,3 +287,36 @@ def test_a_damaged_model_file_is_named_in_one_line(run_dir, tmp_path, capsys, wh
     assert code == 2 and out == "" and err.count("\n") == 1, err
     assert err.startswith(f"evaluate.py: error: {copy / where / name} {why}")
     assert "evaluate another checkpoint" in err and "train the model again" in err
+
+
+@pytest.fixture(scope="session")
+def bn_run_dir(tmp_path_factory):
+    """The same tiny run with naive BatchNorm: its batch statistics depend on the batch's size."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    import train
+
+    out = tmp_path_factory.mktemp("evaluate-bn") / "run"
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    assert train.main([f"output_dir={out}", *TINY, "model.norm=batchnorm"]) == 0
+    return out
+
+
+def test_batch_stats_use_the_runs_batch_size_and_reproduce_train_py(bn_run_dir, tmp_path, capsys):
+    """--batch-stats without --batch-size batches as the run trained (train.batch_size=16, not 64): on the rows
+    the run evaluated it gives train.py's own eval/accuracy_batch_stats."""
+    path = tmp_path / "first.parquet"
+    pd.read_parquet(VALIDATION).head(EVAL_ROWS).to_parquet(path)
+    final = json.loads((bn_run_dir / "summary.json").read_text())["final"]
+    code, out, err = run_main(capsys, bn_run_dir, "--data", path, "--json", "--batch-stats")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["batch_size"] == 16
+    assert result["accuracy"] == pytest.approx(final["eval/accuracy_batch_stats"])
+    code, out, err = run_main(capsys, bn_run_dir, "--data", path, "--json", "--batch-stats", "--batch-size", 64)
+    assert code == 0, err
+    assert json.loads(out)["batch_size"] == 64  # asked for: kept
+    code, out, err = run_main(capsys, bn_run_dir, "--data", path, "--json")
+    assert code == 0, err
+    assert json.loads(out)["batch_size"] == 64  # running statistics: the size changes only the speed

@@ -212,7 +212,8 @@ def test_batch_stats_in_eval_on_remote_code_as_on_the_class(saved, tmp_path):
     torch.save(inputs, tmp_path / "inputs.pt")
     (tmp_path / "load.py").write_text(BATCH_STATS_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "hf_modules"))
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "hf_modules"),
+               OMP_NUM_THREADS=str(torch.get_num_threads()))  # compared bit for bit: this process's thread count
     proc = subprocess.run([sys.executable, "load.py", str(saved["clf_dir"]), "inputs.pt", "out.pt"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

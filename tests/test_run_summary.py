@@ -71,7 +71,11 @@ def test_a_real_run_ends_with_the_summary_and_names_its_labels(tmp_path, capsys)
     out = tmp_path / "run"
     assert run_here(out, "train.max_steps=6", "train.eval_steps=3", "train.kernels=reference",
                     "wandb.mode=offline", "wandb.log_model=false") == 0
-    lines = capsys.readouterr().out.strip().splitlines()[-4:]
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()[-4:]
+    # stderr is not a terminal here: no progress bar redraws (carriage returns), neither ours nor transformers'
+    assert "\r" not in captured.err + captured.out and "Writing model shards" not in captured.err
+    assert "step 3: eval/loss" in captured.out  # the evaluations still say how far it is
     assert lines[0].startswith("completed in ") and "tokens/s): validation accuracy " in lines[0]
     assert f"model:  {out / 'final'}" in lines[1]
     assert f"wandb sync {out / 'wandb'}" in lines[2]
@@ -83,3 +87,34 @@ def test_a_real_run_ends_with_the_summary_and_names_its_labels(tmp_path, capsys)
 
     classify = pipeline("text-classification", model=str(out / "final"), trust_remote_code=True, device="cpu")
     assert classify("a gorgeous film")[0]["label"] in ("negative", "positive")
+
+
+def test_the_model_cards_best_line_is_readable():
+    from common.config import load_config
+    from common.model_card import model_card
+
+    card = model_card(load_config(), {**COMPLETED, "loss_spikes": 0}, {0: "negative", 1: "positive"})
+    assert ("Best evaluation (highest accuracy): step 2000: eval/accuracy 0.8119, eval/loss 0.4500. Loss spikes "
+            "during training:\n0.") in card
+    assert "{" not in card.split("## Results")[1].split("## Config")[0]  # no Python dict in the results
+    no_eval = model_card(load_config(), {**COMPLETED, "best": None})
+    assert "Best evaluation (highest accuracy): no evaluation." in no_eval
+
+
+def test_progress_bars_show_on_a_terminal_only():
+    import io
+
+    from transformers.utils import logging as hf_logging
+
+    from common.progress_bars import bars_on
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    hf_logging.enable_progress_bar()
+    try:
+        assert bars_on(Terminal()) and hf_logging.is_progress_bar_enabled()
+        assert not bars_on(io.StringIO()) and not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()

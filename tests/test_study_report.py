@@ -2,6 +2,7 @@
 call noise noise, refuse to judge an arm whose horizon was too short, and the report regenerates from the copied
 records alone."""
 
+import gzip
 import json
 import math
 import zlib
@@ -131,3 +132,25 @@ def test_a_record_digest_sees_every_measurement_but_not_the_dropped_dev_predicti
     assert report.record_digest(run) == report.record_digest(kept)
     kept["curves"]["loss"][-1] += 1e-5
     assert report.record_digest(run) != report.record_digest(kept)
+
+
+def test_report_py_writes_only_the_report_unless_asked_for_a_wandb_run(tmp_path, monkeypatch):
+    """scripts/report.py on a folder of records (as docs/study-v3) adds nothing but report.md and its figures; with
+    --wandb the offline report run goes to --wandb-dir, not into that folder."""
+    from module_loader import SCRIPTS, load_module
+
+    report_py = load_module("report_script", SCRIPTS / "report.py")
+    out = tmp_path / "docs"
+    out.mkdir()
+    with gzip.open(out / report.RECORDS, "wt") as f:  # committed records, as docs/study-v3 holds them
+        f.write("".join(json.dumps(r) + "\n" for r in synthetic_records()))
+    (out / "selection.json").write_text(json.dumps(SELECTION))
+    before = {p.name for p in out.iterdir()}
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    assert report_py.main([str(out)]) == 0
+    added = {p.name for p in out.iterdir()} - before
+    assert added == {"report.md", "answer.png", "curves.png", "sweep.png"} and not (tmp_path / "wandb").exists()
+    assert report_py.main([str(out), "--wandb", "--wandb-dir", str(tmp_path / "elsewhere")]) == 0
+    assert {p.name for p in out.iterdir()} - before == added  # still nothing else in the report's folder
+    assert list((tmp_path / "elsewhere" / "wandb").glob("offline-run-*"))

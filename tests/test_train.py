@@ -5,6 +5,7 @@ schedule, masked-BN statistics in sync), the MLM task, gradient accumulation, to
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -184,29 +185,6 @@ def test_train_kernels_reference_is_recorded(tmp_path):
     assert yaml.safe_load((out / "config.yaml").read_text())["train"]["kernels"] == "reference"
 
 
-def test_cpu_threads_default_to_the_cores_split_between_local_processes(monkeypatch):
-    """Plain `accelerate launch` exports OMP_NUM_THREADS=1 on a machine without GPUs; train.py sets the thread
-    count itself (train.cpu_threads), by default as `accelerate launch --cpu` would, and keeps a user's own
-    OMP_NUM_THREADS."""
-    import psutil
-
-    from common import accelerator
-
-    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 8 if logical else 4)
-    monkeypatch.setattr(accelerator.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    launched = {"ACCELERATE_MIXED_PRECISION": "no", "OMP_NUM_THREADS": "1"}  # what accelerate launch exports
-    assert accelerator.cpu_threads(None, "cpu", 1, launched) == 4  # physical cores, not hyper-threads
-    assert accelerator.cpu_threads(None, "cpu", 2, launched) == 2
-    assert accelerator.cpu_threads(None, "cpu", 8, launched) == 1  # never 0
-    assert accelerator.cpu_threads(None, "cpu", 1, {}) == 4
-    assert accelerator.cpu_threads(3, "cpu", 2, launched) == 3  # an explicit train.cpu_threads wins
-    assert accelerator.cpu_threads(None, "cpu", 1, {"OMP_NUM_THREADS": "1"}) == 1  # python train.py: the user's 1
-    assert accelerator.cpu_threads(None, "cpu", 1, {**launched, "OMP_NUM_THREADS": "3"}) == 3  # passed on by accelerate
-    assert accelerator.cpu_threads(None, "cuda", 1, {}) is None  # GPU runs keep torch's default
-    monkeypatch.setattr(accelerator.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert accelerator.cpu_threads(None, "cpu", 1, {}) == 2  # a taskset/container limit counts
-
-
 def test_plain_accelerate_launch_uses_the_cores(tmp_path):
     """End to end: under plain `accelerate launch` (which exports OMP_NUM_THREADS=1) a CPU run still uses the
     cores, and summary.json says how many threads it ran with."""
@@ -217,7 +195,9 @@ def test_plain_accelerate_launch_uses_the_cores(tmp_path):
     res = run_cmd(accelerate_cmd(out, "train.max_steps=2", "train.eval_steps=100", "train.save_steps=100",
                                  "train.cpu_threads=null"))
     assert res.returncode == 0, res.stderr[-2000:]
-    assert summary(out)["cpu_threads"] == expected
+    # other processes busy on the machine take their CPUs off the count, and a note says so (tests/test_cpu_share.py)
+    fewer = re.search(rf"note: (\d+) CPU thread\(s\) per process, not {expected}: the load average", res.stderr)
+    assert summary(out)["cpu_threads"] == (int(fewer.group(1)) if fewer else expected)
     res = run_cmd(accelerate_cmd(tmp_path / "one", "train.max_steps=2", "train.eval_steps=100"))  # TINY pins 1
     assert res.returncode == 0, res.stderr[-2000:]
     assert summary(tmp_path / "one")["cpu_threads"] == 1

@@ -318,3 +318,33 @@ def test_wandb_charts_draws_the_logged_depth_charts(trained, tmp_path, capsys, m
     assert (copy / staged).read_bytes() == (out / "final" / "model.safetensors").read_bytes()
     assert wandb_charts.main([str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
     assert "no offline wandb training run with depth charts" in capsys.readouterr().err
+
+
+class FakeRun:
+    """What wandb_charts reads of an offline run: its depth charts' tables, config and summary."""
+
+    def __init__(self, norm, quantities):
+        self.config = {"model.norm": norm, "model.norm_placement": "pre", "train.lr": 1e-3}
+        self.summary = {"status": "completed", "final/eval/accuracy": 0.8}
+        self.tables = {f"depth/{q}": {"data": [[s, f"layer {i}", 1.0 + s + i] for s in (1, 2) for i in range(2)]}
+                       for q in quantities}
+
+    def charts(self):
+        return list(self.tables)
+
+    def table(self, key):
+        return self.tables[key]
+
+
+def test_wandb_charts_titles_every_column_where_it_is_first_drawn():
+    """An LN run above a BN run: the BN drift column is empty in the first row; its title goes on the BN run's
+    panel, and every drawn column has one."""
+    wandb_charts = load_module("wandb_charts", SCRIPTS / "wandb_charts.py")
+    ln = FakeRun("layernorm", ["grad_norm", "act_rms"])
+    bn = FakeRun("batchnorm", ["grad_norm", "act_rms", "stat_drift"])
+    fig = wandb_charts.figure([ln, bn])
+    axes = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
+    titles = [ax.get_title() for ax in axes if ax.get_title()]
+    assert sorted(t.split("\n")[0] for t in titles) == ["depth/act_rms", "depth/grad_norm", "depth/stat_drift"]
+    drift = fig.axes[-1]  # the BN run's drift panel (the last of the grid)
+    assert drift.get_title().startswith("depth/stat_drift\nBN batch vs running statistics drift")
