@@ -168,11 +168,11 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
         last = state.step == total_steps
         if last and unwrapped.config.uses_batch_statistics:  # before evaluation, whose forward may re-sync buffers
             facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped, BatchStatNorm)
-        best = False
         if state.step % t["eval_steps"] == 0 or last:
-            best = run_eval(cfg, accelerator, model, eval_loader, state, run_dir)
-        # a finished run ends with a checkpoint; the best evaluation has one too (kept by the rotation)
-        if state.step % t["save_steps"] == 0 or last or done.interrupted or best:
+            run_eval(cfg, accelerator, model, eval_loader, state, run_dir)
+        # a finished run ends with a checkpoint; the rotation keeps the one at the best evaluation's step, if saved
+        # (as HF's Trainer, no extra saves: a study evaluating every 32 steps would checkpoint at every gain)
+        if state.step % t["save_steps"] == 0 or last or done.interrupted:
             run_dir.save_checkpoint(state)
         if done.interrupted:
             status = "interrupted"
@@ -202,17 +202,15 @@ def log_divergence(accelerator, probe, state, run_dir, grad_norm: float, lr: flo
                       f"{grad_norm}); stopping, status diverged", file=sys.stderr)
 
 
-def run_eval(cfg, accelerator, model, eval_loader, state, run_dir) -> bool:
-    """Evaluate, keep the best, log; the BN family also with the batches' own statistics (its train/eval gap).
-    True when this evaluation is the best so far."""
+def run_eval(cfg, accelerator, model, eval_loader, state, run_dir) -> None:
+    """Evaluate, keep the best, log; the BN family also with the batches' own statistics (its train/eval gap)."""
     acc, st, task, seed = accelerator, state, cfg["task"], cfg["seed"]
     unwrapped = acc.unwrap_model(model)
     metrics = evaluate(acc, model, eval_loader, task, seed)
     if unwrapped.config.uses_batch_statistics:
         metrics["eval/accuracy_batch_stats"] = evaluate(acc, model, eval_loader, task, seed,
                                                         batch_stats=True)["eval/accuracy"]
-    best = st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]
-    if best:
+    if st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]:
         st.best = {"step": st.step, **metrics}
     st.last_eval = metrics
     run_dir.log({"step": st.step, "epoch": st.epoch, **metrics})
@@ -220,7 +218,6 @@ def run_eval(cfg, accelerator, model, eval_loader, state, run_dir) -> bool:
         wandb_run.log_depth_charts(run_dir.wb, run_dir.writer.path)
     if acc.is_main_process:
         run_dir.progress.write(f"step {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    return best
 
 
 def bn_stats_spread(accelerator, model, batch_stat_norm_cls) -> float:
