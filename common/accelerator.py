@@ -7,34 +7,27 @@ import sys
 import torch
 from accelerate import Accelerator
 
-from common.machine import available_cpus, load_average
+from common.machine import available_cpus
 
 
-def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ, load=None):
-    """-> (intra-op threads per process of a CPU run, None off CPU; a note when they are fewer than the cores
-    because others are busy, else None). `setting` (train.cpu_threads), else the user's OMP_NUM_THREADS (not the
-    1 `accelerate launch` exports without GPUs), else the physical cores this process may use (its affinity)
-    split between the machine's processes, as `accelerate launch --cpu` picks, less the CPUs other processes keep
-    busy: `load` (default: the 1-minute load average, which still counts a run that ended under a minute ago).
-    docs/training.md, "CPU threads"."""
+def cpu_threads(setting, device_type: str, local_processes: int, env=os.environ) -> int | None:
+    """Intra-op threads per process of a CPU run (None off CPU): `setting` (train.cpu_threads), else the user's
+    OMP_NUM_THREADS (not the 1 `accelerate launch` exports without GPUs), else the physical cores this process may
+    use (its affinity) split between the machine's processes, as `accelerate launch --cpu` picks. Not lowered for
+    other processes' load: the count would then change with a load average, and the results' last bits with it;
+    passive OpenMP waits (common/cpu_share.py) are what let two runs share the cores (docs/performance.md)."""
     if device_type != "cpu":
-        return None, None
+        return None
     if setting is not None:
-        return setting, None
+        return setting
     omp = env.get("OMP_NUM_THREADS", "").strip()
     launched = "ACCELERATE_MIXED_PRECISION" in env  # set by every `accelerate launch`
     if omp.isdigit() and int(omp) >= 1 and (int(omp) > 1 or not launched):
-        return int(omp), None
+        return int(omp)
     import psutil  # (accelerate's dependency)
 
-    cpus, processes = available_cpus(), max(1, local_processes)
-    share = max(1, min(psutil.cpu_count(logical=False) or cpus, cpus) // processes)
-    busy = (load_average() or [0.0])[0] if load is None else load
-    threads = max(1, min(share, (cpus - round(busy)) // processes))
-    if threads == share:
-        return threads, None
-    return threads, (f"{threads} CPU thread(s) per process, not {share}: the load average is {busy:.1f} on {cpus} "
-                     f"CPUs (other processes are busy); train.cpu_threads=N sets the count")
+    cpus = available_cpus()
+    return max(1, min(psutil.cpu_count(logical=False) or cpus, cpus) // max(1, local_processes))
 
 
 def fsdp_float32_buffers(accelerator) -> None:
@@ -61,12 +54,10 @@ def make_accelerator(cfg: dict | None = None, trackers=()):
         log_with=list(trackers) or None,
         project_dir=cfg["output_dir"] if cfg is not None else None,
     )
-    threads, note = cpu_threads(t.get("cpu_threads"), accelerator.device.type,
-                                int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))
+    threads = cpu_threads(t.get("cpu_threads"), accelerator.device.type,
+                          int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))
     if threads is not None:
         torch.set_num_threads(threads)
-    if note and cfg is not None:
-        accelerator.print(f"note: {note}", file=sys.stderr)
     if accelerator.device.type == "cuda":
         torch.set_float32_matmul_precision("high" if t.get("tf32") else "highest")  # high = TF32 matmuls
     fsdp_float32_buffers(accelerator)
