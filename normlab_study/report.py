@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 
 from common.io import atomic_write_json, read_json, read_jsonl
+from normlab_study import markdown as md
 from normlab_study import outcomes as oc
 from normlab_study import plots, report_v4
 from normlab_study.analysis import (BATCH_STAT, DEV, Records, by_seed, leaderboard, outcome_grid, outcome_of, paired,
                                     value)
 from normlab_study.hypotheses import flip_table, verdicts
-from normlab_study.seedstats import paired_test, t_interval
+from normlab_study.seedstats import paired_test
 
 RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
 
@@ -72,20 +73,6 @@ def load(folder: Path) -> Records:
     return Records(read_records(folder / RECORDS), selection, read_jsonl(folder / "e1.jsonl"))
 
 
-def _ci(values) -> str:
-    """Mean ± 95% t half-width over seeds."""
-    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    if len(x) < 2:
-        return "n/a"
-    lo, hi = t_interval(x)
-    return f"{x.mean():.3f} ± {(hi - lo) / 2:.3f}"
-
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
-           ["| " + " | ".join(str(c) for c in row) + " |" for row in rows] + [""]
-
-
 def verdict_lines(aa: dict, hyps: list) -> list[str]:
     est = aa["estimate"]
     lines = ["## Calibration: the A/A control", "",
@@ -97,13 +84,13 @@ def verdict_lines(aa: dict, hyps: list) -> list[str]:
              "## Verdicts", ""]
     rows = [[h.id + ("" if h.primary else " (secondary)"), h.claim, h.estimate.fmt(), h.test,
              f"{h.p_adjusted:.3g}" if h.primary else "", f"**{h.verdict}**"] for h in hyps]
-    return lines + _table(["id", "prediction: quantity", "estimate [95% CI] (p, n)", "test", "p (Holm)", "verdict"],
+    return lines + md.table(["id", "prediction: quantity", "estimate [95% CI] (p, n)", "test", "p (Holm)", "verdict"],
                           rows)
 
 
 def leaderboard_lines(rec: Records) -> list[str]:
     rows = [[plots.LABELS.get(r["variant"], r["variant"]), f"{r['lr']:g}" if r["lr"] else "?",
-             _ci(r["accuracy"]), _ci(r["loss"]),
+             md.mean_ci(r["accuracy"]), md.mean_ci(r["loss"]),
              " / ".join(str(r["outcomes"][o]) for o in oc.OUTCOMES),
              f"{r['median_exit']:.0f}" if r["median_exit"] else "never", "yes" if r["horizon_ok"] else "**no**"]
             for r in sorted(leaderboard(rec), key=lambda r: -np.nanmean(r["accuracy"]))]
@@ -111,7 +98,7 @@ def leaderboard_lines(rec: Records) -> list[str]:
             "Each arm's LR was chosen on the dev split from the sweep (figure `sweep.png`); accuracy and loss are on "
             "validation, mean ± 95% t half-width over seeds. Outcomes: learned / never learned / diverged. Plateau "
             "exit: median step at which the 20-step mean train loss fell below ln 2 - 0.05 (`curves.png`).", ""] + \
-        _table(["norm", "LR", "val accuracy", "val loss", "outcomes", "plateau exit", "horizon ok"], rows)
+        md.table(["norm", "LR", "val accuracy", "val loss", "outcomes", "plateau exit", "horizon ok"], rows)
 
 
 def placement_lines(rec: Records) -> list[str]:
@@ -124,7 +111,7 @@ def placement_lines(rec: Records) -> list[str]:
     table = [[v, w] + [cells.get(lr, "") for lr in lrs] for (v, w), cells in sorted(rows.items())]
     return ["## Placement: how large an LR still learns", "",
             "Seeds that learned / seeds run, per LR (diverged runs in brackets; the rest never left the plateau).", ""] + \
-        _table(["arm", "warmup"] + [f"{lr:g}" for lr in lrs], table)
+        md.table(["arm", "warmup"] + [f"{lr:g}" for lr in lrs], table)
 
 
 def peak_logit(run: dict) -> float | None:
@@ -152,7 +139,7 @@ def logit_lines(rec: Records) -> list[str]:
             "Median over seeds of the largest attention logit any layer produced during training, per LR "
             "(`curves.attn_logit_max`). qk_norm bounds the logits by construction; the question S8a asks is "
             "whether that buys a larger LR (the placement table above).", ""]
-            + _table(["arm", "warmup"] + [f"{lr:g}" for lr in lrs], rows)
+            + md.table(["arm", "warmup"] + [f"{lr:g}" for lr in lrs], rows)
             + [logit_reading(split), ""])
 
 
@@ -170,9 +157,9 @@ def logit_reading(split: dict) -> str:
 def batching_lines(rec: Records) -> list[str]:
     rows = []
     for norm in ("ln_pre",) + BATCH_STAT:
-        cells = [plots.LABELS.get(norm, norm), _ci([value(r) for r in rec.arm("leaderboard", norm)][:5])]
+        cells = [plots.LABELS.get(norm, norm), md.mean_ci([value(r) for r in rec.arm("leaderboard", norm)][:5])]
         for suffix in ("grouped", "b8"):
-            cells.append(_ci([value(r) for r in rec.arm("batching", f"{norm}-{suffix}")]))
+            cells.append(md.mean_ci([value(r) for r in rec.arm("batching", f"{norm}-{suffix}")]))
         rows.append(cells)
     flips = [[f["norm"], f["mode"], sum(f["padding"]), sum(f["composition"]), len(f["padding"])]
              for f in flip_table(rec)]
@@ -180,18 +167,18 @@ def batching_lines(rec: Records) -> list[str]:
     for norm in BATCH_STAT:
         found = [r["running_stats"] for r in rec.arm("leaderboard", norm) if "running_stats" in r]
         if found:
-            gaps.append([norm, _ci([np.mean(s["log_var_ratio"]) for s in found]),
-                         _ci([s["log_var_ratio"][0] for s in found])])
+            gaps.append([norm, md.mean_ci([np.mean(s["log_var_ratio"]) for s in found]),
+                         md.mean_ci([s["log_var_ratio"][0] for s in found])])
     return (["## BatchNorm, padding and batch size", "",
              "Validation accuracy (running statistics, seeds 0-4) on random batches of 32, length-grouped batches of "
              "32, and random batches of 8 (LR x 0.5 for every norm):", ""]
-            + _table(["norm", "random, 32", "grouped, 32", "random, 8"], rows)
+            + md.table(["norm", "random, 32", "grouped, 32", "random, 8"], rows)
             + ["Prediction flips on validation, summed over the 10 leaderboard seeds: *padding* = the same batches "
                "padded to their longest vs to 40 tokens; *composition* = length-sorted vs shuffled batches.", ""]
-            + _table(["norm", "statistics", "padding flips", "composition flips", "runs"], flips)
+            + md.table(["norm", "statistics", "padding flips", "composition flips", "runs"], flips)
             + ["Running statistics against the real tokens' statistics at the end of training: |log variance "
                "ratio|, averaged over every norm layer and in the first layer only.", ""]
-            + _table(["norm", "all layers", "first layer"], gaps))
+            + md.table(["norm", "all layers", "first layer"], gaps))
 
 
 EXPLORATORY = (("batchnorm", "ln_post"), ("masked_batchnorm", "ln_post"), ("no_norm", "ln_post"), ("ln_post", "ln_pre"))
@@ -206,7 +193,7 @@ def exploratory_lines(rec: Records, test: str) -> list[str]:
     return ["## Exploratory: which difference is the norm's?", "",
             "Not predicted; added after the runs to read the leaderboard (uncorrected p values). Validation accuracy, "
             "paired over the 10 leaderboard seeds, each arm at its own LR:", ""] + \
-        _table(["comparison", "estimate [95% CI] (p, n, test)"], rows)
+        md.table(["comparison", "estimate [95% CI] (p, n, test)"], rows)
 
 
 def write_markdown(rec: Records, meta: dict) -> str:

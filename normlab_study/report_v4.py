@@ -8,10 +8,11 @@ from collections import Counter, namedtuple
 
 import numpy as np
 
+from normlab_study import markdown as md
 from normlab_study import outcomes as oc
 from normlab_study import rules
 from normlab_study.analysis import Records, by_seed, largest_lr_by_seed, outcome_grid, paired, value
-from normlab_study.seedstats import holm, paired_test, t_interval
+from normlab_study.seedstats import holm, paired_test
 
 BOARD = "board"
 PRIMARY = ("ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm",
@@ -180,21 +181,8 @@ def m1_lines(rec: Records, signal: list[dict]) -> list[str]:
     rows = [[a, f"{sp:.2e}", f"{ex:.0f}"] for a, sp, ex in zip(arms, spread, exits)]
     return ["## M1: the spread of the classifier's input and the plateau exit", "",
             f"Spearman's rho over {len(arms)} arms: {rho:+.2f} (exact one-sided p {p:.3g}; predicted < 0). Verdict: "
-            f"**{verdict}**.", ""] + _table(["arm", "spread after the signal's steps", "median exit (board, best LR)"],
+            f"**{verdict}**.", ""] + md.table(["arm", "spread after the signal's steps", "median exit (board, best LR)"],
                                            rows)
-
-
-def _ci(values) -> str:
-    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
-    if len(x) < 2:
-        return "n/a"
-    lo, hi = t_interval(x)
-    return f"{x.mean():.3f} ± {(hi - lo) / 2:.3f}"
-
-
-def _table(header, rows) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
-           ["| " + " | ".join(str(c) for c in row) + " |" for row in rows] + [""]
 
 
 def board_lines(rec: Records) -> list[str]:
@@ -212,9 +200,9 @@ def board_lines(rec: Records) -> list[str]:
             best_eval = [max((e["accuracy"] for e in r["curves"].get("eval", []) if e.get("accuracy") is not None),
                              default=math.nan) for r in rs]
             rows.append([a, rank, f"{rules.lr_of_rank(c, k):g}" + (" (near tie)" if c.get("near_tie") else ""),
-                         _ci([value(r) for r in rs]), _ci([value(r, "loss") for r in rs]),
-                         "" if mlm else _ci(best_eval),
-                         "" if mlm else _ci([rules.matched_step_value(r, AFTER_EXIT) for r in rs]),
+                         md.mean_ci([value(r) for r in rs]), md.mean_ci([value(r, "loss") for r in rs]),
+                         "" if mlm else md.mean_ci(best_eval),
+                         "" if mlm else md.mean_ci([rules.matched_step_value(r, AFTER_EXIT) for r in rs]),
                          "" if mlm else f"{h[a]['median_exit']:.0f}" + ("" if h[a]["exit_ok"] else " (late)"),
                          "yes" if h[a]["settled"] else "no",
                          "yes" if h[a]["ok"] or (mlm and h[a]["settled"]) else "**horizon too short**"])
@@ -224,7 +212,7 @@ def board_lines(rec: Records) -> list[str]:
             f"{AFTER_EXIT} steps after each run's own plateau exit; median plateau exit (late: past the first third); "
             "whether the arm's rank among all arms held over the last two evaluations; the horizon rule (both). A "
             "claim's own horizon check ranks only the arms it compares (Verdicts).", ""] + \
-        _table(["arm", "LR rank", "LR", "final accuracy", "final loss", "best logged eval", f"exit + {AFTER_EXIT}",
+        md.table(["arm", "LR rank", "LR", "final accuracy", "final loss", "best logged eval", f"exit + {AFTER_EXIT}",
                 "median exit", "rank settled", "horizon"], rows)
 
 
@@ -237,7 +225,7 @@ def claim_lines(rows: list[dict], test: str) -> list[str]:
             f"Test for continuous quantities: **{test}** (the A/A control below). p values Holm-adjusted within each "
             "family (predictions.md) and LR rank; intervals from the same method as the p values. The robustness "
             "rule: a claim stands only where both LR ranks agree.", ""] + \
-        _table(["id", "claim", "best LRs: estimate", "p (Holm)", "verdict", "runner-up LRs: estimate", "p (Holm)",
+        md.table(["id", "claim", "best LRs: estimate", "p (Holm)", "verdict", "runner-up LRs: estimate", "p (Holm)",
                 "verdict", "horizon ok", "verdict (both LRs)"], table)
 
 
