@@ -63,9 +63,11 @@ def format_summary(summary: dict, out_dir, eval_split: str, wandb_mode: str | No
     lines = [headline(summary, eval_split, tokens_per_s(out / "metrics.jsonl"))]
     if summary.get("final_model"):
         lines.append(f"  model:  {summary['final_model']}    evaluate: python scripts/evaluate.py {_q(out)}")
-    if summary.get("best_checkpoint") and better_best(summary):
+    if better_best(summary) and summary["status"] == "completed":
         lines.append(f"  best:   {summary['best_checkpoint']} (step {summary['best']['step']})    evaluate: "
-                     f"python scripts/evaluate.py {_q(summary['best_checkpoint'])}")
+                     f"python scripts/evaluate.py {_q(summary['best_checkpoint'])}" if summary.get("best_checkpoint")
+                     else f"  best:   step {summary['best']['step']} has no checkpoint (checkpoints every "
+                          f"train.save_steps: make it a multiple of train.eval_steps to keep the best one)")
     elif summary["status"] == "interrupted":
         lines.append(f"  state:  {summary['last_checkpoint']}    continue: "
                      f"{resume_command(out, summary.get('num_processes') or 1)}")

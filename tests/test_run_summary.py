@@ -25,7 +25,7 @@ def _run_dir(tmp_path, rates=(1000.0, 14671.0, 15000.0)):
 def test_completed_run_names_accuracy_time_model_and_wandb(tmp_path):
     out = _run_dir(tmp_path)
     text = format_summary(COMPLETED, out, "validation", wandb_mode="offline")
-    first, model, wandb, charts = text.splitlines()
+    first, model, _best, wandb, charts = text.splitlines()
     assert first == ("completed in 67 s (14,671 tokens/s): validation accuracy 0.810 (best 0.812 at step 2000), "
                      "loss 0.440")
     assert "runs/default/final" in model and f"python scripts/evaluate.py {out}" in model
@@ -41,6 +41,8 @@ def test_the_best_checkpoint_is_named_when_it_beat_the_final_one(tmp_path):
     assert lines[2] == f"  best:   {best} (step 2000)    evaluate: python scripts/evaluate.py {best}"
     final_best = {**COMPLETED, "best": {"step": 2105, "eval/accuracy": 0.8096}, "best_checkpoint": best}
     assert "best:" not in format_summary(final_best, _run_dir(tmp_path / "b"), "validation")
+    unsaved = format_summary(COMPLETED, _run_dir(tmp_path / "c"), "validation").splitlines()  # eval off save steps
+    assert unsaved[2].startswith("  best:   step 2000 has no checkpoint") and "train.eval_steps" in unsaved[2]
 
 
 def test_best_is_not_repeated_when_the_final_step_is_the_best(tmp_path):
