@@ -38,6 +38,9 @@ CHECK_NEEDS = ("torch", "transformers", "accelerate", "datasets", "tokenizers", 
 # datasets bounds these (datasets 5.2: pyarrow >= 24, fsspec <= 2026.9.0) and the image's versions of them are unknown
 # (docs/gpu_image_packages.txt has their names only): the versions installed here, which meet those bounds, travel
 CARRY_ANYWAY = ("pyarrow", "fsspec")
+# a carried version other than the one installed here: pyarrow's lowest that datasets allows, whose wheel is 6 MiB
+# under 26.0.1's and keeps the carry under the device's 64 MiB (docs/gpu.md says how it was checked)
+CARRY_VERSIONS = {"pyarrow": "24.0.0"}
 IMAGE_PYTHON = "3.12"
 # the image's side of every environment marker: CPython 3.12 on Linux x86_64, no extras requested
 IMAGE_MARKER_ENV = {"python_version": IMAGE_PYTHON, "python_full_version": f"{IMAGE_PYTHON}.0",
@@ -95,6 +98,7 @@ def plan(image: set[str] | None = None) -> dict[str, str]:
     if missing:
         raise SystemExit(f"error: neither on the GPU image nor installed here: {', '.join(sorted(missing))}; "
                          f"install them here first (pip install -r requirements.txt)")
+    pins.update({name: version for name, version in CARRY_VERSIONS.items() if name in pins})
     return dict(sorted(pins.items()))
 
 
