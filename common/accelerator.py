@@ -2,7 +2,6 @@
 threads of each process."""
 
 import os
-import sys
 
 import torch
 from accelerate import Accelerator
