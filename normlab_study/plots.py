@@ -1,4 +1,5 @@
-"""Study v3's figures, from the records alone. `answer.png` is the one the README opens with."""
+"""The studies' figures, from the records alone: v3's (`all_figures`) and v4's board (`v4_figures`). Each
+study's `answer.png` is the one the README opens with."""
 
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from normlab_study import outcomes as oc  # noqa: E402
-from normlab_study.analysis import Records, leaderboard, outcome_grid  # noqa: E402
+from normlab_study.analysis import Records, leaderboard, outcome_grid, value  # noqa: E402
 from normlab_study.seedstats import t_interval  # noqa: E402
 
 LABELS = {"ln_pre": "LayerNorm (pre-LN)", "ln_post": "LayerNorm post-LN", "custom_ln": "hand-written LN", "rmsnorm": "RMSNorm",
@@ -89,3 +90,52 @@ def all_figures(rec: Records, out: Path) -> list[str]:
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
     return list(figures)
+
+
+def _eval_curve(runs: list[dict], field: str = "accuracy"):
+    """(steps, mean over runs) of the validation evaluations every run logged at the same steps."""
+    tables = [{e["step"]: e[field] for e in r.get("curves", {}).get("eval", []) if e.get(field) is not None}
+              for r in runs]
+    steps = sorted(set.intersection(*(set(t) for t in tables))) if tables else []
+    return steps, [float(np.mean([t[s] for t in tables])) for s in steps]
+
+
+def plot_board(rec: Records, board: dict, title: str):
+    """v4's answer. Left: each arm's final validation accuracy at its best LR (filled) and its runner-up LR
+    (hollow), one dot per seed, mean and 95% t interval. Right: mean validation accuracy over training at the
+    best LR, every evaluation. `board`: {arm: (runs at the best LR, runs at the runner-up LR)}."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1.2, 1]})
+    order = sorted(board, key=lambda a: np.nanmean([value(r) for r in board[a][0]]))
+    for i, arm in enumerate(order):
+        for offset, runs, face in ((0.12, board[arm][0], None), (-0.12, board[arm][1], "none")):
+            acc = np.array([value(r) for r in runs], dtype=float)
+            acc = acc[np.isfinite(acc)]
+            if not len(acc):
+                continue
+            left.scatter(acc, np.full(len(acc), i + offset), s=12, alpha=0.6, color=f"C{i % 10}",
+                         facecolors=face)
+            if len(acc) > 1:
+                lo, hi = t_interval(acc)
+                left.errorbar(acc.mean(), i + offset, xerr=(hi - lo) / 2, fmt="ko", ms=4, capsize=3,
+                              mfc="k" if face is None else "white")
+        steps, mean = _eval_curve(board[arm][0])
+        right.plot(steps, mean, color=f"C{i % 10}", label=LABELS.get(arm, arm))
+    left.set_yticks(range(len(order)), [LABELS.get(a, a) for a in order])
+    left.set_xlabel("validation accuracy: best LR (filled, upper) and runner-up LR (hollow, lower)")
+    right.set_xlabel("optimizer step")
+    right.set_ylabel("validation accuracy (mean over seeds, best LR)")
+    right.axhline(0.509, color="grey", ls=":", lw=1)
+    right.legend(fontsize=7, ncol=2)
+    fig.suptitle(title)
+    return fig
+
+
+def v4_figures(rec: Records, out: Path, board: dict, title: str) -> list[str]:
+    """answer.png of a v4 study with a classification board; nothing for an MLM or placement-only study."""
+    if not board:
+        return []
+    fig = plot_board(rec, board, title)
+    fig.tight_layout()
+    fig.savefig(out / "answer.png", dpi=110)
+    plt.close(fig)
+    return ["answer.png"]

@@ -252,8 +252,10 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabl
                                 f"scripts/score_runs.py) or a folder of committed records")
     rec = load(out)
     meta = read_json(out / "meta.json", {}) or {}
-    if report_v4.is_v4(rec):  # study v4's presets: its own rules and report (no v3 figures, no W&B run yet)
-        (out / "report.md").write_text(report_v4.write_markdown(rec, meta, read_jsonl(out / "signal.jsonl")))
+    if report_v4.is_v4(rec):  # study v4's presets: its own rules, report and figure (no W&B run yet)
+        board = report_v4.board_runs(rec)
+        figures = plots.v4_figures(rec, out, board, report_v4.figure_title(board, meta.get("name") or out.name))
+        (out / "report.md").write_text(report_v4.write_markdown(rec, meta, read_jsonl(out / "signal.jsonl"), figures))
         return out / "report.md"
     figures = plots.all_figures(rec, out)
     (out / "report.md").write_text(write_markdown(rec, meta))

@@ -209,6 +209,7 @@ def test_make_report_writes_the_v4_report_for_v4_records_and_keeps_v3s(tmp_path)
     (tmp_path / "meta.json").write_text(json.dumps({"name": "quick_v4", "invocations": []}))
     text = make_report(tmp_path, wandb_mode="disabled").read_text()
     assert text.startswith("# Study v4 (quick_v4): report") and "| H2 |" in text
+    assert "](answer.png)" in text and (tmp_path / "answer.png").stat().st_size > 10_000  # the board's figure
 
 
 def p2_records(differ: int, seeds: int = 12):
