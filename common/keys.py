@@ -14,11 +14,15 @@ def suggest(word, choices) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def describe(kind) -> str:
-    """A type as an error message names it: `int or null`."""
+def describe(kind, items: bool = False) -> str:
+    """A type as an error message names it: `int or null`; `items`: a list's too (`list of int`)."""
     kinds = typing.get_args(kind) if _is_union(kind) else (kind,)
-    names = [getattr(typing.get_origin(k) or k, "__name__", "any value") for k in kinds if k is not type(None)]
-    return " or ".join(names) + (" or null" if type(None) in kinds else "")
+
+    def name(k) -> str:
+        args = typing.get_args(k) if items and typing.get_origin(k) is list else ()
+        return getattr(typing.get_origin(k) or k, "__name__", "any value") + (f" of {name(args[0])}" if args else "")
+
+    return " or ".join(name(k) for k in kinds if k is not type(None)) + (" or null" if type(None) in kinds else "")
 
 
 def bad_choice(key: str, value, choices) -> str:
@@ -59,7 +63,7 @@ def checked(schema, values, where: str, error=ValueError):
             raise error(f"{where}: unknown key '{key}'{hint}; valid keys: {', '.join(fields)}")
         f = fields[key]
         if not matches(value, f.type):
-            raise error(f"{where}: {key}={value!r} has the wrong type; expected {describe(f.type)}")
+            raise error(f"{where}: {key}={value!r} has the wrong type; expected {describe(f.type, items=True)}")
         if "choices" in f.metadata and value not in f.metadata["choices"]:
             raise error(f"{where}: {bad_choice(key, value, f.metadata['choices'])}")
     missing = [name for name, f in fields.items() if name not in values
