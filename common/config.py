@@ -161,11 +161,12 @@ def _field(prefix: str, name: str) -> dataclasses.Field:
     return {f.name: f for f in dataclasses.fields(kind)}[name]
 
 
-def _validate(cfg: RunConfig):
-    """The checks across keys, after each key's own (_check_section)."""
+def _validate(cfg: RunConfig, resume_given: bool):
+    """The checks across keys, after each key's own (_check_section). `resume_given`: train.resume is this
+    command's (a saved run's may name a checkpoint rotated away since; it is not resumed from again)."""
     _check_section(cfg)
     d, resume, report_to = cfg.data, cfg.train.resume, cfg.wandb.report_to
-    if resume is not None and resume != "auto" and not Path(resume).is_dir():
+    if resume_given and resume is not None and resume != "auto" and not Path(resume).is_dir():
         raise ConfigError(f"train.resume={resume!r} is not an existing directory; give null, auto (latest checkpoint "
                           f"in output_dir), or a path such as {cfg.output_dir}/checkpoints/step_500")
     for name in [report_to] if isinstance(report_to, str) else report_to:
@@ -209,7 +210,7 @@ def load_config(config_file: str | None = None, overrides=(), saved: tuple[dict,
     if unset:
         raise ConfigError(f"{DEFAULT_CONFIG} has no value for {', '.join(sorted(unset))}; add it there")
     out = _typed(OmegaConf.to_container(cfg))
-    _validate(out)
+    _validate(out, resume_given=saved is None)
     return out
 
 

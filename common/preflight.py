@@ -96,8 +96,8 @@ def _check_variant(config_file, record: dict, saved: RunConfig, run_dir: RunDir)
     if "config_file" in record:
         if _config_id(config_file) != record["config_file"]:
             own = f"--config {record['config_file']}" if record["config_file"] else "no --config"
-            raise ConfigError(f"--config {config_file} differs from the run's own ({own}, in {run_dir.run_record_file}); "
-                              f"{again}")
+            raise ConfigError(f"--config {config_file} differs from the run's own ({own}, in "
+                              f"{run_dir.run_record_file}); {again}")
         return
     keys = flatten_config(load_yaml_mapping(resolve_config_file(str(config_file))))
     variant, run = flatten_config(load_config(config_file)), flatten_config(saved)

@@ -47,10 +47,6 @@ class RunDir:
     final = property(lambda self: self.path / FINAL)
     wandb_dir = property(lambda self: self.path / WANDB)
 
-    def is_run(self) -> bool:
-        """Whether train.py has started a run here (its config.yaml, checkpoints or summary.json)."""
-        return self.config_file.is_file() or self.checkpoints.is_dir() or self.summary_file.is_file()
-
     def has_final(self) -> bool:
         return self.final.is_dir()
 

@@ -251,10 +251,10 @@ def test_tokenizer_round_trips_through_save_pretrained(small, tmp_path):
     from transformers import AutoTokenizer
 
     cfg, dsd, tok, _ = small
-    assert tok.pad_token_id == 0 and tok.model_max_length == cfg["data"]["max_length"]
+    assert tok.pad_token_id == 0 and tok.model_max_length == cfg.data.max_length
     assert [tok.pad_token, tok.unk_token, tok.cls_token, tok.sep_token, tok.mask_token] == [
         "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    assert len(tok) <= cfg["model"]["vocab_size"]
+    assert len(tok) <= cfg.model.vocab_size
     text = "A Gorgeous, Witty film!"
     ids = tok(text)["input_ids"]
     assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id

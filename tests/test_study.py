@@ -352,3 +352,31 @@ def test_e1_reads_the_study_overrides_from_study_json_and_from_the_preset(tmp_pa
     assert init_exp.main([str(tmp_path / "st")]) == 0
     assert init_exp.main([str(tmp_path / "st"), "--preset", str(preset)]) == 0
     assert seen == [(64, 300), (64, 300)]
+
+
+@pytest.mark.parametrize("change, words", [
+    (("variants:", "varients:"), ["unknown key 'varients'", "did you mean 'variants'", "valid keys: name,"]),
+    (("{config: post_ln}", "{confg: post_ln}"), ["variant post_ln: unknown key 'confg'", "did you mean 'config'"]),
+    (("seeds: [0, 1]", "seeds: [0, one]"), ["seeds=[0, 'one'] has the wrong type", "expected list of int"]),
+    (("name: tiny", "name: tiny\nshare_runs: maybe"), ["share_runs='maybe' has the wrong type; expected bool"]),
+])
+def test_a_bad_study_file_is_refused_in_one_line_naming_the_key(tmp_path, change, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(GRID.replace(*change))
+    with pytest.raises(study.StudyError) as err:
+        study.load_grid(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def test_a_run_directory_left_with_other_settings_is_refused_not_overwritten(grid, tmp_path):
+    _, g = grid
+    run = study.expand(g)[0]
+    engine = study.LocalEngine(parallel=1)
+    job = study.study_job(g, run, tmp_path / "st", [], ["python"], engine)
+    config = out_dir(job.cmd) / "config.yaml"
+    study.study_job(g, run, tmp_path / "st", ["train.eval_steps=3"], ["python"], engine)  # a resume may change it
+    with pytest.raises(study.StudyError, match="holds a run with other settings .*train.batch_size"):
+        study.study_job(g, run, tmp_path / "st", ["train.batch_size=8"], ["python"], engine)
+    assert "eval_steps: 3" in config.read_text() and "batch_size: 8" not in config.read_text()
