@@ -42,23 +42,24 @@ from common.checkpointing import (
     validate_checkpoint,
 )
 from common.batching import build_dataloaders
-from common.config import flatten_config, model_config_from, parse_cli, save_config
+from common.config import REPO_ROOT, RunConfig, flatten_config, model_config_from, parse_cli, save_config
 from common.cpu_share import StarvationWatch
 from common.data import label_names
 from common.evaluation import evaluate
-from common.io import atomic_write_json, atomic_write_text, read_json
+from common.io import atomic_write_text
 from common.metrics_jsonl import MetricsWriter
-from common.model_card import RUN_CONFIG_FILE, model_card
+from common.model_card import model_card
 from common.optim import adamw
-from common.preflight import RUN_FILE, preflight, run_config
+from common.preflight import preflight, run_config
 from common.progress_bars import bars_on
 from common.probes import StabilityProbe
+from common.run_dir import MODEL_DIR_CONFIG, RunDir
 from common.run_summary import format_summary
 from common.spikes import LossSpikeDetector
 from common.step import train_step
 from common.stop_signal import StopSignal
 from common.tokenizer import load_tokenized
-from common.writes import WriteError, guarded_write
+from common.writes import WriteError
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
 from model.norms import BatchStatNorm
 
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
 # the run: setup, then the loop with its logging, evaluation and checkpoints, then the end
 
 
-def train(cfg: dict, record: dict | None = None, notices=()) -> int:
+def train(cfg: RunConfig, record: dict | None = None, notices=()) -> int:
     """One run of `cfg`. `record`: what run.json keeps of the command (common.preflight.run_config), its
     config_file naming the variant, a wandb tag; `notices`: what resolving the config had to say."""
     resume_path, more_notices, trackers, wandb_mode = preflight(cfg)
@@ -96,8 +97,8 @@ def train(cfg: dict, record: dict | None = None, notices=()) -> int:
     bars_on()  # off in a redirected log: before the data's and the weights' bars
     for message in [*notices, *more_notices]:
         accelerator.print(f"note: {message}", file=sys.stderr)
-    set_seed(cfg["seed"])  # same seed on every process: identical init (DDP also broadcasts it)
-    wall_start, run_dir = time.time(), None
+    set_seed(cfg.seed)  # same seed on every process: identical init (DDP also broadcasts it)
+    wall_start, run = time.time(), None
     try:
         tokenizer, dsd, train_loader, eval_loader = build_data(cfg, accelerator)
         batch_sampler = train_loader.batch_sampler  # ours (deterministic per (seed, epoch)), before prepare wraps it
@@ -109,71 +110,71 @@ def train(cfg: dict, record: dict | None = None, notices=()) -> int:
             return EXIT_OK  # nothing written: final/, summary.json and the W&B run stay as they are
         if resume_path is not None:
             accelerator.print(f"resumed from {resume_path} (step {state.step}, epoch {state.epoch})")
-        run_dir = RunDir(cfg, accelerator, model, tokenizer, state, resume_path is not None, wandb_mode,
-                         record or {}, total_steps, wall_start)
+        run = RunWriter(cfg, accelerator, model, tokenizer, state, resume_path is not None, wandb_mode,
+                        record or {}, total_steps, wall_start)
         batches = micro_batches(accelerator, train_loader, batch_sampler, state, resume_rng)
         with StopSignal().installed() as stop:
             status, facts = train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loader,
-                                       state, run_dir, stop, total_steps)
-        run_dir.progress.close()
-        summary = finish(cfg, accelerator, model, state, run_dir, status,
+                                       state, run, stop, total_steps)
+        run.progress.close()
+        summary = finish(cfg, accelerator, model, state, run, status,
                          {"total_steps": total_steps, "kernels": kernels, **facts})
     except WriteError as err:  # summary.json says so if it still can; the error names the last complete checkpoint
-        if run_dir is not None:
-            run_dir.progress.close()
+        if run is not None:
+            run.progress.close()
         if accelerator.is_main_process:
-            record_write_failure(cfg["output_dir"], err, accelerator.num_processes,
-                                 **({"step": state.step} if run_dir else {}))
+            record_write_failure(cfg.output_dir, err, accelerator.num_processes,
+                                 **({"step": state.step} if run else {}))
         raise
     finally:
         accelerator.end_training()  # closes the offline W&B run: its folder is complete before it is named
-    wandb_url = getattr(run_dir.wb, "url", None) if wandb_mode == "online" else None
-    accelerator.print(format_summary(summary, cfg["output_dir"], cfg["data"]["eval_split"], wandb_mode, wandb_url))
+    wandb_url = getattr(run.wb, "url", None) if wandb_mode == "online" else None
+    accelerator.print(format_summary(summary, cfg.output_dir, cfg.data.eval_split, wandb_mode, wandb_url))
     return EXIT_OK
 
 
-def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loader, state, run_dir, stop,
+def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loader, state, run, stop,
                total_steps) -> tuple[str, dict]:
     """One iteration per micro-batch, an optimizer step every grad_accum_steps of them. -> (the run's status:
     completed, diverged (a non-finite loss or gradient) or interrupted (SIGTERM/SIGINT, after a checkpoint); the
     summary's measurements of the loop: step time, and for the BN family the running statistics' spread)."""
-    t, unwrapped, facts = cfg["train"], accelerator.unwrap_model(model), {}
+    t, unwrapped, facts = cfg.train, accelerator.unwrap_model(model), {}
     probe = StabilityProbe(unwrapped, BatchStatNorm)  # before the first forward: its hooks must be traced too
     clock, status = StepClock(), "completed"
     watch = None  # a CPU run's first local process says once when other processes starve it
     if accelerator.device.type == "cpu" and accelerator.is_local_main_process:
-        watch = StarvationWatch(torch.get_num_threads(), say=lambda text: run_dir.progress.write(text, sys.stderr))
+        watch = StarvationWatch(torch.get_num_threads(), say=lambda text: run.progress.write(text, sys.stderr))
     model.train()
     while state.step < total_steps:
         batch = next(batches)
         clock.micro_batch()
-        logging_step = (state.step + 1) % t["log_steps"] == 0
-        done = train_step(accelerator, model, optimizer, batch, t["max_grad_norm"], probe=probe, log=logging_step,
+        logging_step = (state.step + 1) % t.log_steps == 0
+        done = train_step(accelerator, model, optimizer, batch, t.max_grad_norm, probe=probe, log=logging_step,
                           stop=stop)
         if done is None:
             continue  # on to the next micro-batch of this optimizer step
         if done.nonfinite:  # the update was not applied; the last checkpoint stays as it is
-            log_divergence(accelerator, probe, state, run_dir, done.grad_norm, optimizer.param_groups[0]["lr"])
+            log_divergence(accelerator, probe, state, run, done.grad_norm, optimizer.param_groups[0]["lr"])
             status = "diverged"
             break
         state.step += 1
         if logging_step:  # the learning rate this step used, read before the schedule moves on
-            row = log_step(accelerator, probe, state, run_dir, done.grad_norm, optimizer.param_groups[0]["lr"])
+            row = log_step(accelerator, probe, state, run, done.grad_norm, optimizer.param_groups[0]["lr"])
             if watch is not None:
                 watch.update(row["train/tokens_per_s"])
         scheduler.step()
         clock.step_done()
-        run_dir.progress.update(1)
+        run.progress.update(1)
 
         last = state.step == total_steps
         if last and unwrapped.config.uses_batch_statistics:  # before evaluation, whose forward may re-sync buffers
             facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped, BatchStatNorm)
-        if state.step % t["eval_steps"] == 0 or last:
-            run_eval(cfg, accelerator, model, eval_loader, state, run_dir)
+        if state.step % t.eval_steps == 0 or last:
+            run_eval(cfg, accelerator, model, eval_loader, state, run)
         # a finished run ends with a checkpoint; the rotation keeps the one at the best evaluation's step, if saved
         # (as HF's Trainer, no extra saves: a study evaluating every 32 steps would checkpoint at every gain)
-        if state.step % t["save_steps"] == 0 or last or done.interrupted:
-            run_dir.save_checkpoint(state)
+        if state.step % t.save_steps == 0 or last or done.interrupted:
+            run.save_checkpoint(state)
         if done.interrupted:
             status = "interrupted"
             break
@@ -184,27 +185,27 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
 # what the loop calls
 
 
-def log_step(accelerator, probe, state, run_dir, grad_norm: float, lr: float) -> dict:
+def log_step(accelerator, probe, state, run, grad_norm: float, lr: float) -> dict:
     """Log the step's metrics; returns the probe's row."""
     row = probe.collect(accelerator, grad_norm, lr)
     spike = state.spikes.update(row["train/loss"])
-    run_dir.log({"step": state.step, "epoch": state.epoch, **row, "events/loss_spike": int(spike),
-                 "events/nonfinite": 0})
-    run_dir.progress.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
+    run.log({"step": state.step, "epoch": state.epoch, **row, "events/loss_spike": int(spike),
+             "events/nonfinite": 0})
+    run.progress.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
     return row
 
 
-def log_divergence(accelerator, probe, state, run_dir, grad_norm: float, lr: float) -> None:
+def log_divergence(accelerator, probe, state, run, grad_norm: float, lr: float) -> None:
     row = probe.collect(accelerator, grad_norm, lr, measured=False)
     step = state.step + 1
-    run_dir.log({"step": step, "epoch": state.epoch, **row, "events/loss_spike": 0, "events/nonfinite": 1})
+    run.log({"step": step, "epoch": state.epoch, **row, "events/loss_spike": 0, "events/nonfinite": 1})
     accelerator.print(f"\nstep {step}: non-finite loss or gradient (loss {row['train/loss']}, grad norm "
                       f"{grad_norm}); stopping, status diverged", file=sys.stderr)
 
 
-def run_eval(cfg, accelerator, model, eval_loader, state, run_dir) -> None:
+def run_eval(cfg, accelerator, model, eval_loader, state, run) -> None:
     """Evaluate, keep the best, log; the BN family also with the batches' own statistics (its train/eval gap)."""
-    acc, st, task, seed = accelerator, state, cfg["task"], cfg["seed"]
+    acc, st, task, seed = accelerator, state, cfg.task, cfg.seed
     unwrapped = acc.unwrap_model(model)
     metrics = evaluate(acc, model, eval_loader, task, seed)
     if unwrapped.config.uses_batch_statistics:
@@ -213,11 +214,11 @@ def run_eval(cfg, accelerator, model, eval_loader, state, run_dir) -> None:
     if st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]:
         st.best = {"step": st.step, **metrics}
     st.last_eval = metrics
-    run_dir.log({"step": st.step, "epoch": st.epoch, **metrics})
-    if run_dir.wb is not None:
-        wandb_run.log_depth_charts(run_dir.wb, run_dir.writer.path)
+    run.log({"step": st.step, "epoch": st.epoch, **metrics})
+    if run.wb is not None:
+        wandb_run.log_depth_charts(run.wb, run.writer.path)
     if acc.is_main_process:
-        run_dir.progress.write(f"step {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        run.progress.write(f"step {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
 
 def bn_stats_spread(accelerator, model, batch_stat_norm_cls) -> float:
@@ -253,15 +254,15 @@ class StepClock:
 # the end of a run
 
 
-def finish(cfg, accelerator, model, state, run_dir, status: str, facts: dict) -> dict:
+def finish(cfg, accelerator, model, state, run, status: str, facts: dict) -> dict:
     """The end: final/ (completed runs only) and summary.json; returns the summary. `facts`: what train() and the
     loop know of the run (total_steps, kernels, step_time_s, and for the BN family its running statistics' spread
     across processes)."""
-    checkpoints = list_checkpoints(Path(cfg["output_dir"]))
+    checkpoints = list_checkpoints(run.dir.path)
     summary = {
         "status": status, "step": state.step, "total_steps": facts["total_steps"], "epoch": state.epoch,
         "final": state.last_eval, "best": state.best, "loss_spikes": state.spikes.spikes,
-        "wall_time_s": round(run_dir.wall_time_s(state), 2),
+        "wall_time_s": round(run.wall_time_s(state), 2),
         "step_time_s": facts["step_time_s"],
         "num_processes": accelerator.num_processes,
         "cpu_threads": torch.get_num_threads() if accelerator.device.type == "cpu" else None,  # per process
@@ -269,48 +270,45 @@ def finish(cfg, accelerator, model, state, run_dir, status: str, facts: dict) ->
         "final_model": None,
         "last_checkpoint": str(checkpoints[-1][1]) if checkpoints else None,
         "best_checkpoint": next((str(p) for s, p in checkpoints if state.best and s == state.best["step"]), None),
-        "wandb_run_id": state.wandb_run_id if run_dir.wandb_on else None,
+        "wandb_run_id": state.wandb_run_id if run.wandb_on else None,
     }
     if BN_SPREAD in facts:
         summary[BN_SPREAD] = facts[BN_SPREAD]
     if status == "completed":
-        summary["final_model"] = str(save_final(accelerator, model, run_dir.tokenizer, cfg, summary))
-    if run_dir.wb is not None:
+        summary["final_model"] = str(save_final(accelerator, model, run.tokenizer, cfg, summary))
+    if run.wb is not None:
         if status != "completed":  # no final evaluation drew the depth charts up to the end
-            wandb_run.log_depth_charts(run_dir.wb, run_dir.writer.path)
-        if status == "completed" and cfg["wandb"]["log_model"]:
-            wandb_run.log_model(run_dir.wb, summary["final_model"], cfg, summary)
+            wandb_run.log_depth_charts(run.wb, run.writer.path)
+        if status == "completed" and cfg.wandb.log_model:
+            wandb_run.log_model(run.wb, summary["final_model"], cfg, summary)
     if accelerator.is_main_process:
-        path = Path(cfg["output_dir"]) / "summary.json"
-        with guarded_write("summary.json", path):
-            atomic_write_json(path, summary)
-        if run_dir.wb is not None:
-            wandb_run.write_summary(run_dir.wb, summary)
-    if run_dir.writer is not None:
-        run_dir.writer.close()
+        run.dir.write_summary(summary)
+        if run.wb is not None:
+            wandb_run.write_summary(run.wb, summary)
+    if run.writer is not None:
+        run.writer.close()
     return summary
 
 
-def save_final(accelerator, model, tokenizer, cfg: dict, summary: dict) -> Path:
+def save_final(accelerator, model, tokenizer, cfg: RunConfig, summary: dict) -> Path:
     """output_dir/final: an HF directory (config, safetensors, tokenizer, model card, run config), written to a
     temporary folder and renamed, so `final` only ever exists complete. Collective (get_state_dict gathers under
     FSDP)."""
-    out = Path(cfg["output_dir"])
-    final = out / "final"
+    final = RunDir.of(cfg).final
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         with atomic_dir(final, "the final model") as tmp:
             unwrapped = accelerator.unwrap_model(model)
             save_model_files(unwrapped, tmp, tokenizer, cfg, state_dict)
-            id2label = unwrapped.config.id2label if cfg["task"] == "classification" else None
+            id2label = unwrapped.config.id2label if cfg.task == "classification" else None
             atomic_write_text(tmp / "README.md", model_card(cfg, summary, id2label))
     accelerator.wait_for_everyone()
     return final
 
 
-def save_model_files(model, folder: Path, tokenizer, cfg: dict, state_dict=None) -> None:
+def save_model_files(model, folder: Path, tokenizer, cfg: RunConfig, state_dict=None) -> None:
     """What makes `folder` a model directory that from_pretrained and scripts/evaluate.py open: config.json and the
-    model code, the tokenizer, and the run config as data (RUN_CONFIG_FILE); with `state_dict`, the weights too
+    model code, the tokenizer, and the run config as data (MODEL_DIR_CONFIG); with `state_dict`, the weights too
     (final/). A checkpoint's weights are accelerate's model.safetensors, which from_pretrained reads as well."""
     if state_dict is not None:
         model.save_pretrained(folder, state_dict=state_dict)
@@ -320,18 +318,18 @@ def save_model_files(model, folder: Path, tokenizer, cfg: dict, state_dict=None)
         custom_object_save(model, folder, config=model.config)
         model.config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    save_config(cfg, folder / RUN_CONFIG_FILE)
+    save_config(cfg, folder / MODEL_DIR_CONFIG)
 
 
-def nothing_to_do(cfg: dict, accelerator, state, total_steps: int, resume_path: Path) -> bool:
+def nothing_to_do(cfg: RunConfig, accelerator, state, total_steps: int, resume_path: Path) -> bool:
     """A resumed run that has no step left: True, after one line, for a completed run (nothing is changed);
     ConfigError for a checkpoint beyond this config's steps."""
     if state.step < total_steps:
         return False
-    done = read_json(Path(cfg["output_dir"]) / "summary.json")
-    if state.step == total_steps and isinstance(done, dict) and done.get("status") == "completed" \
+    done = RunDir.of(cfg).read_summary()
+    if state.step == total_steps and done is not None and done.get("status") == "completed" \
             and done.get("step") == state.step:
-        accelerator.print(f"{cfg['output_dir']}: the run is complete ({state.step} of {total_steps} steps); nothing "
+        accelerator.print(f"{cfg.output_dir}: the run is complete ({state.step} of {total_steps} steps); nothing "
                           f"to do (to train it further, add a larger train.max_steps or train.epochs)")
         return True
     if state.step > total_steps:
@@ -344,7 +342,7 @@ def nothing_to_do(cfg: dict, accelerator, state, total_steps: int, resume_path: 
 # setup: data, model, schedule, the resumed state, the run directory
 
 
-def build_data(cfg: dict, accelerator):
+def build_data(cfg: RunConfig, accelerator):
     """(tokenizer, raw DatasetDict, train loader, eval loader). The main process builds (and caches) the tokenizer
     and tokenized splits first, then the others load them."""
     with accelerator.main_process_first():
@@ -355,35 +353,36 @@ def build_data(cfg: dict, accelerator):
     return tokenizer, dsd, train_loader, eval_loader
 
 
-def build_model(cfg: dict, tokenizer, dsd, device):
+def build_model(cfg: RunConfig, tokenizer, dsd, device):
     """(the model for cfg's task, sized to the tokenizer and labels; its AdamW; {operator: backend}: the
     implementations of NormLab's operators that train.kernels chose, registered for `device`)."""
     extra = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
-    if cfg["task"] == "classification":
-        names = label_names(dsd, cfg)
+    if cfg.task == "classification":
+        names = label_names(dsd, cfg.data)
         extra.update(num_labels=len(names), id2label=dict(enumerate(names)),
                      label2id={name: i for i, name in enumerate(names)},
                      problem_type="single_label_classification")  # HF infers it at the first loss otherwise
                                                                   # (a config change: a torch.compile recompile)
     model_config = model_config_from(cfg, **extra)
-    model = (NormLabForMaskedLM if cfg["task"] == "mlm" else NormLabForSequenceClassification)(model_config)
+    model = (NormLabForMaskedLM if cfg.task == "mlm" else NormLabForSequenceClassification)(model_config)
     # normlab_kernels: C++ on CPU, Triton on CUDA, or the reference PyTorch math. Registered once the model exists
     # (its construction runs no operator), before compiling; a C++ build leaves the RNG as it found it.
-    kernels = normlab_kernels.use(model, cfg["train"]["kernels"], device)
-    if cfg["train"]["compile"]:
+    t = cfg.train
+    kernels = normlab_kernels.use(model, t.kernels, device)
+    if t.compile:
         # In place: parameter names, state dicts and attribute access stay those of the model. dynamic: padded
         # batches change length every step; one graph with symbolic shapes instead of a recompile per length.
-        model.compile(backend=cfg["train"]["compile_backend"] or "inductor", dynamic=True)
-    return model, adamw(model, cfg["train"]), kernels
+        model.compile(backend=t.compile_backend or "inductor", dynamic=True)
+    return model, adamw(model, t), kernels
 
 
-def build_scheduler(cfg: dict, accelerator, optimizer, batches_per_epoch: int):
+def build_scheduler(cfg: RunConfig, accelerator, optimizer, batches_per_epoch: int):
     """(the prepared schedule, the run's number of optimizer steps)."""
-    t, P = cfg["train"], accelerator.num_processes
-    total_steps = t["max_steps"] or t["epochs"] * math.ceil(batches_per_epoch / t["grad_accum_steps"])
+    t, P = cfg.train, accelerator.num_processes
+    total_steps = t.max_steps or t.epochs * math.ceil(batches_per_epoch / t.grad_accum_steps)
     # The prepared scheduler steps once per process per optimizer step, hence the factor.
     scheduler = accelerator.prepare(get_scheduler(
-        t["scheduler"], optimizer, num_warmup_steps=t["warmup_steps"] * P, num_training_steps=total_steps * P))
+        t.scheduler, optimizer, num_warmup_steps=t.warmup_steps * P, num_training_steps=total_steps * P))
     return scheduler, total_steps
 
 
@@ -400,11 +399,11 @@ class TrainerState:
     wall_time_s: float = 0.0  # spent by the earlier processes of this run (resumed runs)
     wandb_run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
-    def to_checkpoint(self, cfg: dict, num_processes: int, wall_time_s: float) -> dict:
+    def to_checkpoint(self, cfg: RunConfig, num_processes: int, wall_time_s: float) -> dict:
         return {"step": self.step, "epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
                 "num_processes": num_processes, "spike_detector": self.spikes.state_dict(), "best": self.best,
                 "last_eval": self.last_eval, "wall_time_s": wall_time_s, "wandb_run_id": self.wandb_run_id,
-                "config": cfg}
+                "config": cfg.to_dict()}
 
     @classmethod
     def from_checkpoint(cls, st: dict) -> "TrainerState":
@@ -446,25 +445,25 @@ def micro_batches(accelerator, train_loader, batch_sampler, state: TrainerState,
         state.epoch, state.batches_in_epoch, rng = state.epoch + 1, 0, None
 
 
-class RunDir:
-    """What the run writes as it goes: config.yaml, run.json and metrics.jsonl (main process), the trackers' rows,
-    the progress bar, and its checkpoints (each a model directory too); `wb` is the wandb run (main process, wandb
-    on)."""
+class RunWriter:
+    """What the run writes into its run directory (`dir`, a common.run_dir.RunDir) as it goes: config.yaml, run.json
+    and metrics.jsonl (main process), the trackers' rows, the progress bar, and its checkpoints (each a model
+    directory too); `wb` is the wandb run (main process, wandb on)."""
 
     def __init__(self, cfg, accelerator, model, tokenizer, state: TrainerState, resumed: bool, wandb_mode: str,
                  record: dict, total_steps: int, wall_start: float):
-        out = Path(cfg["output_dir"])
+        self.dir = RunDir.of(cfg)
         self.cfg, self.accelerator, self.tokenizer, self.wall_start = cfg, accelerator, tokenizer, wall_start
         self.model = accelerator.unwrap_model(model)
         self.writer = self.wb = None
         if accelerator.is_main_process:
-            with guarded_write("config.yaml", out / "config.yaml"):
-                out.mkdir(parents=True, exist_ok=True)
-                save_config(cfg, out / "config.yaml")
-                # what a resume needs besides config.yaml: the --config to check a given one against, the W&B run
-                atomic_write_json(out / RUN_FILE, {**record, "wandb_run_id": state.wandb_run_id})
-            self.writer = MetricsWriter(out / "metrics.jsonl", resume_step=state.step if resumed else None)
+            self.dir.save_config(cfg)
+            # what a resume needs besides config.yaml: the --config to check a given one against, the W&B run
+            self.dir.write_run_record({**record, "wandb_run_id": state.wandb_run_id})
+            self.writer = MetricsWriter(self.dir.metrics_file, resume_step=state.step if resumed else None)
         variant = Path(record["config_file"]).stem if record.get("config_file") else None
+        if variant is not None and (REPO_ROOT / record["config_file"]).resolve() == self.dir.config_file.resolve():
+            variant = None  # launched with its own resolved config (a study's run): no variant file to tag
         self.wandb_on = _init_trackers(accelerator, cfg, wandb_mode, state.wandb_run_id, variant)
         if self.wandb_on and accelerator.is_main_process:
             self.wb = accelerator.get_tracker("wandb", unwrap=True)
@@ -484,21 +483,21 @@ class RunDir:
         """A checkpoint of this step (collective), logged to wandb when asked."""
         cfg = self.cfg
         trainer_state = state.to_checkpoint(cfg, self.accelerator.num_processes, self.wall_time_s(state))
-        path = save_checkpoint(self.accelerator, cfg["output_dir"], state.step, trainer_state,
-                               keep=cfg["train"]["save_total_limit"], protect=state.best and state.best["step"],
+        path = save_checkpoint(self.accelerator, self.dir.path, state.step, trainer_state,
+                               keep=cfg.train.save_total_limit, protect=state.best and state.best["step"],
                                model_files=lambda folder: save_model_files(self.model, folder, self.tokenizer, cfg))
-        if self.wb is not None and cfg["wandb"]["log_checkpoints"]:
+        if self.wb is not None and cfg.wandb.log_checkpoints:
             wandb_run.log_checkpoint(self.wb, path, state.step)
 
 
-def _init_trackers(accelerator, cfg: dict, wandb_mode: str, run_id: str, variant: str | None) -> bool:
+def _init_trackers(accelerator, cfg: RunConfig, wandb_mode: str, run_id: str, variant: str | None) -> bool:
     """Start the trackers; True when wandb is among them."""
     if not accelerator.log_with:
         return False
     init_kwargs = {"wandb": wandb_run.init_kwargs(cfg, wandb_mode, run_id, variant)}
     flat = {k: (", ".join(map(str, v)) if isinstance(v, list) else ("null" if v is None else v))
             for k, v in flatten_config(cfg).items()}  # flat scalars: what every tracker accepts
-    accelerator.init_trackers(cfg["wandb"]["project"], config=flat, init_kwargs=init_kwargs)
+    accelerator.init_trackers(cfg.wandb.project, config=flat, init_kwargs=init_kwargs)
     wandb_on = any(tr.name == "wandb" for tr in accelerator.trackers)
     if wandb_on and accelerator.is_main_process:
         wandb_run.define_metrics(accelerator.get_tracker("wandb", unwrap=True))

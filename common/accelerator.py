@@ -40,24 +40,24 @@ def fsdp_float32_buffers(accelerator) -> None:
         plugin.mixed_precision_policy = dataclasses.replace(policy, buffer_dtype=torch.float32)
 
 
-def make_accelerator(cfg: dict | None = None, trackers=()):
+def make_accelerator(cfg=None, trackers=()):
     """The accelerator and the CPU threads. `cfg`: a training run's config (gradient accumulation, mixed
     precision, threads, TF32, trackers, project directory); None: evaluation's, with accelerate's defaults."""
-    t = cfg["train"] if cfg is not None else {}
+    t = cfg.train if cfg is not None else None
     # Several processes on a machine without GPUs (configs/accelerate/cpu_2proc.yaml): CPU processes, gloo.
     cpu_processes = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.accelerator.is_available()
     accelerator = Accelerator(
         cpu=cpu_processes,
-        gradient_accumulation_steps=t.get("grad_accum_steps", 1),
-        mixed_precision=t.get("mixed_precision"),  # None: what `accelerate launch` was given
+        gradient_accumulation_steps=t.grad_accum_steps if t else 1,
+        mixed_precision=t.mixed_precision if t else None,  # None: what `accelerate launch` was given
         log_with=list(trackers) or None,
-        project_dir=cfg["output_dir"] if cfg is not None else None,
+        project_dir=cfg.output_dir if cfg is not None else None,
     )
-    threads = cpu_threads(t.get("cpu_threads"), accelerator.device.type,
+    threads = cpu_threads(t.cpu_threads if t else None, accelerator.device.type,
                           int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))
     if threads is not None:
         torch.set_num_threads(threads)
     if accelerator.device.type == "cuda":
-        torch.set_float32_matmul_precision("high" if t.get("tf32") else "highest")  # high = TF32 matmuls
+        torch.set_float32_matmul_precision("high" if t and t.tf32 else "highest")  # high = TF32 matmuls
     fsdp_float32_buffers(accelerator)
     return accelerator

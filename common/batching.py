@@ -161,11 +161,11 @@ def row_batches(rows, batch_size: int, pad_id: int, order: str = "given", width:
     return DataLoader(ordered, batch_size=batch_size, shuffle=False, collate_fn=collate)
 
 
-def _collator(cfg: dict, tokenizer, pad_to_multiple_of):
+def _collator(task: str, tokenizer, pad_to_multiple_of):
     """pad_rows for classification; for mlm HF's collator, which pads the same way and masks 15% of the tokens."""
     from transformers import DataCollatorForLanguageModeling
 
-    if cfg["task"] == "mlm":
+    if task == "mlm":
         if tokenizer.mask_token is None:
             raise DataError(f"task=mlm needs a tokenizer with a mask token; {tokenizer.name_or_path!r} has none "
                             f"(set data.tokenizer=null to train one)")
@@ -174,21 +174,21 @@ def _collator(cfg: dict, tokenizer, pad_to_multiple_of):
     return functools.partial(pad_rows, pad_id=tokenizer.pad_token_id, multiple_of=pad_to_multiple_of)
 
 
-def build_dataloaders(cfg: dict, tokenizer, tokenized, pad_to_multiple_of: int | None = None):
+def build_dataloaders(cfg, tokenizer, tokenized, pad_to_multiple_of: int | None = None):
     """(train_loader, eval_loader), ready for accelerator.prepare. Train: LengthGroupedBatchSampler
     (data.group_by_length) or RandomBatchSampler, seeded by cfg.seed, reshuffled by `set_epoch` (the prepared
     loader's, or an unprepared one's `batch_sampler.set_epoch`). Eval: row_batches sorted by length. Padded per
     batch (to a multiple of pad_to_multiple_of under mixed precision)."""
-    d = cfg["data"]
-    bs, seed = cfg["train"]["batch_size"], cfg["seed"]
+    d = cfg.data
+    bs, seed = cfg.train.batch_size, cfg.seed
     # `length` only serves the samplers; the model must not receive it
-    train, evals = (tokenized[d[split]].remove_columns("length") for split in ("train_split", "eval_split"))
-    lengths = column(tokenized[d["train_split"]], "length")
-    if d["group_by_length"]:
+    train, evals = (tokenized[split].remove_columns("length") for split in (d.train_split, d.eval_split))
+    lengths = column(tokenized[d.train_split], "length")
+    if d.group_by_length:
         batch_sampler = LengthGroupedBatchSampler(lengths, bs, seed=seed)
     else:
         batch_sampler = RandomBatchSampler(len(lengths), bs, seed=seed)
-    collate = _collator(cfg, tokenizer, pad_to_multiple_of)
+    collate = _collator(cfg.task, tokenizer, pad_to_multiple_of)
     train_loader = DataLoader(train, batch_sampler=batch_sampler, collate_fn=collate)
     eval_loader = row_batches(evals, bs, tokenizer.pad_token_id, order="sorted", collate=collate)
     return train_loader, eval_loader

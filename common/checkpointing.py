@@ -14,10 +14,10 @@ import torch
 
 from common.cache import folder_index, short
 from common.io import atomic_write_json, read_json
+from common.run_dir import RunDir
 from common.run_summary import resume_command
 from common.writes import WriteError, guarded_write
 
-CHECKPOINTS = "checkpoints"
 TRAINER_STATE = "trainer_state.json"
 STATE_FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -62,7 +62,7 @@ def atomic_dir(final: Path, what: str):
 
 
 def checkpoints_root(output_dir) -> Path:
-    return Path(output_dir) / CHECKPOINTS
+    return RunDir(output_dir).checkpoints
 
 
 def list_checkpoints(output_dir) -> list[tuple[int, Path]]:
@@ -197,8 +197,8 @@ def record_write_failure(output_dir, error: WriteError, num_processes: int = 1, 
     summary = {"status": "failed", **fields, "last_checkpoint": str(last) if last else None, "error": str(error),
                "failed_write": {"what": error.what, "path": str(error.path),
                                 "errno": errno.errorcode.get(error.os_error.errno), "reason": error.reason}}
-    with suppress(OSError):  # the same full disk, most likely; the error line still says everything
-        atomic_write_json(Path(output_dir) / "summary.json", summary)
+    with suppress(WriteError):  # the same full disk, most likely; the error line still says everything
+        RunDir(output_dir).write_summary(summary)
 
 
 def load_checkpoint(accelerator, path) -> dict:

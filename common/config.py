@@ -1,7 +1,8 @@
 """The run configuration: configs/default.yaml <- a variant file <- `key.sub=value` overrides. Each layer's keys are
 checked against the schema (common/config_schema.py) and merged onto its OmegaConf structured config, which
-converts values to their key's type; the result is a nested plain dict, checked before any data is loaded. Every
-failure is a ConfigError with a one-line message naming the key and what is valid.
+converts values to their key's type; the result is a RunConfig (dataclasses: `cfg.train.lr`; `cfg.model` holds
+only the model keys given), checked before any data is loaded. Every failure is a ConfigError with a one-line
+message naming the key and what is valid.
 """
 
 import contextlib
@@ -11,14 +12,16 @@ import math
 import operator
 import sys
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ValidationError
 
-from common.config_schema import TRACKERS, RunConfig
+from common.config_schema import TRACKERS, ModelKeys, RunConfig, Section
 from common.io import atomic_write_text, load_yaml_mapping
+from common.keys import bad_choice, describe, suggest
 from model.configuration_normlab import NormLabConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -37,11 +40,6 @@ USAGE = ("train.py [--config FILE|NAME] [--debug] [key.sub=value ...]   "
 
 class ConfigError(ValueError):
     """A bad config key or value; the message names the key and what is valid."""
-
-
-def _suggest(word, choices) -> str:
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def _keys_named(name: str) -> list[str]:
@@ -77,15 +75,9 @@ def _key_type(key: str, source: str):
     return kind
 
 
-def _describe(kind) -> str:
-    kinds = typing.get_args(kind) if typing.get_origin(kind) is typing.Union else (kind,)
-    names = [getattr(typing.get_origin(k) or k, "__name__", "any value") for k in kinds if k is not type(None)]
-    return " or ".join(names) + (" or null" if type(None) in kinds else "")
-
-
 def _wrong_type(key: str, value, kind, source: str) -> ConfigError:
     problem = f"{key} may not be null" if value is None else f"{key}={value!r} has the wrong type"
-    return ConfigError(f"{problem} ({source}); expected {_describe(kind)}")
+    return ConfigError(f"{problem} ({source}); expected {describe(kind)}")
 
 
 def _coerce(key: str, value, source: str, raw: str | None):
@@ -140,16 +132,18 @@ def _parse_override(item: str) -> tuple[str, object, str]:
 
 def _check_choice(key: str, value, choices):
     if value not in choices:
-        raise ConfigError(f"{key}={value!r} is not valid{_suggest(value, choices)}; choose one of: "
-                          f"{', '.join(map(str, choices))}")
+        raise ConfigError(bad_choice(key, value, choices))
 
 
-def _check_section(section, values: dict, prefix: str = ""):
-    """Each key's metadata checks (choices, bounds, non-empty); null passes where the type allows it."""
-    for f in dataclasses.fields(section):
-        key, value, checks = prefix + f.name, values.get(f.name), f.metadata
-        if dataclasses.is_dataclass(f.type):
-            _check_section(f.type, value, key + ".")
+def _check_section(section: Section, prefix: str = ""):
+    """Each key's metadata checks (choices, bounds, non-empty); null passes where the type allows it. The model
+    section checks only the keys it gives."""
+    schema = {f.name: f for f in dataclasses.fields(RunConfig)} if not prefix else None
+    for name, value in section.items():
+        f = schema[name] if schema else _field(prefix, name)
+        key, checks = prefix + name, f.metadata
+        if isinstance(value, Section):
+            _check_section(value, key + ".")
         elif value is None:
             continue
         elif "choices" in checks:
@@ -161,22 +155,29 @@ def _check_section(section, values: dict, prefix: str = ""):
             raise ConfigError(f"{key}={value!r} must be {' and '.join(f'{s} {b}' for s, _, b in bounds)}")
 
 
-def _validate(cfg: dict):
-    """The checks across keys, after each key's own (_check_section)."""
-    _check_section(RunConfig, cfg)
-    d, resume, report_to = cfg["data"], cfg["train"]["resume"], cfg["wandb"]["report_to"]
-    if resume is not None and resume != "auto" and not Path(resume).is_dir():
+def _field(prefix: str, name: str) -> dataclasses.Field:
+    """The schema field of `name` in the section `prefix` ('train.')."""
+    kind = {f.name: f.type for f in dataclasses.fields(RunConfig)}[prefix.rstrip(".")]
+    return {f.name: f for f in dataclasses.fields(kind)}[name]
+
+
+def _validate(cfg: RunConfig, resume_given: bool):
+    """The checks across keys, after each key's own (_check_section). `resume_given`: train.resume is this
+    command's (a saved run's may name a checkpoint rotated away since; it is not resumed from again)."""
+    _check_section(cfg)
+    d, resume, report_to = cfg.data, cfg.train.resume, cfg.wandb.report_to
+    if resume_given and resume is not None and resume != "auto" and not Path(resume).is_dir():
         raise ConfigError(f"train.resume={resume!r} is not an existing directory; give null, auto (latest checkpoint "
-                          f"in output_dir), or a path such as {cfg['output_dir']}/checkpoints/step_500")
+                          f"in output_dir), or a path such as {cfg.output_dir}/checkpoints/step_500")
     for name in [report_to] if isinstance(report_to, str) else report_to:
         _check_choice("wandb.report_to", name, TRACKERS + ("none",))
-    if not d["name"] and not d["path"]:
+    if not d.name and not d.path:
         raise ConfigError("data.name and data.path are both empty; set data.name (Hub id) or data.path "
                           "(local file or folder)")
     positions = model_config_from(cfg).max_position_embeddings
-    if d["max_length"] > positions:
-        raise ConfigError(f"data.max_length={d['max_length']} exceeds model.max_position_embeddings={positions}; "
-                          f"lower data.max_length or set model.max_position_embeddings={d['max_length']} (or more)")
+    if d.max_length > positions:
+        raise ConfigError(f"data.max_length={d.max_length} exceeds model.max_position_embeddings={positions}; "
+                          f"lower data.max_length or set model.max_position_embeddings={d.max_length} (or more)")
 
 
 def resolve_config_file(config_file: str) -> Path:
@@ -186,52 +187,77 @@ def resolve_config_file(config_file: str) -> Path:
         if candidate.is_file():
             return candidate
     variants = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "default")
-    raise ConfigError(f"config file {config_file!r} not found{_suggest(path.stem, variants)}; give a YAML path or "
+    raise ConfigError(f"config file {config_file!r} not found{suggest(path.stem, variants)}; give a YAML path or "
                       f"one of the variants in {CONFIG_DIR}: {', '.join(variants)}")
 
 
-def load_config(config_file: str | None = None, overrides=(), saved: tuple[dict, str] | None = None) -> dict:
+def load_config(config_file: str | None = None, overrides=(), saved: tuple[dict, str] | None = None,
+                layers=()) -> RunConfig:
     """configs/default.yaml <- config_file (path or bare variant name) <- `key.sub=value` overrides; checked.
-    `saved`: (a run's saved config, where it was read) in place of config_file, for a resumed run."""
+    `saved`: (a run's saved config, where it was read) in place of config_file, for a resumed run. `layers`:
+    (mapping of keys, nested or dotted, to values; where it comes from) pairs merged in order before the
+    overrides, as a program's settings (the study's runs)."""
     files = [DEFAULT_CONFIG] + ([resolve_config_file(str(config_file))] if config_file else [])
-    layers = []
-    for path in files:
-        try:
-            layers.append((load_yaml_mapping(path), f"in {path}"))
-        except ValueError as e:  # not YAML, or not a mapping
-            raise ConfigError(str(e)) from None
+    try:  # each file: not YAML, or not a mapping
+        files = [(load_yaml_mapping(path), f"in {path}") for path in files]
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     cfg = OmegaConf.structured(RunConfig)
-    for layer, source in layers + ([saved] if saved is not None else []):
+    for layer, source in files + ([saved] if saved is not None else []) + list(layers):
         cfg = _merge(cfg, [(key, value, None) for key, value in flatten_config(layer).items()], source)
     cfg = _merge(cfg, [_parse_override(item) for item in overrides], "command line")
     unset = [k for k in OmegaConf.missing_keys(cfg) if not k.startswith("model.")]
     if unset:
         raise ConfigError(f"{DEFAULT_CONFIG} has no value for {', '.join(sorted(unset))}; add it there")
-    out = OmegaConf.to_container(cfg)
-    out["model"] = {k: v for k, v in out["model"].items() if v != MISSING}  # only the model keys given
-    _validate(out)
+    out = _typed(OmegaConf.to_container(cfg))
+    _validate(out, resume_given=saved is None)
     return out
 
 
-def model_config_from(cfg: dict, **extra) -> NormLabConfig:
-    """The NormLabConfig of a run; `extra` (vocab_size, num_labels, pad_token_id, ...) wins over cfg['model']."""
+def _typed(values: dict) -> RunConfig:
+    """The merged config's plain values as a RunConfig; `model` keeps only the keys given."""
+    sections = {f.name: f.type for f in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(f.type)}
+    model = ModelKeys({k: v for k, v in values["model"].items() if v != MISSING})
+    return RunConfig(**{**values, **{name: kind(**values[name]) for name, kind in sections.items()}, "model": model})
+
+
+def replace_keys(cfg: RunConfig, changes: dict) -> RunConfig:
+    """A copy of `cfg` with {dotted key: value} changed (values as their keys' types; not re-checked)."""
+    top = {k: v for k, v in changes.items() if "." not in k}
+    for name in {k.split(".", 1)[0] for k in changes if "." in k}:
+        section, sub = getattr(cfg, name), {k.split(".", 1)[1]: v for k, v in changes.items()
+                                            if k.startswith(name + ".")}
+        top[name] = (ModelKeys({**section.given(), **sub}) if isinstance(section, ModelKeys)
+                     else dataclasses.replace(section, **sub))
+    return dataclasses.replace(cfg, **top)
+
+
+def model_config_from(cfg: RunConfig, **extra) -> NormLabConfig:
+    """The NormLabConfig of a run; `extra` (vocab_size, num_labels, pad_token_id, ...) wins over the model keys the
+    config gives."""
     try:
-        return NormLabConfig(**{**cfg["model"], **extra})
+        return NormLabConfig(**{**cfg.model.given(), **extra})
     except Exception as e:  # ValueError from its checks, or huggingface_hub's strict-dataclass error
         raise ConfigError(" ".join(str(e).replace("NormLabConfig.", "model.").split())) from None
 
 
-def save_config(cfg: dict, path) -> None:
+def save_config(cfg: RunConfig, path) -> None:
     """Write the resolved config as YAML (atomically: a kill mid-write leaves the old file)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, yaml.safe_dump(cfg, sort_keys=False, default_flow_style=False))
+    atomic_write_text(path, config_yaml(cfg))
 
 
-def flatten_config(cfg: dict, prefix: str = "") -> dict:
-    """{'train': {'lr': 1e-3}} -> {'train.lr': 1e-3} (for trackers that want flat keys, and to check each key)."""
+def config_yaml(cfg: RunConfig) -> str:
+    """The config as config.yaml holds it: the schema's key order, the model keys given."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
+
+
+def flatten_config(cfg: Mapping, prefix: str = "") -> dict:
+    """{'train': {'lr': 1e-3}} (a plain dict or a RunConfig) -> {'train.lr': 1e-3} (for trackers that want flat
+    keys, and to check each key)."""
     flat = {}
     for k, v in cfg.items():
-        flat.update(flatten_config(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        flat.update(flatten_config(v, f"{prefix}{k}.") if isinstance(v, Mapping) else {f"{prefix}{k}": v})
     return flat
 
 

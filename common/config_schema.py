@@ -1,9 +1,11 @@
-"""The run config's schema: each key's type, and in its metadata the choices or bounds its value must keep
-(configs/default.yaml holds the values; `model.*` is read off NormLabConfig's fields)."""
+"""The run config's schema and its loaded form: each key's type, and in its metadata the choices or bounds its value
+must keep (configs/default.yaml holds the values; `model.*` is read off NormLabConfig's fields). common.config
+loads a run's config into these dataclasses; code reads their attributes (`cfg.train.lr`)."""
 
 import dataclasses
 import inspect
 import typing
+from collections.abc import Mapping
 
 from omegaconf import MISSING
 from transformers import SchedulerType
@@ -16,6 +18,60 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 # accelerate's tracker names (accelerate.utils.LoggerType) plus "all"; kept literal so the config loads fast.
 TRACKERS = ("all", "wandb", "tensorboard", "trackio", "comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
+
+
+class Section(Mapping):
+    """A loaded config section (or the whole config): attributes, plus a read-only mapping view of its keys, which
+    compares equal to the same keys as a plain dict (a saved config.yaml read back) and is what is saved."""
+
+    def _names(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self)]
+
+    def __getitem__(self, key):
+        if key not in self._names():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def to_dict(self) -> dict:
+        """As plain data (nested dicts and lists), in the schema's key order: what config.yaml holds."""
+        return {k: v.to_dict() if isinstance(v, Section) else list(v) if isinstance(v, list) else v
+                for k, v in self.items()}
+
+
+class ModelKeys(Section):
+    """The loaded `model` section: only the keys the config gives (NormLabConfig's defaults fill the rest when
+    common.config.model_config_from builds the model's config). Reading a key that was not given raises
+    AttributeError naming it."""
+
+    def __init__(self, given: dict):
+        object.__setattr__(self, "_given", dict(given))
+
+    def _names(self) -> list[str]:
+        return list(self._given)
+
+    def given(self) -> dict:
+        return dict(self._given)
+
+    def __getattr__(self, name):  # only for names that are not attributes: the keys
+        given = object.__getattribute__(self, "_given")
+        if name in given:
+            return given[name]
+        if name in MODEL_KEYS:
+            raise AttributeError(f"model.{name} is not set in this config (NormLabConfig's default applies: read it "
+                                 f"off common.config.model_config_from(cfg))")
+        raise AttributeError(f"no config key model.{name}")
+
+    def __setattr__(self, name, value):
+        raise dataclasses.FrozenInstanceError(f"the config is read-only (model.{name})")
+
+    def __repr__(self) -> str:
+        return f"ModelKeys({self._given!r})"
 
 
 def _key(**checks):
@@ -36,11 +92,13 @@ def _model_section():
     return dataclasses.make_dataclass("ModelSection", fields)
 
 
-ModelSection = _model_section()
+ModelSection = _model_section()  # the schema of `model` (every key optional); a loaded config holds ModelKeys
+MODEL_KEYS = tuple(f.name for f in dataclasses.fields(ModelSection))
+SECTION = dict(eq=False)  # Mapping's __eq__: a section equals a dict of the same keys
 
 
-@dataclasses.dataclass
-class DataSection:
+@dataclasses.dataclass(**SECTION)
+class DataSection(Section):
     name: str = _key()
     path: typing.Optional[str] = _key()
     text_column: str = _key(nonempty=True)
@@ -56,8 +114,8 @@ class DataSection:
     tokenizer: typing.Optional[str] = _key()
 
 
-@dataclasses.dataclass
-class TrainSection:
+@dataclasses.dataclass(**SECTION)
+class TrainSection(Section):
     lr: float = _key(gt=0)
     weight_decay: float = _key(ge=0)
     adam_beta1: float = _key(ge=0, lt=1)
@@ -82,8 +140,8 @@ class TrainSection:
     kernels: str = _key(choices=KERNEL_MODES)
 
 
-@dataclasses.dataclass
-class WandbSection:
+@dataclasses.dataclass(**SECTION)
+class WandbSection(Section):
     mode: str = _key(choices=WANDB_MODES)
     project: str = _key()
     group: typing.Optional[str] = _key()
@@ -93,8 +151,8 @@ class WandbSection:
     log_checkpoints: bool = _key()
 
 
-@dataclasses.dataclass
-class RunConfig:
+@dataclasses.dataclass(**SECTION)
+class RunConfig(Section):
     seed: int = _key(ge=0, lt=2**32)
     output_dir: str = _key(nonempty=True)
     task: str = _key(choices=TASKS)

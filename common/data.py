@@ -147,38 +147,38 @@ def mirror_candidates(name: str) -> list[Path]:
     return places + [REPO_ROOT.parent / "shared" / "datasets" / tail]
 
 
-def _find_dataset(d: dict):
+def _find_dataset(d):
     """(DatasetDict, description of where it came from), trying data.path, the mirrors, then the Hub."""
     import datasets
 
-    train_split, eval_split = d["train_split"], d["eval_split"]
-    if d.get("path"):
-        path = Path(d["path"]).expanduser()
+    train_split, eval_split = d.train_split, d.eval_split
+    if d.path:
+        path = Path(d.path).expanduser()
         if not path.exists():
-            raise DataError(f"data.path={d['path']!r} does not exist; give an existing folder or file "
+            raise DataError(f"data.path={d.path!r} does not exist; give an existing folder or file "
                             f"({', '.join(e[1:] for e in FORMATS)}) or set data.path=null to use data.name")
         return _load_local(path, train_split, eval_split), str(path)
 
     tried = []
-    for place in mirror_candidates(d["name"]):
+    for place in mirror_candidates(d.name):
         if place.exists():
             return _load_local(place, train_split, eval_split), str(place)
         tried.append(f"{place} (missing)")
     if _hub_offline():
         try:  # offline mode still finds a copy in the local HF cache, without touching the network
-            return datasets.load_dataset(d["name"]), f"{d['name']} (HF cache)"
+            return datasets.load_dataset(d.name), f"{d.name} (HF cache)"
         except Exception as e:
-            tried.append(f"Hub {d['name']} (HF_HUB_OFFLINE is set and it is not cached: {type(e).__name__})")
+            tried.append(f"Hub {d.name} (HF_HUB_OFFLINE is set and it is not cached: {type(e).__name__})")
     elif not _hub_reachable():
-        tried.append(f"Hub {d['name']} (huggingface.co unreachable; with HF_HUB_OFFLINE=1 a copy in the HF "
+        tried.append(f"Hub {d.name} (huggingface.co unreachable; with HF_HUB_OFFLINE=1 a copy in the HF "
                      f"cache would be used)")
     else:
         try:
-            return datasets.load_dataset(d["name"]), f"Hub {d['name']}"
+            return datasets.load_dataset(d.name), f"Hub {d.name}"
         except Exception as e:
-            tried.append(f"Hub {d['name']} ({type(e).__name__}: {' '.join(str(e).split())[:150]})")
-    raise DataError(f"dataset {d['name']!r} not found; tried: {'; '.join(tried)}. Set data.path=<folder or file> "
-                    f"(parquet/tsv/csv/jsonl), put a copy in $NORMLAB_DATA_DIR/{d['name'].split('/')[-1]}, "
+            tried.append(f"Hub {d.name} ({type(e).__name__}: {' '.join(str(e).split())[:150]})")
+    raise DataError(f"dataset {d.name!r} not found; tried: {'; '.join(tried)}. Set data.path=<folder or file> "
+                    f"(parquet/tsv/csv/jsonl), put a copy in $NORMLAB_DATA_DIR/{d.name.split('/')[-1]}, "
                     f"or go online")
 
 
@@ -283,12 +283,12 @@ def _given_label_names(given, num_labels: int, source: str) -> list[str]:
     return [str(name) for name in given]
 
 
-def resolve_dataset(cfg: dict):
-    """The run's train and eval splits, checked, first N rows if asked. For classification the label column
-    becomes a ClassLabel with data.num_labels classes (or max label + 1): `label_names(dsd, cfg)` gives them."""
+def resolve_dataset(d, with_labels: bool):
+    """The train and eval splits of the config's `data` section `d`, checked, first N rows if asked. With labels
+    (classification) the label column becomes a ClassLabel with data.num_labels classes (or max label + 1):
+    `label_names(dsd, d)` gives them; without (mlm, or text to score), the label column is not read."""
     import datasets
 
-    d, task = cfg["data"], cfg.get("task", "classification")
     # no progress bars: a bad file must end in exactly one error line on stderr
     bars_were_off = datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()
@@ -297,26 +297,26 @@ def resolve_dataset(cfg: dict):
     finally:
         if not bars_were_off:
             datasets.enable_progress_bars()
-    splits = [d["train_split"], d["eval_split"]]
+    splits = [d.train_split, d.eval_split]
     for split in splits:
         if split not in dsd:
             raise DataError(f"split {split!r} not in {source} (splits: {', '.join(dsd)}); set "
                             f"data.{'train' if split == splits[0] else 'eval'}_split to one of them")
     out = datasets.DatasetDict()
-    for split, limit in zip(splits, (d.get("max_train_samples"), d.get("max_eval_samples"))):
+    for split, limit in zip(splits, (d.max_train_samples, d.max_eval_samples)):
         ds = dsd[split]
         if limit is not None and limit < len(ds):
             ds = ds.select(range(limit))  # the first N rows: reproducible, and cheap (a contiguous slice)
         if len(ds) == 0:
             raise DataError(f"split {split!r} of {source} is empty (0 rows); give data with rows in it")
-        _check_text(ds, split, d["text_column"], source)
+        _check_text(ds, split, d.text_column, source)
         out[split] = ds
-    if task == "classification":
-        out = _check_labels(out, splits, d["label_column"], d.get("num_labels"), source, d.get("label_names"))
+    if with_labels:
+        out = _check_labels(out, splits, d.label_column, d.num_labels, source, d.label_names)
     return out
 
 
-def label_names(dsd, cfg: dict) -> list[str]:
-    """Class names of a resolved classification dataset (len = number of labels), for id2label."""
-    d = cfg["data"]
-    return list(dsd[d["train_split"]].features[d["label_column"]].names)
+def label_names(dsd, d) -> list[str]:
+    """Class names of a resolved classification dataset (len = number of labels), for id2label; `d`: the config's
+    `data` section."""
+    return list(dsd[d.train_split].features[d.label_column].names)

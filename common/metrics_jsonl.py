@@ -21,7 +21,7 @@ class MetricsWriter:
 
     def __init__(self, path, resume_step: int | None = None):
         self.path = Path(path)
-        with guarded_write("metrics.jsonl", self.path):
+        with guarded_write(self.path.name, self.path):
             if resume_step is None:
                 self.path.write_text("")
             else:  # the rows after the checkpoint resumed from go: the resumed run writes them again
@@ -31,7 +31,7 @@ class MetricsWriter:
 
     def write(self, row: dict) -> None:
         # a refused write: WriteError (common.writes), and the file closed (its buffer would fail again at exit)
-        with guarded_write("metrics.jsonl", self.path, cleanup=self.close):
+        with guarded_write(self.path.name, self.path, cleanup=self.close):
             self.file.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
             self.file.flush()
 

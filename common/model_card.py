@@ -1,9 +1,8 @@
 """final/README.md, the model card train.py writes next to a finished run's weights, for people to read (programs
-read final/normlab_run.yaml, RUN_CONFIG_FILE)."""
+read final/normlab_run.yaml, common.run_dir.MODEL_DIR_CONFIG)."""
 
-import yaml
-
-RUN_CONFIG_FILE = "normlab_run.yaml"  # final/'s copy of the run config, so final/ copied elsewhere keeps its dataset
+from common.config import config_yaml
+from common.run_dir import MODEL_DIR_CONFIG
 
 
 def best_line(best: dict | None) -> str:
@@ -14,20 +13,21 @@ def best_line(best: dict | None) -> str:
     return f"step {best.get('step')}: {metrics}"
 
 
-def model_card(cfg: dict, summary: dict, id2label: dict | None = None) -> str:
-    """The card's Markdown for a run of `cfg` that ended with `summary`; `id2label`: the classifier's class names."""
-    m = cfg["model"]
+def model_card(cfg, summary: dict, id2label: dict | None = None) -> str:
+    """The card's Markdown for a run of `cfg` (a RunConfig) that ended with `summary`; `id2label`: the classifier's
+    class names."""
+    m, d = cfg.model, cfg.data
     labels = ", ".join(f"{i} = {name}" for i, name in sorted((id2label or {}).items()))
     results = "\n".join(f"| {k} | {v:.4f} |" for k, v in (summary.get("final") or {}).items()
                         if isinstance(v, float))
     return f"""---
 library_name: transformers
-tags: [normlab, {m['norm']}, {m['norm_placement']}-norm]
-datasets: [{cfg['data']['name'] or cfg['data']['path']}]
+tags: [normlab, {m.norm}, {m.norm_placement}-norm]
+datasets: [{d.name or d.path}]
 ---
-# NormLab encoder: `{m['norm']}`, {m['norm_placement']} placement
+# NormLab encoder: `{m.norm}`, {m.norm_placement} placement
 
-Trained from scratch with NormLab's `train.py` ({cfg['task']}) for {summary['step']} optimizer steps.
+Trained from scratch with NormLab's `train.py` ({cfg.task}) for {summary['step']} optimizer steps.
 The model code travels with the weights:
 
 ```python
@@ -41,7 +41,7 @@ pipeline("text-classification", model="PATH", trust_remote_code=True)("a gorgeou
 
 Labels: {labels or "none (masked language model)"}.
 
-## Results (eval split `{cfg['data']['eval_split']}`, final step)
+## Results (eval split `{d.eval_split}`, final step)
 
 | metric | value |
 |---|---|
@@ -52,9 +52,9 @@ Best evaluation (highest accuracy): {best_line(summary.get('best'))}. Loss spike
 
 ## Config
 
-The same config as a file for programs: `{RUN_CONFIG_FILE}`.
+The same config as a file for programs: `{MODEL_DIR_CONFIG}`.
 
 ```yaml
-{yaml.safe_dump(cfg, sort_keys=False).strip()}
+{config_yaml(cfg).strip()}
 ```
 """

@@ -7,8 +7,11 @@ from pathlib import Path
 
 from common import wandb_run
 from common.checkpointing import TRAINER_STATE, list_checkpoints, resolve_resume, validate_checkpoint
-from common.config import REPO_ROOT, ConfigError, DEFAULT_CONFIG, flatten_config, load_config, resolve_config_file
-from common.io import load_yaml_mapping, read_json, read_yaml
+from common.config import (
+    REPO_ROOT, ConfigError, DEFAULT_CONFIG, RunConfig, flatten_config, load_config, replace_keys, resolve_config_file,
+)
+from common.io import load_yaml_mapping
+from common.run_dir import RunDir, saved_config_raw
 from common.run_summary import resume_command
 from common.writes import check_writable_dir
 
@@ -19,7 +22,6 @@ RESUMABLE = ("train.max_steps", "train.epochs", "train.eval_steps", "train.save_
              "train.save_total_limit", "train.cpu_threads", "train.kernels", "train.compile",
              "train.compile_backend", "train.tf32", "wandb.mode", "wandb.log_model", "wandb.log_checkpoints")
 ALWAYS_GIVEN = ("train.resume", "output_dir")  # the resume command's own: where the run is, and how to continue it
-RUN_FILE = "run.json"  # in the run directory: its --config file and W&B run id, which config.yaml does not hold
 
 
 def config_diff(a: dict, b: dict) -> list[str]:
@@ -27,17 +29,21 @@ def config_diff(a: dict, b: dict) -> list[str]:
     return sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))
 
 
-def check_output_dir(cfg: dict) -> None:
+def check_output_dir(cfg: RunConfig) -> None:
     """Never overwrite a run: a finished run, or an unfinished one that has checkpoints, is only continued
     (train.resume), never restarted in place."""
-    out = Path(cfg["output_dir"])
-    if cfg["train"]["resume"] is not None:
+    run_dir = RunDir.of(cfg)
+    out = run_dir.path
+    if cfg.train.resume is not None:
         return  # continuing; the checkpoint's config is checked against this one (check_resume_config)
-    summary = read_json(out / "summary.json")
-    status = summary.get("status") if isinstance(summary, dict) else None
+    summary = run_dir.read_summary()
+    status = summary.get("status") if summary is not None else None
     if status == "completed":
-        previous = read_yaml(out / "config.yaml")
-        diff = [k for k in config_diff(previous, cfg) if k != "train.resume"] if isinstance(previous, dict) else []
+        try:
+            previous = saved_config_raw(run_dir.config_file)[0]
+        except (ConfigError, OSError):
+            previous = None
+        diff = [k for k in config_diff(previous, cfg) if k != "train.resume"] if previous else []
         what = f"a different config (differs in: {', '.join(diff[:6])})" if diff else "this config"
         raise ConfigError(
             f"output_dir={out} already holds a finished run of {what} ({summary.get('step')} steps), which is never "
@@ -50,7 +56,7 @@ def check_output_dir(cfg: dict) -> None:
             f"or pick another output_dir")
 
 
-def check_resume_config(cfg: dict, ckpt_cfg: dict, path: Path) -> None:
+def check_resume_config(cfg: RunConfig, ckpt_cfg: dict, path: Path) -> None:
     """ConfigError when the checkpoint was trained with another model/data/batch setup (a config.yaml edited by
     hand, or a checkpoint of another run)."""
     fatal = [k for k in config_diff(ckpt_cfg, cfg) if k not in RESUMABLE + ALWAYS_GIVEN]
@@ -69,29 +75,29 @@ def _config_id(config_file) -> str | None:
     return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
 
-def saved_run_config(out: Path, resume: str) -> tuple[dict, str] | None:
+def saved_run_config(run_dir: RunDir, resume: str) -> tuple[dict, str] | None:
     """(the saved config of the run to resume, where it was read): <output_dir>/config.yaml, else the config in
     the checkpoint to resume from; None when there is no run to resume (a fresh start)."""
-    path = out / "config.yaml"
-    if path.is_file():
+    if run_dir.config_file.is_file():
         try:
-            return load_yaml_mapping(path), f"in {path}"
-        except ValueError as e:
+            return saved_config_raw(run_dir.config_file)
+        except ConfigError as e:
             raise ConfigError(f"{e}; it is the run's saved config: restore it, or delete it to resume with the "
                               f"config saved in the checkpoint") from None
-    checkpoint, _ = resolve_resume(resume, out)
+    checkpoint, _ = resolve_resume(resume, run_dir.path)
     return (validate_checkpoint(checkpoint)["config"], f"in {checkpoint / TRAINER_STATE}") if checkpoint else None
 
 
-def _check_variant(config_file, record: dict, saved: dict, out: Path) -> None:
+def _check_variant(config_file, record: dict, saved: RunConfig, run_dir: RunDir) -> None:
     """A --config given on resume must be the run's own (run.json), or, for a run directory from before run.json,
     agree with the saved config on every key it sets."""
+    out = run_dir.path
     again = f"resume without --config ({resume_command(out)}) to use the run's own config, or start a new output_dir"
     if "config_file" in record:
         if _config_id(config_file) != record["config_file"]:
             own = f"--config {record['config_file']}" if record["config_file"] else "no --config"
-            raise ConfigError(f"--config {config_file} differs from the run's own ({own}, in {out / RUN_FILE}); "
-                              f"{again}")
+            raise ConfigError(f"--config {config_file} differs from the run's own ({own}, in "
+                              f"{run_dir.run_record_file}); {again}")
         return
     keys = flatten_config(load_yaml_mapping(resolve_config_file(str(config_file))))
     variant, run = flatten_config(load_config(config_file)), flatten_config(saved)
@@ -102,23 +108,23 @@ def _check_variant(config_file, record: dict, saved: dict, out: Path) -> None:
                           f"{k}={run.get(k)!r}; {again}")
 
 
-def run_config(config_file, overrides) -> tuple[dict, dict, list[str]]:
+def run_config(config_file, overrides) -> tuple[RunConfig, dict, list[str]]:
     """The config of a train.py command -> (config, what run.json keeps of it: {"config_file": the --config file},
     or {} for a resumed run from before run.json resumed without --config; notices). A resume
     (train.resume set, and a run to resume in output_dir) restores the run's saved config; the command's overrides
     may change only RESUMABLE keys (a ConfigError names any other), and each change is stated in one notice."""
     cfg = load_config(config_file, overrides)
-    out, resume = Path(cfg["output_dir"]), cfg["train"]["resume"]
-    saved = saved_run_config(out, resume) if resume is not None else None
+    run_dir, resume = RunDir.of(cfg), cfg.train.resume
+    out = run_dir.path
+    saved = saved_run_config(run_dir, resume) if resume is not None else None
     if saved is None:
         return cfg, {"config_file": _config_id(config_file)}, []
-    record = read_json(out / RUN_FILE, {})
-    record = record if isinstance(record, dict) else {}
+    record = run_dir.read_run_record()
     before = load_config(saved=saved)
     if config_file is not None:
-        _check_variant(config_file, record, before, out)
-    resumed = load_config(overrides=overrides, saved=saved)
-    resumed["output_dir"], resumed["train"]["resume"] = cfg["output_dir"], resume  # the command's, as ALWAYS_GIVEN
+        _check_variant(config_file, record, before, run_dir)
+    resumed = replace_keys(load_config(overrides=overrides, saved=saved),  # the command's, as ALWAYS_GIVEN
+                           {"output_dir": cfg.output_dir, "train.resume": resume})
     old, new = flatten_config(before), flatten_config(resumed)
     changed = [k for k in config_diff(before, resumed) if k not in ALWAYS_GIVEN]
     refused = [k for k in changed if k not in RESUMABLE]
@@ -133,10 +139,11 @@ def run_config(config_file, overrides) -> tuple[dict, dict, list[str]]:
     return resumed, {}, notices
 
 
-def resolve_trackers(cfg: dict) -> tuple[list[str], str]:
-    """accelerate tracker names and the wandb mode (online | offline | disabled); never prompts."""
-    mode = wandb_run.resolve_mode(cfg["wandb"]["mode"])
-    report_to = cfg["wandb"]["report_to"]
+def resolve_trackers(w) -> tuple[list[str], str]:
+    """accelerate tracker names and the wandb mode (online | offline | disabled) of the config's `wandb` section;
+    never prompts."""
+    mode = wandb_run.resolve_mode(w.mode)
+    report_to = w.report_to
     names = [report_to] if isinstance(report_to, str) else list(report_to)
     if "all" in names:
         names = ["wandb", "tensorboard"]
@@ -144,15 +151,15 @@ def resolve_trackers(cfg: dict) -> tuple[list[str], str]:
     return names, mode
 
 
-def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
+def preflight(cfg: RunConfig) -> tuple[Path | None, list[str], list[str], str]:
     """Before loading anything: the checkpoint to resume from, whether the run directory is ours to write, and
     the trackers. -> (resume path, notices, tracker names, wandb mode)."""
-    t, out = cfg["train"], Path(cfg["output_dir"])
-    if not isinstance(t["save_total_limit"], int) or t["save_total_limit"] < 1:
-        raise ConfigError(f"train.save_total_limit={t['save_total_limit']!r} must be an integer >= 1")
-    check_writable_dir(out)
+    t, run_dir = cfg.train, RunDir.of(cfg)
+    if not isinstance(t.save_total_limit, int) or t.save_total_limit < 1:
+        raise ConfigError(f"train.save_total_limit={t.save_total_limit!r} must be an integer >= 1")
+    check_writable_dir(run_dir.path)
     check_output_dir(cfg)
-    resume_path, notices = resolve_resume(t["resume"], out)
+    resume_path, notices = resolve_resume(t.resume, run_dir.path)
     if resume_path is not None:
         check_resume_config(cfg, validate_checkpoint(resume_path)["config"], resume_path)
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
@@ -160,11 +167,11 @@ def preflight(cfg: dict) -> tuple[Path | None, list[str], list[str], str]:
             "train.py does not run under DeepSpeed (its per-step stability metrics read every parameter's gradient "
             "and update, which ZeRO partitions and applies inside backward); use configs/accelerate/fsdp.yaml or "
             "multi_gpu.yaml, or configs/accelerate/deepspeed_zero2.yaml with a transformers Trainer script")
-    trackers, wandb_mode = resolve_trackers(cfg)
+    trackers, wandb_mode = resolve_trackers(cfg.wandb)
     os.environ.setdefault("WANDB_SILENT", "true")
     if "wandb" in trackers:
         os.environ["WANDB_MODE"] = wandb_mode  # offline: wandb never touches the network
         if wandb_mode == "offline":
-            wandb_run.keep_offline_files_in(out)
+            wandb_run.keep_offline_files_in(run_dir)
     return resume_path, notices, trackers, wandb_mode
 

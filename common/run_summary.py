@@ -4,9 +4,9 @@ run directory alone, so it says only what the run directory holds."""
 
 import shlex
 import statistics
-from pathlib import Path
 
 from common.io import read_jsonl
+from common.run_dir import RunDir
 
 
 def tokens_per_s(metrics_path) -> float | None:
@@ -59,8 +59,9 @@ def headline(summary: dict, eval_split: str, rate: float | None) -> str:
 def format_summary(summary: dict, out_dir, eval_split: str, wandb_mode: str | None = None,
                    wandb_url: str | None = None) -> str:
     """The end-of-run lines for `summary` (summary.json's content) of the run in `out_dir`."""
-    out = Path(out_dir)
-    lines = [headline(summary, eval_split, tokens_per_s(out / "metrics.jsonl"))]
+    run_dir = RunDir(out_dir)
+    out = run_dir.path
+    lines = [headline(summary, eval_split, tokens_per_s(run_dir.metrics_file))]
     if summary.get("final_model"):
         lines.append(f"  model:  {summary['final_model']}    evaluate: python scripts/evaluate.py {_q(out)}")
     if better_best(summary) and summary["status"] == "completed":
@@ -76,11 +77,11 @@ def format_summary(summary: dict, out_dir, eval_split: str, wandb_mode: str | No
                      f"no final/ model: try a lower train.lr or more train.warmup_steps")
     if summary.get("wandb_run_id"):
         run_id = summary["wandb_run_id"]
-        parts = sorted(out.glob(f"wandb/offline-run-*-{run_id}")) if wandb_mode == "offline" else []
+        parts = sorted(run_dir.wandb_dir.glob(f"offline-run-*-{run_id}")) if wandb_mode == "offline" else []
         if parts:  # one folder per process that ran (a resumed run has several); one sync uploads them in order
             resumed = f", {len(parts)} parts: it was resumed" if len(parts) > 1 else ""
-            lines.append(f"  W&B:    {out / 'wandb'} (offline run {run_id}{resumed})    upload: "
-                         f"wandb sync {_q(out / 'wandb')}")
+            lines.append(f"  W&B:    {run_dir.wandb_dir} (offline run {run_id}{resumed})    upload: "
+                         f"wandb sync {_q(run_dir.wandb_dir)}")
             lines.append(f"  charts: python scripts/wandb_charts.py {_q(out)}    (depth charts, drawn locally)")
         elif wandb_url:
             lines.append(f"  W&B:    {wandb_url}")

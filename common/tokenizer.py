@@ -50,33 +50,32 @@ def _as_texts(train_texts, text_column: str) -> list[str]:
     return list(train_texts)
 
 
-def get_tokenizer(cfg: dict, train_texts):
-    """data.tokenizer null: a BPE tokenizer of at most model.vocab_size tokens (the model takes len(tokenizer))
-    trained on `train_texts` (strings, `ds[text_column]` or the Dataset), cached on disk; otherwise
-    AutoTokenizer.from_pretrained(data.tokenizer). model_max_length = data.max_length."""
+def get_tokenizer(d, vocab_size: int, train_texts):
+    """`d`: the config's `data` section. data.tokenizer null: a BPE tokenizer of at most `vocab_size` tokens
+    (model.vocab_size; the model takes len(tokenizer)) trained on `train_texts` (strings, `ds[text_column]` or the
+    Dataset), cached on disk; otherwise AutoTokenizer.from_pretrained(data.tokenizer). model_max_length =
+    data.max_length."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    d = cfg["data"]
-    if d.get("tokenizer"):
+    if d.tokenizer:
         try:
-            tokenizer = AutoTokenizer.from_pretrained(d["tokenizer"])
+            tokenizer = AutoTokenizer.from_pretrained(d.tokenizer)
         except Exception as e:
-            raise DataError(f"tokenizer {d['tokenizer']!r} could not be loaded ({type(e).__name__}); give a local "
+            raise DataError(f"tokenizer {d.tokenizer!r} could not be loaded ({type(e).__name__}); give a local "
                             f"tokenizer folder or Hub id, or set data.tokenizer=null to train a BPE "
                             f"tokenizer") from None
         if tokenizer.pad_token is None:  # e.g. GPT-2: padding needs some token; it is masked out anyway
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-        tokenizer.model_max_length = d["max_length"]
+        tokenizer.model_max_length = d.max_length
         return _forget_load_arguments(tokenizer)
 
-    texts = _as_texts(train_texts, d["text_column"])
-    vocab_size = cfg["model"]["vocab_size"]
-    key = tokenizer_cache_key(texts, vocab_size, d["text_column"])
+    texts = _as_texts(train_texts, d.text_column)
+    key = tokenizer_cache_key(texts, vocab_size, d.text_column)
 
     def train():
         return PreTrainedTokenizerFast(
             tokenizer_object=_train_tokenizer(texts, vocab_size), unk_token="[UNK]", pad_token="[PAD]",
-            cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", model_max_length=d["max_length"],
+            cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", model_max_length=d.max_length,
         )
 
     # written atomically, checked when read, rebuilt when damaged; every process loads the same files
@@ -84,7 +83,7 @@ def get_tokenizer(cfg: dict, train_texts):
                               save=lambda tok, folder: tok.save_pretrained(str(folder)),
                               load=lambda folder: PreTrainedTokenizerFast.from_pretrained(str(folder)),
                               what="the cached tokenizer")
-    tokenizer.model_max_length = d["max_length"]
+    tokenizer.model_max_length = d.max_length
     return _forget_load_arguments(tokenizer)
 
 
@@ -96,12 +95,12 @@ def _forget_load_arguments(tokenizer):
     return tokenizer
 
 
-def tokenize_splits(dsd, tokenizer, cfg: dict):
+def tokenize_splits(dsd, tokenizer, d, task: str):
     """Tokenized splits truncated to data.max_length: input_ids, attention_mask, token_type_ids (if the tokenizer
     makes them), `length` (for length grouping), `labels` (classification) or `special_tokens_mask` (mlm); cached
-    under a fingerprint of (data, tokenizer, max_length, task) by common.cache.cached_map."""
-    d, task = cfg["data"], cfg["task"]
-    max_length, text_col, label_col = d["max_length"], d["text_column"], d["label_column"]
+    under a fingerprint of (data, tokenizer, max_length, task) by common.cache.cached_map. `d`: the config's
+    `data` section."""
+    max_length, text_col, label_col = d.max_length, d.text_column, d.label_column
     tok_id = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]
 
     def encode(batch):
@@ -123,9 +122,9 @@ def tokenize_splits(dsd, tokenizer, cfg: dict):
     return out
 
 
-def load_tokenized(cfg: dict):
+def load_tokenized(cfg):
     """(raw DatasetDict, tokenizer, tokenized splits) of a run config: resolve, tokenizer, tokenize."""
-    d = cfg["data"]
-    dsd = resolve_dataset(cfg)
-    tokenizer = get_tokenizer(cfg, dsd[d["train_split"]][d["text_column"]])
-    return dsd, tokenizer, tokenize_splits(dsd, tokenizer, cfg)
+    d = cfg.data
+    dsd = resolve_dataset(d, with_labels=cfg.task == "classification")
+    tokenizer = get_tokenizer(d, cfg.model.vocab_size, dsd[d.train_split][d.text_column])
+    return dsd, tokenizer, tokenize_splits(dsd, tokenizer, d, cfg.task)

@@ -50,23 +50,23 @@ def resolve_mode(setting: str) -> str:
     return setting
 
 
-def keep_offline_files_in(out_dir) -> None:
+def keep_offline_files_in(run_dir) -> None:
     """Sets $WANDB_DATA_DIR (where wandb stages logged artifacts and tables for `wandb sync`) and $WANDB_CACHE_DIR
-    to RUN_DIR/wandb/data and cache, so a copy of RUN_DIR keeps them."""
-    root = Path(out_dir).resolve() / "wandb"
+    to RUN_DIR/wandb/data and cache, so a copy of RUN_DIR (a common.run_dir.RunDir) keeps them."""
+    root = run_dir.wandb_dir.resolve()
     os.environ.update(WANDB_DATA_DIR=str(root / "data"), WANDB_CACHE_DIR=str(root / "cache"))
 
 
-def init_kwargs(cfg: dict, mode: str, run_id: str, variant: str | None = None) -> dict:
+def init_kwargs(cfg, mode: str, run_id: str, variant: str | None = None) -> dict:
     """wandb.init arguments for accelerate's init_trackers: grouped by wandb.group (a study's name) or
     <norm>-<placement>, job_type train, tagged to filter a study by (norm, placement, task, lr=, warmup=, seed=, the
     variant's config file, wandb.tags), resumable under the id the checkpoints keep."""
-    m, t, w = cfg["model"], cfg["train"], cfg["wandb"]
-    tags = [m["norm"], m["norm_placement"], cfg["task"], f"lr={t['lr']:g}", f"warmup={t['warmup_steps']}",
-            f"seed={cfg['seed']}", variant, *w["tags"]]
-    return {"dir": cfg["output_dir"], "group": w["group"] or f"{m['norm']}-{m['norm_placement']}",
+    m, t, w = cfg.model, cfg.train, cfg.wandb
+    tags = [m.norm, m.norm_placement, cfg.task, f"lr={t.lr:g}", f"warmup={t.warmup_steps}", f"seed={cfg.seed}",
+            variant, *w.tags]
+    return {"dir": cfg.output_dir, "group": w.group or f"{m.norm}-{m.norm_placement}",
             "job_type": "train", "tags": list(dict.fromkeys(tag for tag in tags if tag)), "mode": mode,
-            "name": Path(cfg["output_dir"]).name, "id": run_id, "resume": "allow"}
+            "name": Path(cfg.output_dir).name, "id": run_id, "resume": "allow"}
 
 
 def define_metrics(run) -> None:
@@ -123,17 +123,17 @@ def write_summary(run, summary: dict) -> None:
         run.summary.update(flat)
 
 
-def log_model(run, final_dir, cfg: dict, summary: dict) -> str:
+def log_model(run, final_dir, cfg, summary: dict) -> str:
     """final/ as the run's `model` artifact (aliases final and step_N), staged for `wandb sync`; returns its
     name:alias."""
     import wandb
 
-    m = cfg["model"]
+    m = cfg.model
     artifact = wandb.Artifact(
         f"model-{run.id}", type="model",
-        description=f"NormLab {m['norm']} ({m['norm_placement']}) encoder, {cfg['task']}: the run's final/ "
+        description=f"NormLab {m.norm} ({m.norm_placement}) encoder, {cfg.task}: the run's final/ "
                     f"(load with from_pretrained(..., trust_remote_code=True) or scripts/evaluate.py)",
-        metadata={"norm": m["norm"], "norm_placement": m["norm_placement"], "task": cfg["task"],
+        metadata={"norm": m.norm, "norm_placement": m.norm_placement, "task": cfg.task,
                   "step": summary["step"], "final": summary.get("final"), "best": summary.get("best")})
     artifact.add_dir(str(final_dir))
     run.log_artifact(artifact, aliases=["final", f"step_{summary['step']}"])

@@ -11,14 +11,15 @@ def load_data(cfg):
     from common.tokenizer import load_tokenized
 
     dsd, tokenizer, tokenized = load_tokenized(cfg)
-    return tokenizer, tokenized, len(label_names(dsd, cfg))
+    return tokenizer, tokenized, len(label_names(dsd, cfg.data))
 
 
 def loader_for(cfg, tokenizer, tokenized, group_by_length: bool):
     """Training's loader of `cfg`, with or without length grouping, at epoch 0."""
     from common.batching import build_dataloaders
+    from common.config import replace_keys
 
-    c = {**cfg, "data": {**cfg["data"], "group_by_length": group_by_length}}
+    c = replace_keys(cfg, {"data.group_by_length": group_by_length})
     train_loader, _ = build_dataloaders(c, tokenizer, tokenized)
     train_loader.batch_sampler.set_epoch(0)
     return train_loader
@@ -26,7 +27,7 @@ def loader_for(cfg, tokenizer, tokenized, group_by_length: bool):
 
 def take_batches(cfg, tokenizer, tokenized, n: int, device) -> list[dict]:
     """The first `n` batches training would take (the model's inputs only), on `device`."""
-    loader = loader_for(cfg, tokenizer, tokenized, cfg["data"]["group_by_length"])
+    loader = loader_for(cfg, tokenizer, tokenized, cfg.data.group_by_length)
     batches = []
     for batch in loader:
         batches.append({k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS})

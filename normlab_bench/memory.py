@@ -55,7 +55,7 @@ def bench_memory(accelerator, cfg, models: dict, batch: dict, device) -> dict:
            "batch_shape": list(batch["input_ids"].shape)}
     for name, model in models.items():
         prepare(name, model, device)
-        step, opt = make_step(accelerator, model, cfg["train"])
+        step, opt = make_step(accelerator, model, cfg.train)
         step(batch)  # creates the AdamW state
         resident = _resident_bytes(model, opt)
         peak = _step_peak_cuda(step, batch, device) if device.type == "cuda" else _step_peak_cpu(step, batch)

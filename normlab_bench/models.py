@@ -30,7 +30,6 @@ def build_models(cfg, task: TaskShape, seed: int):
                                   num_labels=task.num_labels)
     torch.manual_seed(seed)
     normlab = NormLabForSequenceClassification(nl_config)
-    m = cfg["model"]
     hf_config = BertConfig(
         vocab_size=task.vocab_size, hidden_size=nl_config.hidden_size, num_hidden_layers=nl_config.num_hidden_layers,
         num_attention_heads=nl_config.num_attention_heads, intermediate_size=nl_config.intermediate_size,
@@ -43,7 +42,7 @@ def build_models(cfg, task: TaskShape, seed: int):
     hf_config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     hf = BertForSequenceClassification(hf_config)
-    assert m["hidden_size"] == hf.config.hidden_size
+    assert cfg.model.hidden_size == hf.config.hidden_size
     return normlab, hf
 
 
@@ -73,7 +72,9 @@ def contestant_models(cfg, task: TaskShape, *, compile_normlab: bool = False, co
                       diagnose: bool = False, extras: bool = True) -> dict:
     """name -> model, all built from the same seed. `extras` False: only NormLab eager and HF BERT eager (no
     logging, compiled or diagnostic contestants)."""
-    seed = cfg["seed"]
+    from common.config import replace_keys
+
+    seed = cfg.seed
 
     def build(c=cfg):
         return build_models(c, task, seed)
@@ -88,7 +89,7 @@ def contestant_models(cfg, task: TaskShape, *, compile_normlab: bool = False, co
         models["normlab_compiled"].compile()  # as train.py does for train.compile=true
     if diagnose:
         # the same NormLab with torch.nn.LayerNorm: what CustomLayerNorm costs inside the model
-        models["normlab_eager_torch_ln"] = build({**cfg, "model": {**cfg["model"], "norm": "layernorm"}})[0]
+        models["normlab_eager_torch_ln"] = build(replace_keys(cfg, {"model.norm": "layernorm"}))[0]
         models["normlab_eager_padded_layout"] = build()[0]  # without skipping pad positions
         models["normlab_eager_padded_layout"].normlab.unpad = False
         # and on the reference implementation of its operators (train.kernels=reference)
@@ -111,7 +112,7 @@ def prepare(name: str, model, device):
     return model
 
 
-def make_step(accelerator, model, train_cfg: dict, logged: bool = False):
+def make_step(accelerator, model, train_cfg, logged: bool = False):
     """(step(batch), optimizer): one step of train.py's loop (common.step.train_step) with one micro-batch per
     optimizer step, on a fresh AdamW with a constant rate. `logged`: also the stability logging of a logging step
     (train.log_steps=1: every step), from the probe's measurements to the metrics row combined over processes."""
@@ -125,7 +126,7 @@ def make_step(accelerator, model, train_cfg: dict, logged: bool = False):
     probe = StabilityProbe(model, BatchStatNorm) if logged else None
 
     def step(batch):
-        done = train_step(accelerator, model, optimizer, batch, train_cfg["max_grad_norm"], probe=probe, log=logged)
+        done = train_step(accelerator, model, optimizer, batch, train_cfg.max_grad_norm, probe=probe, log=logged)
         if logged:
             probe.collect(accelerator, done.grad_norm, optimizer.param_groups[0]["lr"])
         scheduler.step()

@@ -15,8 +15,8 @@ def bench_padding(cfg, tokenizer, tokenized) -> dict:
     from common.batching import pad_fraction
 
     out = {"what": "padded positions / all positions over one epoch of train batches (lower is better)",
-           "goal": f"<= {GOAL}", "batch_size": cfg["train"]["batch_size"], "seed": cfg["seed"],
-           "epoch": 0, "examples": len(tokenized[cfg["data"]["train_split"]])}
+           "goal": f"<= {GOAL}", "batch_size": cfg.train.batch_size, "seed": cfg.seed,
+           "epoch": 0, "examples": len(tokenized[cfg.data.train_split])}
     for name, grouped in (("random", False), ("length_grouped", True)):
         real = slots = 0
         per_batch = []

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from common.io import read_json
 from common.machine import available_cpus, cpu_name, load_average
+from common.run_dir import RunDir
 from common.run_summary import tokens_per_s
 
 GOAL = 2.5  # a concurrent run's time per token over the lone run's, at most
@@ -46,8 +46,9 @@ def run_together(folders, steps: int, overrides, log_dir: Path) -> dict:
         log.close()
         if code != 0:
             raise RuntimeError(f"{out.name} exited {code}; its output: {log_dir / f'{out.name}.log'}")
-        summary = read_json(out / "summary.json")
-        results[out.name] = {"tokens_per_s": tokens_per_s(out / "metrics.jsonl"), "cpu_threads": summary["cpu_threads"],
+        run = RunDir(out)
+        results[out.name] = {"tokens_per_s": tokens_per_s(run.metrics_file),
+                             "cpu_threads": run.read_summary()["cpu_threads"],
                              "wall_s": round(time.monotonic() - started, 1)}
     return results
 

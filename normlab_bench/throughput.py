@@ -86,7 +86,7 @@ def bench_throughput(models: dict, batches, *, accelerator, cfg, device, repeats
     steps = {}
     for name, model in models.items():
         prepare(name, model, device)
-        steps[name], _ = make_step(accelerator, model, cfg["train"], logged=name == "normlab_eager_logged")
+        steps[name], _ = make_step(accelerator, model, cfg.train, logged=name == "normlab_eager_logged")
         if name == "normlab_eager_reference_kernels":
             steps[name] = on_reference_kernels(steps[name], device)
     per_rep, paired, warmup_s = time_interleaved_steps(steps, batches, repeats, device)
@@ -100,12 +100,12 @@ def bench_throughput(models: dict, batches, *, accelerator, cfg, device, repeats
     return {
         "what": "real (non-pad) training tokens per second, full step: forward, backward, clip, AdamW (higher is better)",
         "goal": f">= {GOAL} (NormLab over HF BERT)",
-        "batches": len(batches), "batch_size": cfg["train"]["batch_size"],
+        "batches": len(batches), "batch_size": cfg.train.batch_size,
         "padded_lengths": [int(b["input_ids"].shape[1]) for b in batches],
         "real_tokens_per_pass": real_tokens, "pad_fraction_of_these_batches": 1 - real_tokens / slots,
         "same_padded_batches_for_all": True, "repeats": repeats,
         "normlab_skips_padding": models["normlab_eager"].normlab.unpad,
-        "model": {k: cfg["model"][k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+        "model": {k: cfg.model.given()[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                "intermediate_size")},
         "kernels": normlab_kernels.backends(device),  # what NormLab's operators ran on (train.kernels=auto)
         "compiled": "normlab_compiled" in models,

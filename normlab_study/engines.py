@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.io import read_json
+from common.run_dir import RunDir
 from normlab_study.grid import FINISHED, REPO_ROOT, StudyError
 from normlab_study.worker import WarmRunner
 
@@ -48,7 +48,7 @@ class Outcome:
 
 
 def read_status(run_dir: Path) -> str | None:
-    return (read_json(Path(run_dir) / "summary.json") or {}).get("status")
+    return RunDir(run_dir).status()
 
 
 def attempts_logged(log: Path) -> int:

@@ -2,25 +2,69 @@
 chosen LRs and shared runs).
 """
 
+import dataclasses
 import itertools
-import json
 import math
+import typing
 from pathlib import Path
 
 from common.io import load_yaml_mapping
+from common.keys import checked
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
 AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
 FINISHED = ("completed", "diverged")  # a run that ended so is a result: never trained again (failed ones are)
-GRID_KEYS = {"name", "description", "overrides", "variants", "lr", "warmup", "seeds", "comparisons", "wandb_project",
-             "experiments", "init", "score", "share_runs", "signal", "selection_from"}
-VARIANT_KEYS = {"config", "overrides", "warmup", "tune", "lr_scale", "seeds"}
-EXPERIMENT_KEYS = {"description", "overrides", "variants", "lr", "warmup", "seeds"}
+Overrides = typing.Optional[typing.Dict[str, typing.Any]]  # run config keys (train.max_steps) and their values
 
 
 class StudyError(ValueError):
     pass
+
+
+# The study file's schema (docs/studies.md); common.keys.checked reads a mapping into it with one-line errors.
+
+@dataclasses.dataclass
+class VariantSpec:
+    config: typing.Optional[str] = None  # a configs/ variant name or a YAML path
+    overrides: Overrides = None
+    warmup: typing.Optional[list] = None  # which of the experiment's warmup settings (on, off) it runs
+    tune: typing.Optional[str] = None  # the swept variant whose chosen LR it takes (default: itself)
+    lr_scale: float = 1.0
+    seeds: typing.Optional[typing.List[int]] = None  # its own seeds instead of the experiment's
+
+
+@dataclasses.dataclass
+class ExperimentSpec:
+    variants: dict
+    lr: typing.Union[list, dict]  # LRs, {min, max, num}, or {best_of: EXPERIMENT[, ranks: 2]}
+    seeds: typing.List[int]
+    description: str = ""
+    overrides: Overrides = None
+    warmup: typing.Optional[dict] = None  # {on: warmup steps, off: 0}
+
+
+@dataclasses.dataclass
+class GridSpec:
+    name: str
+    description: str = ""
+    overrides: Overrides = None
+    variants: typing.Optional[dict] = None  # variants, lr, warmup, seeds: one experiment, or every experiment's
+    lr: typing.Union[list, dict, None] = None
+    warmup: typing.Optional[dict] = None
+    seeds: typing.Optional[typing.List[int]] = None
+    comparisons: typing.Optional[list] = None
+    wandb_project: typing.Optional[str] = None
+    experiments: typing.Optional[dict] = None
+    init: typing.Optional[dict] = None  # E1's settings (normlab_study/init_exp.py)
+    score: typing.Optional[dict] = None  # the records' scoring (normlab_study/scoring.py)
+    share_runs: bool = False
+    signal: typing.Optional[dict] = None  # normlab_study/signal.py's settings
+    selection_from: typing.Optional[str] = None
+
+
+def _checked(schema, values, where):
+    return checked(schema, values, str(where), StudyError)
 
 
 def resolve_preset(preset: str) -> Path:
@@ -34,6 +78,11 @@ def resolve_preset(preset: str) -> Path:
     raise StudyError(f"--preset {preset!r} not found; choose one of {', '.join(choices)} or give a YAML file path")
 
 
+def three_digits(x: float) -> float:
+    """`x` rounded to 3 significant digits (LRs: short run names, and the grid's values as written)."""
+    return round(x, 2 - math.floor(math.log10(abs(x)))) if x else 0.0
+
+
 def lr_grid(spec) -> list[float]:
     """A list of LRs, or {min, max, num}: num log-spaced values from min to max (3 significant digits)."""
     if isinstance(spec, list) and spec and all(isinstance(x, (int, float)) and x > 0 for x in spec):
@@ -44,22 +93,16 @@ def lr_grid(spec) -> list[float]:
             raise StudyError(f"lr: {spec} needs 0 < min <= max and an integer num >= 1")
         if num == 1:
             return [float(lo)]
-        return [float(f"{lo * (hi / lo) ** (i / (num - 1)):.3g}") for i in range(num)]
+        return [three_digits(lo * (hi / lo) ** (i / (num - 1))) for i in range(num)]
     raise StudyError(f"lr: {spec!r} must be a list of positive numbers, {{min: .., max: .., num: ..}} or "
                      f"{{best_of: EXPERIMENT}}")
 
 
-def _overrides(mapping, where) -> list[str]:
-    if mapping is None:
-        return []
-    if not isinstance(mapping, dict):
-        raise StudyError(f"{where} must be a mapping of train.py keys to values, e.g. {{train.max_steps: 200}}")
-    return [format_override(k, v) for k, v in mapping.items()]
-
-
-def format_override(key, value):
-    # yaml.safe_load on the train.py side reads these back: lists/bools/null as JSON (valid YAML)
-    return f"{key}={json.dumps(value) if isinstance(value, (list, dict, bool)) or value is None else value}"
+def _overrides(mapping, where) -> dict:
+    """A mapping of run config keys to values, as given (the run's config loader checks them)."""
+    if not all(isinstance(k, str) for k in (mapping or {})):
+        raise StudyError(f"{where} must map run config keys to values, e.g. {{train.max_steps: 200}}")
+    return dict(mapping or {})
 
 
 def _on_off(value):
@@ -67,61 +110,48 @@ def _on_off(value):
     return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else str(value)
 
 
-def _check_keys(where, mapping, valid: set) -> None:
-    unknown = set(mapping) - valid
-    if unknown:
-        raise StudyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(valid))}")
-
-
 def _check_seeds(where, seeds) -> None:
-    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+    if not seeds:
         raise StudyError(f"{where}: seeds must be a non-empty list of integers")
 
 
 def _load_variants(where, variants_spec, warmup) -> dict:
     variants = {}
-    for name, spec in variants_spec.items():
-        spec = {"config": spec} if isinstance(spec, str) or spec is None else dict(spec)
-        _check_keys(f"{where}: variant {name}", spec, VARIANT_KEYS)
-        settings = [_on_off(w) for w in spec.get("warmup", list(warmup))]
+    for name, raw in variants_spec.items():
+        spec = _checked(VariantSpec, {"config": raw} if isinstance(raw, str) or raw is None else raw,
+                        f"{where}: variant {name}")
+        settings = [_on_off(w) for w in (spec.warmup if spec.warmup is not None else list(warmup))]
         if not set(settings) <= set(warmup):
             raise StudyError(f"{where}: variant {name}: warmup {settings} not among the study's settings {list(warmup)}")
-        config = spec.get("config")
+        config = spec.config
         if config is not None:
             config_path = Path(config) if str(config).endswith((".yaml", ".yml")) else Path("configs") / f"{config}.yaml"
             if not (REPO_ROOT / config_path).is_file() and not config_path.is_file():
                 raise StudyError(f"{where}: variant {name}: config file {config_path} not found")
             config = str(config_path)
-        scale = spec.get("lr_scale", 1.0)
-        if not (isinstance(scale, (int, float)) and scale > 0):
-            raise StudyError(f"{where}: variant {name}: lr_scale {scale!r} must be a positive number")
-        seeds = spec.get("seeds")
-        if seeds is not None:
-            _check_seeds(f"{where}: variant {name}", seeds)
-        variants[name] = {"config": config, "overrides": _overrides(spec.get("overrides"), f"variant {name} overrides"),
-                          "warmup": list(settings), "tune": str(spec.get("tune", name)), "lr_scale": float(scale),
-                          "seeds": seeds}
+        if not spec.lr_scale > 0:
+            raise StudyError(f"{where}: variant {name}: lr_scale {spec.lr_scale!r} must be a positive number")
+        if spec.seeds is not None:
+            _check_seeds(f"{where}: variant {name}", spec.seeds)
+        variants[name] = {"config": config, "overrides": _overrides(spec.overrides, f"variant {name} overrides"),
+                          "warmup": list(settings), "tune": str(spec.tune or name), "lr_scale": float(spec.lr_scale),
+                          "seeds": spec.seeds}
     return variants
 
 
 def _load_experiment(where, spec: dict, defaults: dict) -> dict:
     """One grid: variants x lr x warmup x seeds, with its own overrides (after the study's)."""
-    spec = {**defaults, **spec}
-    for key in ("variants", "lr", "seeds"):
-        if key not in spec:
-            raise StudyError(f"{where}: missing '{key}'")
-    warmup = spec.get("warmup") or {"on": None}
-    if isinstance(warmup, dict):
-        warmup = {_on_off(k): v for k, v in warmup.items()}
-    if not isinstance(warmup, dict) or not set(warmup) <= {"on", "off"}:
+    spec = _checked(ExperimentSpec, {**defaults, **spec}, where)
+    warmup = spec.warmup or {"on": None}
+    warmup = {_on_off(k): v for k, v in warmup.items()}
+    if not set(warmup) <= {"on", "off"} or not all(v is None or isinstance(v, int) for v in warmup.values()):
         raise StudyError(f"{where}: warmup must map on/off to train.warmup_steps, e.g. {{on: 30, off: 0}}")
-    seeds = spec["seeds"]
-    _check_seeds(where, seeds)
-    best_of, ranks = _chosen_lr_spec(where, spec["lr"])
-    return {"description": spec.get("description", ""), "variants": _load_variants(where, spec["variants"], warmup),
-            "overrides": _overrides(spec.get("overrides"), f"{where} overrides"),
-            "lr": [] if best_of else lr_grid(spec["lr"]), "best_of": best_of, "ranks": ranks, "warmup": warmup,
-            "seeds": seeds}
+    _check_seeds(where, spec.seeds)
+    best_of, ranks = _chosen_lr_spec(where, spec.lr)
+    return {"description": spec.description, "variants": _load_variants(where, spec.variants, warmup),
+            "overrides": _overrides(spec.overrides, f"{where} overrides"),
+            "lr": [] if best_of else lr_grid(spec.lr), "best_of": best_of, "ranks": ranks, "warmup": warmup,
+            "seeds": spec.seeds}
 
 
 def _chosen_lr_spec(where, lr) -> tuple:
@@ -139,27 +169,23 @@ def load_grid(path: Path) -> dict:
     """The study file, checked and normalised: experiments -> {variants, lr, warmup, seeds, overrides}; a file
     without `experiments` is one unnamed experiment (its run names carry no experiment prefix)."""
     try:
-        grid = load_yaml_mapping(path)
+        raw = load_yaml_mapping(path)
     except ValueError as e:
         raise StudyError(str(e)) from None
-    _check_keys(path, grid, GRID_KEYS)
-    if "name" not in grid:
-        raise StudyError(f"{path}: missing 'name'")
-    shared = {k: grid[k] for k in ("variants", "lr", "warmup", "seeds") if k in grid}
-    if "experiments" in grid:
-        if not isinstance(grid["experiments"], dict) or not grid["experiments"]:
+    grid = _checked(GridSpec, raw, path)
+    shared = {k: raw[k] for k in ("variants", "lr", "warmup", "seeds") if k in raw}
+    if grid.experiments is not None:
+        if not grid.experiments:
             raise StudyError(f"{path}: experiments must map names to grids (variants, lr, warmup, seeds)")
-        experiments = {}
-        for name, spec in grid["experiments"].items():
-            _check_keys(f"{path}: experiment {name}", spec or {}, EXPERIMENT_KEYS)
-            experiments[str(name)] = _load_experiment(f"{path}: experiment {name}", spec or {}, shared)
+        experiments = {str(name): _load_experiment(f"{path}: experiment {name}", spec or {}, shared)
+                       for name, spec in grid.experiments.items()}
     else:
         experiments = {"": _load_experiment(str(path), shared, {})}
-    out = {"name": str(grid["name"]), "description": grid.get("description", ""),
-           "overrides": _overrides(grid.get("overrides"), "overrides"), "experiments": experiments,
-           "init": grid.get("init"), "score": grid.get("score") or {}, "share_runs": bool(grid.get("share_runs")),
-           "comparisons": grid.get("comparisons", []), "wandb_project": grid.get("wandb_project"),
-           "selection_from": grid.get("selection_from")}
+    out = {"name": str(grid.name), "description": grid.description,
+           "overrides": _overrides(grid.overrides, "overrides"), "experiments": experiments,
+           "init": grid.init, "score": grid.score or {}, "share_runs": grid.share_runs,
+           "comparisons": grid.comparisons or [], "wandb_project": grid.wandb_project,
+           "selection_from": grid.selection_from}
     _check_selection(path, out)
     if out["share_runs"]:
         _check_shared(path, out)
@@ -184,10 +210,11 @@ def _check_selection(path, grid: dict) -> None:
 
 
 def variant_overrides(grid: dict, experiment: str, variant: str, warmup: str) -> tuple:
-    """Everything that makes a run of this variant what it is, except its LR and seed."""
+    """Everything that makes a run of this variant what it is, except its LR and seed: (its configs/ file or
+    None, {run config key: value} of the experiment and then the variant, its train.warmup_steps or None)."""
     exp = grid["experiments"][experiment]
     spec = exp["variants"][variant]
-    return spec["config"], tuple(exp["overrides"] + spec["overrides"]), exp["warmup"][warmup]
+    return spec["config"], {**exp["overrides"], **spec["overrides"]}, exp["warmup"][warmup]
 
 
 def _check_shared(path, grid: dict) -> None:
@@ -220,7 +247,7 @@ def run_lrs(grid: dict, experiment: str, variant: str, selection: dict) -> list[
         raise StudyError(f"experiment {experiment}: needs the runner-up LR of {spec['tune']}, which selection.json "
                          f"(written by an older choice) does not have; choose again in a fresh study directory")
     lrs = [chosen["lr"]] + ([chosen["runner_up"]] if exp.get("ranks", 1) == 2 else [])
-    return [float(f"{lr * spec['lr_scale']:.3g}") for lr in lrs]
+    return [three_digits(lr * spec["lr_scale"]) for lr in lrs]
 
 
 def selection_key(experiment: str, variant: str, warmup: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from common.batching import encode_rows, row_batches
+from common.config import load_config
 from common.data import resolve_dataset
 from common.io import read_json, read_yaml, write_jsonl
 from common.probes import block_parameters
@@ -21,17 +22,13 @@ from common.tokenizer import get_tokenizer
 from model import NormLabConfig, NormLabForSequenceClassification
 from normlab_study.runner import provenance, record_invocation
 
-DATA = {"name": "stanfordnlp/sst2", "path": None, "text_column": "sentence", "label_column": "label",
-        "num_labels": None, "train_split": "train", "eval_split": "validation", "max_train_samples": None,
-        "max_eval_samples": None, "tokenizer": None}
-
-
 def fixed_batches(init: dict, vocab_size: int, tokenizer_rows: int):
-    """adam_steps + 1 training batches (rows 0.. of train) and one probe batch (validation), shared by all models."""
-    cfg = {"task": "classification", "model": {"vocab_size": vocab_size},
-           "data": {**DATA, "max_length": init["max_length"], "max_train_samples": tokenizer_rows}}
-    dsd = resolve_dataset(cfg)
-    tokenizer = get_tokenizer(cfg, dsd["train"])  # the study runs' tokenizer (same rows, same size: cached)
+    """adam_steps + 1 training batches (rows 0.. of train) and one probe batch (validation), shared by all models:
+    the default config's data, as the study's runs read it."""
+    data = load_config(layers=[({"data.max_length": init["max_length"], "data.max_train_samples": tokenizer_rows},
+                                "in E1's settings")]).data
+    dsd = resolve_dataset(data, with_labels=True)
+    tokenizer = get_tokenizer(data, vocab_size, dsd["train"])  # the study runs' tokenizer (same rows and size: cached)
 
     bs = init["batch_size"]
 
@@ -99,10 +96,12 @@ def main(argv=None) -> int:
     if not source.get("init"):
         print("init_study.py: error: the study has no `init` block (E1 settings)", file=sys.stderr)
         return 2
-    # a preset names them `overrides` (a mapping); study.json `common_overrides` (key=value strings)
+    # a preset names them `overrides`, study.json `common_overrides`: {run config key: value}
     overrides = source.get("common_overrides", source.get("overrides")) or {}
-    if isinstance(overrides, list):
-        overrides = dict(o.split("=", 1) for o in overrides)
+    if not isinstance(overrides, dict):  # a study.json of an older study.py: key=value strings
+        print("init_study.py: error: the study's overrides are not a mapping (a study.json written by an older "
+              "study.py); give the study file with --preset", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)  # tiny models: one thread is as fast and leaves the other core to the study
     started = time.time()
     run(source["init"], args.study_dir / "e1.jsonl", int(overrides.get("data.max_train_samples", 5120)),

@@ -16,41 +16,72 @@ from pathlib import Path
 
 from common.io import atomic_write_json, atomic_write_text, read_json
 from common.machine import cpu_name
+from common.run_dir import RunDir, saved_config_raw
 from normlab_study.engines import Job, LocalEngine, make_engine, read_status, subprocess_runner
 from normlab_study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
-    FINISHED, REPO_ROOT, StudyError, expand, format_override, load_grid, lr_grid, narrow, parse_only,
-    pending_selections, resolve_preset, variant_overrides,
+    FINISHED, REPO_ROOT, StudyError, expand, load_grid, lr_grid, narrow, parse_only, pending_selections,
+    resolve_preset, variant_overrides,
 )
 
+TRAIN = REPO_ROOT / "train.py"
 
-def train_command(grid, run, study_dir: Path, extra: list[str], launcher: list[str]) -> list[str]:
+
+def run_settings(grid, run, study_dir: Path) -> tuple[str | None, dict]:
+    """(the run's configs/ file or None, {run config key: value} on top of it): the study's, the experiment's and
+    the variant's overrides, then the run's own LR, seed and warmup, its directory, W&B group and tags; an
+    interrupted run resumes from its checkpoint."""
     config, overrides, warmup_steps = variant_overrides(grid, run["experiment"], run["variant"], run["warmup"])
-    cmd = list(launcher) + [str(REPO_ROOT / "train.py")]
-    if config:
-        cmd += ["--config", config]
-    cmd += grid["overrides"] + list(overrides) + [f"train.lr={run['lr']:g}", f"seed={run['seed']}"]
+    settings = {**grid["overrides"], **overrides, "train.lr": run["lr"], "seed": run["seed"]}
     if warmup_steps is not None:
-        cmd.append(f"train.warmup_steps={warmup_steps}")
+        settings["train.warmup_steps"] = warmup_steps
     tags = [t for t in (grid["name"], run["experiment"], run["variant"], f"warmup-{run['warmup']}") if t]
-    cmd += [f"output_dir={study_dir / 'runs' / run['name']}", f"wandb.group={grid['name']}",
-            format_override("wandb.tags", tags), "train.resume=auto"]  # an interrupted run resumes from its checkpoint
+    tags += [Path(config).stem] if config else []  # the variant file's tag, as train.py gives a run of it
+    settings.update({"output_dir": str(study_dir / "runs" / run["name"]), "wandb.group": grid["name"],
+                     "wandb.tags": tags, "train.resume": "auto"})
     if grid.get("wandb_project"):
-        cmd.append(f"wandb.project={grid['wandb_project']}")
-    return cmd + list(extra)
+        settings["wandb.project"] = grid["wandb_project"]
+    return config, settings
 
 
-def validate_commands(grid, runs, extra):
+def run_config(grid, run, study_dir: Path, extra=(), cpu_threads: int | None = None):
+    """The run's config (a RunConfig) by train.py's own loader: its configs/ file, its settings (run_settings),
+    then `extra`, the study command's key=value overrides, which win; with `cpu_threads`, that train.cpu_threads
+    unless the run sets its own."""
+    from common.config import load_config, replace_keys
+
+    config, settings = run_settings(grid, run, study_dir)
+    cfg = load_config(str(REPO_ROOT / config) if config else None, list(extra),
+                      layers=[(settings, f"in study {grid['name']}'s settings of run {run['name']}")])
+    if cpu_threads and cfg.train.cpu_threads is None:
+        cfg = replace_keys(cfg, {"train.cpu_threads": cpu_threads})
+    return cfg
+
+
+def write_run_config(cfg) -> RunDir:
+    """The run's config.yaml, which train.py is launched with (--config); a run directory an earlier attempt left
+    with other settings than a resume may change is refused (StudyError), never overwritten."""
+    from common.preflight import RESUMABLE, config_diff
+
+    run_dir = RunDir.of(cfg)
+    if run_dir.config_file.is_file():
+        differ = [k for k in config_diff(saved_config_raw(run_dir.config_file)[0], cfg) if k not in RESUMABLE]
+        if differ:
+            raise StudyError(f"{run_dir.path} holds a run with other settings (differs in: {', '.join(differ[:6])}); "
+                             f"restore the study's settings, or delete the directory to train the run again")
+    run_dir.save_config(cfg)
+    return run_dir
+
+
+def validate_commands(grid, runs, study_dir: Path, extra):
     """Check every run's config with train.py's own loader before training anything (a typo costs seconds)."""
-    from common.config import ConfigError, load_config
+    from common.config import ConfigError
 
     first = {}
     for run in runs:
         first.setdefault((run["experiment"], run["variant"], run["warmup"]), run)
     for (experiment, variant, warmup), run in first.items():
-        config, overrides, _ = variant_overrides(grid, experiment, variant, warmup)
         try:
-            load_config(str(REPO_ROOT / config) if config else None,
-                        grid["overrides"] + list(overrides) + list(extra) + [f"train.lr={run['lr']:g}"])
+            run_config(grid, run, study_dir, extra)
         except ConfigError as err:
             raise StudyError(f"{experiment + ' ' if experiment else ''}variant {variant}: {err}") from None
 
@@ -90,19 +121,18 @@ class Study:
 
 
 def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
-    """A run as the engine takes it: its train.py command, run directory, log and resources."""
-    cmd = train_command(grid, run, study_dir, extra, launcher)
+    """A run as the engine takes it: its config written into its run directory, the train.py command launched
+    with it, its log and resources."""
     env, threads = {}, engine.threads_per_run
+    # several CPU runs share the cores: tell each its share, as train.cpu_threads (under accelerate launch
+    # train.py cannot tell a 1 in OMP_NUM_THREADS from accelerate's default) and as OMP_NUM_THREADS
+    cfg = run_config(grid, run, study_dir, extra, cpu_threads=threads)
     if threads:
-        # several CPU runs share the cores: tell each its share, as train.cpu_threads (under accelerate launch
-        # train.py cannot tell a 1 in OMP_NUM_THREADS from accelerate's default) and as OMP_NUM_THREADS
         env["OMP_NUM_THREADS"] = str(threads)
-        given = [c.split("=", 1)[1] for c in cmd if c.startswith("train.cpu_threads=")]
-        if not given:
-            cmd.append(f"train.cpu_threads={threads}")
-        elif given[-1].isdigit():  # the run's own thread count is what a Ray task reserves
-            threads = int(given[-1])
-    return Job(run["name"], cmd, study_dir / "runs" / run["name"], study_dir / "logs" / f"{run['name']}.log",
+        threads = cfg.train.cpu_threads  # the run's own thread count is what a Ray task reserves
+    run_dir = write_run_config(cfg)
+    cmd = list(launcher) + [str(TRAIN), "--config", str(run_dir.config_file)]
+    return Job(run["name"], cmd, run_dir.path, study_dir / "logs" / f"{run['name']}.log",
                gpus=engine.gpus_per_run, cpus=threads or 1, env=env)
 
 
@@ -298,11 +328,19 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
 
 
 def dry_run(grid, runs, study_dir: Path, overrides) -> int:
-    """Print each run's command and whether a rerun would train or skip it; write nothing."""
+    """Print each run's command, what its config sets beyond configs/default.yaml, and whether a rerun would
+    train or skip it; write nothing."""
+    from common.config import flatten_config, load_config
+
+    default = flatten_config(load_config())
     statuses = [read_status(study_dir / "runs" / run["name"]) for run in runs]
     for run, status in zip(runs, statuses):
         action = f"skip ({status})" if status in FINISHED else "train"
-        print(f"{action:18s} {shlex.join(train_command(grid, run, study_dir, overrides, [sys.executable]))}")
+        cfg = flatten_config(run_config(grid, run, study_dir, overrides))
+        command = shlex.join([sys.executable, str(TRAIN), "--config", str(RunDir(cfg["output_dir"]).config_file)])
+        settings = " ".join(f"{k}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}"
+                            for k, v in cfg.items() if v != default.get(k))
+        print(f"{action:18s} {command}    # {settings}")
     print(f"{len(runs)} runs ({sum(s not in FINISHED for s in statuses)} to train) in {study_dir}")
     return 0
 
@@ -345,7 +383,7 @@ def main(argv=None) -> int:
         run_e1 = wants_e1(grid, only)
         study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
         runs = selected_runs(grid, only, study_selection(grid, study_dir))
-        validate_commands(grid, runs, args.overrides)
+        validate_commands(grid, runs, study_dir, args.overrides)
         if args.dry_run:
             return dry_run(grid, runs, study_dir, args.overrides)
         started = time.time()

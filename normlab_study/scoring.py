@@ -3,6 +3,7 @@ docs/studies.md, "The records": which splits, batchings and statistics each run 
 """
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import torch
 from common.batching import MLM_PROBABILITY, encode_rows, row_batches
 from common.data import resolve_dataset
 from common.evaluation import evaluate, in_row_order, score_batches
-from common.io import atomic_write_json, read_json, read_jsonl, read_yaml, write_jsonl
+from common.io import atomic_write_json, read_json, read_jsonl, write_jsonl
+from common.run_dir import RunDir
 from model import BATCH_STAT_NORMS, NormLabForMaskedLM, NormLabForSequenceClassification
 from model.norms import real_token_mask
 
@@ -90,16 +92,16 @@ def running_stat_gap(model, rows: list[dict], batch_size: int, pad_id: int) -> d
     return {"mean_gap": mean_gap, "log_var_ratio": log_var_ratio}
 
 
-def score_sets(cfg: dict, dev_rows: int) -> dict:
-    """{"dev": (texts, labels), "val": (texts, labels)} from the run's own data config."""
-    data = {**cfg["data"], "max_train_samples": None, "max_eval_samples": None}
-    dsd = resolve_dataset({**cfg, "data": data})
-    train, val = dsd[data["train_split"]], dsd[data["eval_split"]]
+def score_sets(cfg, dev_rows: int) -> dict:
+    """{"dev": (texts, labels), "val": (texts, labels)} from the run's own config (a RunConfig)."""
+    data = dataclasses.replace(cfg.data, max_train_samples=None, max_eval_samples=None)
+    dsd = resolve_dataset(data, with_labels=cfg.task == "classification")
+    train, val = dsd[data.train_split], dsd[data.eval_split]
     start = len(train) - dev_rows
-    if start < (cfg["data"].get("max_train_samples") or len(train)):
+    if start < (cfg.data.max_train_samples or len(train)):
         raise SystemExit(f"score_runs.py: the last {dev_rows} training rows overlap the rows the runs train on")
     dev = train.select(range(start, len(train)))
-    col, lab = data["text_column"], data["label_column"]
+    col, lab = data.text_column, data.label_column
     return {"dev": (dev[col], dev[lab]), "val": (val[col], val[lab])}
 
 
@@ -109,18 +111,19 @@ def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) 
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # quietly: a study loads hundreds of models
-    cfg = read_yaml(run_dir / "config.yaml")
-    if cfg.get("task") == "mlm":
-        return score_mlm(run_dir, sets, batch_size), None
-    model = NormLabForSequenceClassification.from_pretrained(run_dir / "final").eval()
-    tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
-    max_length = cfg["data"]["max_length"]
+    run = RunDir(run_dir)
+    cfg = run.read_config()
+    if cfg.task == "mlm":
+        return score_mlm(run, cfg, sets, batch_size), None
+    model = NormLabForSequenceClassification.from_pretrained(run.final).eval()
+    tokenizer = AutoTokenizer.from_pretrained(run.final)
+    max_length = cfg.data.max_length
     out, rows = {}, {}
     for split, (texts, labels) in sets.items():
         rows[split] = encode_rows(tokenizer, texts, max_length, labels)
         full = full_batchings and split == "val"
         hows = BATCHINGS if full else ("sorted",)
-        modes = ("running", "batch") if (full and cfg["model"]["norm"] in BATCH_STAT_NORMS) else ("running",)
+        modes = ("running", "batch") if (full and cfg.model.norm in BATCH_STAT_NORMS) else ("running",)
         for mode in modes:
             for how in hows:
                 out[f"{split}/{how}/{mode}"] = predict(model, rows[split], how, batch_size, max_length,
@@ -129,14 +132,14 @@ def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) 
     return out, gap
 
 
-def score_mlm(run_dir: Path, sets: dict, batch_size: int) -> dict:
+def score_mlm(run: RunDir, cfg, sets: dict, batch_size: int) -> dict:
     """An MLM run's final model: mean masked-token loss and accuracy per split (length-sorted batches), with the
     same masks for every model (15% of the tokens, drawn under MLM_SEED), so that arms are compared on one task."""
     from transformers import AutoTokenizer, DataCollatorForLanguageModeling
 
-    model = NormLabForMaskedLM.from_pretrained(run_dir / "final").eval()
-    tokenizer = AutoTokenizer.from_pretrained(run_dir / "final")
-    max_length = read_yaml(run_dir / "config.yaml")["data"]["max_length"]
+    model = NormLabForMaskedLM.from_pretrained(run.final).eval()
+    tokenizer = AutoTokenizer.from_pretrained(run.final)
+    max_length = cfg.data.max_length
     collate = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=MLM_PROBABILITY)
     out = {}
     for split, (texts, _) in sets.items():
@@ -151,21 +154,22 @@ def score_mlm(run_dir: Path, sets: dict, batch_size: int) -> dict:
 
 
 def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> dict:
-    run_dir = study_dir / "runs" / name
-    cfg = read_yaml(run_dir / "config.yaml", {})
-    summary = read_json(run_dir / "summary.json", {})
+    run = RunDir(study_dir / "runs" / name)
+    cfg = run.read_config()  # None: the run never started
+    summary = run.read_summary() or {}
     rec = {k: entry.get(k) for k in ("experiment", "variant", "lr", "warmup", "seed")}
-    model_cfg = cfg.get("model", {})
-    rec.update(name=name, status=summary.get("status", entry.get("status")), task=cfg.get("task", "classification"),
+    model_cfg = cfg.model.given() if cfg is not None else {}
+    rec.update(name=name, status=summary.get("status", entry.get("status")),
+               task=cfg.task if cfg is not None else "classification",
                norm=model_cfg.get("norm"), placement=model_cfg.get("norm_placement"),
                qk_norm=bool(model_cfg.get("qk_norm")),
-               grouped=bool(cfg.get("data", {}).get("group_by_length")), duration_s=entry.get("duration_s"),
+               grouped=bool(cfg is not None and cfg.data.group_by_length), duration_s=entry.get("duration_s"),
                loss_spikes=summary.get("loss_spikes"), wandb_run_id=summary.get("wandb_run_id"))
-    if (run_dir / "metrics.jsonl").is_file():
-        rec["curves"] = curves(read_jsonl(run_dir / "metrics.jsonl"))
-    if rec["status"] == "completed" and (run_dir / "final").is_dir():
+    if run.metrics_file.is_file():
+        rec["curves"] = curves(read_jsonl(run.metrics_file))
+    if rec["status"] == "completed" and run.has_final():
         full = rec["experiment"] == "e3" or rec["norm"] in BATCH_STAT_NORMS
-        rec["scores"], gap = score_run(run_dir, sets, full, batch_size)
+        rec["scores"], gap = score_run(run.path, sets, full, batch_size)
         if gap is not None:
             rec["running_stats"] = gap
     return rec
@@ -187,8 +191,8 @@ def main(argv=None) -> int:
     rows = []
     sweeps = {e["best_of"] for e in (study.get("experiments") or {}).values() if e.get("best_of")}
     for name, entry in sorted(study["runs"].items())[k::n]:
-        if sets is None and (args.study_dir / "runs" / name / "config.yaml").is_file():
-            cfg = read_yaml(args.study_dir / "runs" / name / "config.yaml")
+        cfg = RunDir(args.study_dir / "runs" / name).read_config() if sets is None else None
+        if cfg is not None:
             sets = score_sets(cfg, score["dev_rows"])
         # the dev rows choose LRs: a study with LR sweeps scores them for its sweeps' runs only
         needs_dev = not sweeps or bool(sweeps & set(entry.get("experiments", [entry.get("experiment")])))

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.io import atomic_write_json, read_json, read_yaml
+from common.io import atomic_write_json, read_json
+from common.run_dir import RunDir
 from normlab_study.engines import read_status
 from normlab_study.rules import choose_lrs
 from normlab_study.scoring import SCORE_DEFAULTS, score_run, score_sets
@@ -17,7 +18,7 @@ from normlab_study.scoring import SCORE_DEFAULTS, score_run, score_sets
 
 def dev_loss(run_dir: Path, dev, batch_size: int) -> float:
     """Mean cross-entropy of the run's final model on the dev rows (length-sorted batches, running statistics)."""
-    if read_status(run_dir) != "completed" or not (run_dir / "final").is_dir():
+    if read_status(run_dir) != "completed" or not RunDir(run_dir).has_final():
         return math.inf
     loss = score_run(run_dir, {"dev": dev}, False, batch_size)[0]["dev/sorted/running"]["loss"]
     return float(loss) if loss is not None else math.inf  # the loss is None when it is not finite
@@ -52,7 +53,7 @@ def select(study_dir: Path, candidates: dict, score: dict) -> dict:
     todo = {k: v for k, v in candidates.items() if k not in chosen}
     if todo:
         first = next(n for runs in todo.values() for names in runs.values() for n in names)
-        cfg = read_yaml(study_dir / "runs" / first / "config.yaml")
+        cfg = RunDir(study_dir / "runs" / first).read_config()
         dev = score_sets(cfg, score["dev_rows"])["dev"]
         torch.set_num_threads(1)
         for key, by_lr in todo.items():

@@ -20,7 +20,7 @@ from common.config import load_config, model_config_from
 from common.io import read_json, read_yaml, write_jsonl
 from model import NormLabForSequenceClassification
 from model.modeling_normlab import _pool
-from normlab_study.grid import REPO_ROOT, format_override, resolve_preset
+from normlab_study.grid import REPO_ROOT, resolve_preset
 from normlab_study.init_exp import fixed_batches
 from normlab_study.runner import provenance, record_invocation
 
@@ -51,10 +51,11 @@ def cosine_over_steps(model, train: list[dict], probe: dict, lr: float) -> list[
     return out
 
 
-def build_arm(variant: dict, overrides: list[str], vocab: int, seed: int):
-    """The model a study arm trains (its configs/ file and overrides), initialized under `seed`."""
+def build_arm(variant: dict, overrides: dict, vocab: int, seed: int):
+    """The model a study arm trains (its configs/ file, the study's overrides and its own), initialized under
+    `seed`."""
     cfg = load_config(str(REPO_ROOT / variant["config"]) if variant.get("config") else None,
-                      overrides + [format_override(k, v) for k, v in (variant.get("overrides") or {}).items()])
+                      layers=[({**overrides, **(variant.get("overrides") or {})}, "in the study's signal block")])
     torch.manual_seed(seed)
     return NormLabForSequenceClassification(model_config_from(cfg, vocab_size=vocab, num_labels=2, pad_token_id=0))
 
@@ -70,7 +71,7 @@ def run(preset: Path, out: Path, selection: dict | None = None) -> list[dict]:
     arm at the signal block's LR, or at its best LR when a study's `selection` is given."""
     study = read_yaml(preset)
     sig = study["signal"]
-    overrides = [format_override(k, v) for k, v in study["overrides"].items()]
+    overrides = study["overrides"]
     init = {**sig, "adam_steps": sig["steps"]}
     train, probe, vocab = fixed_batches(init, study["overrides"]["model.vocab_size"],
                                         study["overrides"]["data.max_train_samples"])

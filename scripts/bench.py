@@ -91,10 +91,11 @@ def main(argv=None) -> int:
 
     kernels = normlab_kernels.enable("auto", device)  # as train.py does (train.kernels=auto)
     settings = run_settings(args, argv, device)
-    cfg = {"train": {"batch_size": LN_ONLY_BATCH}}  # --layernorm-only: no config library (the GPU image has none)
+    cfg, batch_size = None, LN_ONLY_BATCH  # --layernorm-only: no config library (the GPU image has none)
     if not args.layernorm_only:
         from common.config import load_config
         cfg = load_config(args.config, settings["config_overrides"])
+        batch_size = cfg.train.batch_size
     res = {"machine": machine_info(device), "settings": settings, "kernels": kernels}
 
     # 1. LayerNorm at training shapes
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     # LayerNorm samples are short (calibrated to a couple of ms of work each): many more of them than of training
     # passes, for stable medians
-    shapes = ln_shapes(device, settings["quick"], cfg["train"]["batch_size"])
+    shapes = ln_shapes(device, settings["quick"], batch_size)
     res["layernorm"] = bench_layernorm(device, shapes, 5 * settings["repeats"])
     res["cuda_note"] = ("CUDA paths measured on " + res["machine"].get("gpu", "GPU") if device.type == "cuda" else
                         "CUDA paths (fp32/bf16 LayerNorm, GPU throughput and memory): untested, no GPU in this run")

@@ -14,13 +14,14 @@ line on stderr and exit code 2.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 
-from common.io import read_json, read_yaml
-from common.model_card import RUN_CONFIG_FILE
+from common.io import read_json
+from common.run_dir import MODEL_DIR_CONFIG, RunDir, model_dir_config
 from common.wandb_run import keep_offline_files_in, resolve_mode
 
 
@@ -56,32 +57,35 @@ def resolve_checkpoint(path: str) -> Path:
                         f"run with this code (its new checkpoints carry config.json)")
     if (p / "config.json").is_file() or (p / "model.safetensors").is_file():
         return p  # a model directory (check_model_files names what is missing or damaged)
-    if (p / "final").is_dir():
-        return p / "final"
+    run = RunDir(p)
+    if run.has_final():
+        return run.final
     hint = ""
-    if (p / "checkpoints").is_dir() or (p / "summary.json").is_file():
+    if run.checkpoints.is_dir() or run.summary_file.is_file():
         from common.checkpointing import list_checkpoints
         from common.run_summary import resume_command
 
         newest = list_checkpoints(p)[-1][1] if list_checkpoints(p) else None
         hint = (" (the run has no final/: it did not complete" + (f"; evaluate its newest checkpoint, {newest}"
                 if newest else "") + f"; continue it with {resume_command(p)})")
-    raise EvalError(f"no checkpoint in {p}: expected config.json there or in {p / 'final'}{hint}")
+    raise EvalError(f"no checkpoint in {p}: expected config.json there or in {run.final}{hint}")
 
 
-def run_dir_of(checkpoint: Path) -> Path | None:
+def run_dir_of(checkpoint: Path) -> RunDir | None:
     """The run directory holding `checkpoint` (its final/ or checkpoints/step_N), or None for a model directory
     elsewhere."""
-    run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    return run if (run / "config.yaml").is_file() else None
+    for run in (RunDir(checkpoint.parent), RunDir(checkpoint.parent.parent)):
+        if checkpoint in (run.final, run.checkpoints / checkpoint.name) and run.config_file.is_file():
+            return run
+    return None
 
 
-def run_config(checkpoint: Path) -> dict | None:
-    """The training config: the run directory's config.yaml, else the copy train.py saved inside the model
-    directory."""
+def run_config(checkpoint: Path):
+    """The training config (a RunConfig, validated): the run directory's config.yaml, else the copy train.py saved
+    inside the model directory; None when there is neither."""
     run = run_dir_of(checkpoint)
-    saved = read_yaml(run / "config.yaml") if run is not None else None
-    return saved if saved is not None else read_yaml(checkpoint / RUN_CONFIG_FILE)
+    saved = run.read_config() if run is not None else None
+    return saved if saved is not None else model_dir_config(checkpoint)
 
 
 def check_model_files(checkpoint: Path) -> None:
@@ -135,8 +139,8 @@ def batch_size_for(args, checkpoint: Path) -> int:
     how many rows it has: train.py's own evaluation uses that size), else DEFAULT_BATCH_SIZE."""
     if args.batch_size is not None:
         return args.batch_size
-    trained = ((run_config(checkpoint) or {}).get("train") or {}).get("batch_size") if args.batch_stats else None
-    return trained if isinstance(trained, int) and trained >= 1 else DEFAULT_BATCH_SIZE
+    cfg = run_config(checkpoint) if args.batch_stats else None
+    return cfg.train.batch_size if cfg is not None else DEFAULT_BATCH_SIZE
 
 
 def check_batch_stats(model, checkpoint: Path) -> None:
@@ -182,13 +186,13 @@ def run_split(checkpoint: Path, split: str):
     cfg = run_config(checkpoint)
     if cfg is None:
         raise EvalError(f"no run config for {checkpoint} (looked for the config.yaml of its run directory and "
-                        f"{checkpoint / RUN_CONFIG_FILE}); evaluate a file with --data FILE")
+                        f"{checkpoint / MODEL_DIR_CONFIG}); evaluate a file with --data FILE")
     from common.data import resolve_dataset
 
-    d = {**cfg["data"], "eval_split": split, "max_eval_samples": None}
-    # task=mlm: find and text-check the split without the training-time label checks; the labels are checked
-    # against the model's label set, with this script's message
-    return resolve_dataset({"data": d, "task": "mlm"})[split], d
+    d = dataclasses.replace(cfg.data, eval_split=split, max_eval_samples=None)
+    # without the training-time label checks; the labels are checked against the model's label set, with this
+    # script's message
+    return resolve_dataset(d, with_labels=False)[split], d
 
 
 def labeled_examples(args, checkpoint: Path, names: list[str]):
@@ -203,8 +207,8 @@ def labeled_examples(args, checkpoint: Path, names: list[str]):
     else:
         split = args.split or "validation"
         ds, d = run_split(checkpoint, split)
-        text_column, label_column = d["text_column"], d["label_column"]
-        where = {"source": d.get("path") or d.get("name"), "split": split}
+        text_column, label_column = d.text_column, d.label_column
+        where = {"source": d.path or d.name, "split": split}
         source = f"split {split!r} of {where['source']}"
     missing = [c for c in (text_column, label_column) if c not in ds.column_names]
     if missing:
@@ -338,14 +342,15 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
     import wandb
 
     checkpoint = Path(result["checkpoint"])
-    cfg = run_config(checkpoint) or {}
-    w, m = cfg.get("wandb") or {}, cfg.get("model") or {}
+    cfg = run_config(checkpoint)
+    m = cfg.model.given() if cfg is not None else {}
     run_dir = run_dir_of(checkpoint)  # a run's final/ or checkpoint: log next to the training run
     in_run = run_dir is not None
-    trained = read_json(run_dir / "summary.json", {}) if in_run else {}
-    project = w.get("project") or "normlab"
-    group = w.get("group") or (f"{m['norm']}-{m['norm_placement']}" if m.get("norm") else None)
-    name = (run_dir.name if in_run else checkpoint.name) + "-eval"
+    trained = (run_dir.read_summary() or {}) if in_run else {}
+    project = (cfg.wandb.project if cfg is not None else None) or "normlab"
+    group = (cfg.wandb.group if cfg is not None else None) or (
+        f"{m['norm']}-{m['norm_placement']}" if m.get("norm") else None)
+    name = (run_dir.path.name if in_run else checkpoint.name) + "-eval"
     config = {"checkpoint": str(checkpoint), "train_run_id": trained.get("wandb_run_id"),
               "model_artifact": result.get("artifact"), "dataset": result.get("dataset"),
               "norm": result["norm"], "norm_placement": result["norm_placement"]}
@@ -353,7 +358,7 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
         keep_offline_files_in(run_dir)  # the predictions table stays with the run, as train.py's files
     run = wandb.init(project=project, group=group, job_type="eval", name=name, mode=mode, config=config,
                      tags=[t for t in (result["norm"], result["norm_placement"], "eval") if t],
-                     dir=str(run_dir) if in_run else None, reinit="finish_previous",
+                     dir=str(run_dir.path) if in_run else None, reinit="finish_previous",
                      settings=wandb.Settings(silent=True))
     if result.get("artifact") and mode == "online":
         run.use_artifact(result["artifact"])  # lineage: this evaluation used that model version

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common.io import atomic_write_json, read_json, read_jsonl
+from common.io import atomic_write_json, read_jsonl
+from common.run_dir import RunDir
 
 # CustomLayerNorm's check: the dtypes training runs in, and hidden sizes from the default model's to the widest the
 # Triton kernel takes in one block at 16-bit (8192: 16 warps in the backward); (batch, length) rows with padding
@@ -181,8 +182,9 @@ def kernels(args) -> int:
 
 
 def summarize_run(run: Path) -> dict:
-    summary = read_json(run / "summary.json", {})
-    rows = read_jsonl(run / "metrics.jsonl")
+    run_dir = RunDir(run)
+    summary = run_dir.read_summary() or {}
+    rows = read_jsonl(run_dir.metrics_file)
     tps = [r["train/tokens_per_s"] for r in rows if r.get("train/tokens_per_s") is not None]
     out = {"run": run.name, "status": summary.get("status", "missing"), "steps": summary.get("step"),
            "wall_time_s": summary.get("wall_time_s"), "step_time_s": summary.get("step_time_s"),
@@ -190,7 +192,7 @@ def summarize_run(run: Path) -> dict:
            "final_eval_accuracy": (summary.get("final") or {}).get("eval/accuracy"),
            "final_eval_loss": (summary.get("final") or {}).get("eval/loss"),
            "num_processes": summary.get("num_processes")}
-    weights = run / "final" / "model.safetensors"
+    weights = run_dir.final / "model.safetensors"
     if weights.exists():
         from safetensors import safe_open
 

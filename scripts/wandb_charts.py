@@ -14,15 +14,17 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from common.run_dir import RunDir  # noqa: E402
 from common.wandb_records import RecordsError, offline_runs  # noqa: E402
 from common.wandb_run import DEPTH_CHARTS  # noqa: E402
 
 
 def training_run(run_dir: Path):
     """The newest offline training run under RUN_DIR/wandb that drew depth charts."""
-    runs = [r for r in offline_runs(run_dir / "wandb") if r.job_type == "train" and r.charts()]
+    wandb_dir = RunDir(run_dir).wandb_dir
+    runs = [r for r in offline_runs(wandb_dir) if r.job_type == "train" and r.charts()]
     if not runs:
-        raise RecordsError(f"no offline wandb training run with depth charts under {run_dir / 'wandb'}")
+        raise RecordsError(f"no offline wandb training run with depth charts under {wandb_dir}")
     return runs[-1]
 
 

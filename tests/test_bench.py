@@ -102,12 +102,12 @@ def test_pad_fractions_match_a_direct_count(bench_json):
     res = bench_json
     pad = res["padding"]
     cfg = load_config(res["settings"]["config"], res["settings"]["config_overrides"])
-    d = cfg["data"]
-    dsd = resolve_dataset(cfg)
-    tokenizer = get_tokenizer(cfg, dsd[d["train_split"]][d["text_column"]])
-    lengths = np.asarray(tokenize_splits(dsd, tokenizer, cfg)[d["train_split"]]["length"])
+    d = cfg.data
+    dsd = resolve_dataset(d, with_labels=True)
+    tokenizer = get_tokenizer(d, cfg.model.vocab_size, dsd[d.train_split][d.text_column])
+    lengths = np.asarray(tokenize_splits(dsd, tokenizer, d, cfg.task)[d.train_split]["length"])
     assert pad["examples"] == len(lengths)
-    bs, seed = cfg["train"]["batch_size"], cfg["seed"]
+    bs, seed = cfg.train.batch_size, cfg.seed
     assert (pad["batch_size"], pad["seed"]) == (bs, seed)
 
     samplers = {"random": RandomBatchSampler(len(lengths), bs, seed=seed),

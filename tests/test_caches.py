@@ -13,13 +13,13 @@ from transformers import PreTrainedTokenizerFast
 
 import normlab_kernels.cpu
 from common.cache import MANIFEST, folder_problem
-from common.config import REPO_ROOT
+from common.config import REPO_ROOT, load_config
 from common.tokenizer import get_tokenizer, tokenize_splits
 from normlab_kernels.build_cache import build_dir
 
 TEXTS = [f"sentence number {i} is {'good' if i % 2 else 'bad'} and {'long ' * (i % 7)}done" for i in range(200)]
-CFG = {"task": "classification", "model": {"vocab_size": 120},
-       "data": {"tokenizer": None, "text_column": "sentence", "label_column": "label", "max_length": 32}}
+DATA = load_config(overrides=["data.max_length=32"]).data  # sentence/label columns, no Hub tokenizer
+VOCAB = 120
 
 
 @pytest.fixture(autouse=True)
@@ -57,30 +57,30 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", DAMAGE, ids=list(DAMAGE))
 def test_a_damaged_tokenizer_cache_is_rebuilt_with_one_warning(damage, private_cache, capsys):
-    first = get_tokenizer(CFG, TEXTS)
+    first = get_tokenizer(DATA, VOCAB, TEXTS)
     entry = tokenizer_entry(private_cache)
     assert folder_problem(entry) is None and not warnings_in(capsys.readouterr().err)
 
     DAMAGE[damage](entry)
-    again = get_tokenizer(CFG, TEXTS)
+    again = get_tokenizer(DATA, VOCAB, TEXTS)
     warned = warnings_in(capsys.readouterr().err)
     assert len(warned) == 1 and str(entry) in warned[0] and "rebuilding" in warned[0], warned
     assert again.backend_tokenizer.to_str() == first.backend_tokenizer.to_str()
     assert folder_problem(entry) is None and [p.name for p in entry.parent.iterdir()] == [entry.name]
 
-    get_tokenizer(CFG, TEXTS)  # rebuilt once: read from the cache from now on, quietly
+    get_tokenizer(DATA, VOCAB, TEXTS)  # rebuilt once: read from the cache from now on, quietly
     assert not warnings_in(capsys.readouterr().err)
 
 
 def test_an_older_tokenizer_cache_entry_that_loads_is_kept_and_checked_from_then_on(private_cache, capsys):
-    first = get_tokenizer(CFG, TEXTS)
+    first = get_tokenizer(DATA, VOCAB, TEXTS)
     entry = tokenizer_entry(private_cache)
     (entry / MANIFEST).unlink()  # as written before manifests existed
-    again = get_tokenizer(CFG, TEXTS)
+    again = get_tokenizer(DATA, VOCAB, TEXTS)
     assert not warnings_in(capsys.readouterr().err) and (entry / MANIFEST).is_file()
     assert again.backend_tokenizer.to_str() == first.backend_tokenizer.to_str()
     truncate(entry / "tokenizer_config.json")
-    get_tokenizer(CFG, TEXTS)
+    get_tokenizer(DATA, VOCAB, TEXTS)
     assert "tokenizer_config.json has changed" in "".join(warnings_in(capsys.readouterr().err))
 
 
@@ -89,7 +89,7 @@ def test_a_tokenizer_cache_the_disk_refuses_leaves_nothing_and_the_run_goes_on(p
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder))
 
     monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", disk_full)
-    tokenizer = get_tokenizer(CFG, TEXTS)
+    tokenizer = get_tokenizer(DATA, VOCAB, TEXTS)
     assert tokenizer("sentence number 3")["input_ids"][0] == tokenizer.cls_token_id
     warned = warnings_in(capsys.readouterr().err)
     assert len(warned) == 1 and "No space left on device" in warned[0] and str(private_cache) in warned[0]
@@ -101,19 +101,19 @@ def test_a_damaged_tokenized_split_is_rebuilt_with_one_warning(tmp_path, capsys)
     Dataset.from_dict({"sentence": TEXTS, "label": [i % 2 for i in range(200)]}).save_to_disk(tmp_path / "ds")
     dsd = DatasetDict({"train": load_from_disk(str(tmp_path / "ds"))})
     # a fresh tokenizer per call, as in separate runs (tokenizing sets the backend's truncation, part of the key)
-    first = tokenize_splits(dsd, get_tokenizer(CFG, TEXTS), CFG)["train"]
+    first = tokenize_splits(dsd, get_tokenizer(DATA, VOCAB, TEXTS), DATA, "classification")["train"]
     cache_file = tmp_path / "ds" / os.path.basename(first.cache_files[0]["filename"])
     assert cache_file.name.startswith("cache-") and cache_file.is_file()
     capsys.readouterr()
 
     truncate(cache_file)
-    again = tokenize_splits(dsd, get_tokenizer(CFG, TEXTS), CFG)["train"]
+    again = tokenize_splits(dsd, get_tokenizer(DATA, VOCAB, TEXTS), DATA, "classification")["train"]
     warned = warnings_in(capsys.readouterr().err)
     assert len(warned) == 1 and str(cache_file) in warned[0] and "'train'" in warned[0], warned
     assert again.to_dict() == first.to_dict()
 
     assert again.cache_files == first.cache_files
-    tokenize_splits(dsd, get_tokenizer(CFG, TEXTS), CFG)  # the rebuilt file is read quietly
+    tokenize_splits(dsd, get_tokenizer(DATA, VOCAB, TEXTS), DATA, "classification")  # the rebuilt file is read quietly
     assert not warnings_in(capsys.readouterr().err)
 
 

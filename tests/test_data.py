@@ -41,9 +41,9 @@ def small(tmp_path_factory):
     mp.setenv("HF_HUB_OFFLINE", "1")
     mp.setenv("NORMLAB_CACHE", str(tmp_path_factory.getbasetemp() / "normlab_cache"))  # as in every test
     cfg = load_config(overrides=SMALL)
-    dsd = resolve_dataset(cfg)
-    tok = get_tokenizer(cfg, col(dsd["train"], "sentence"))
-    tokenized = tokenize_splits(dsd, tok, cfg)
+    dsd = resolve(cfg)
+    tok = get_tokenizer(cfg.data, cfg.model.vocab_size, col(dsd["train"], "sentence"))
+    tokenized = tokenize_splits(dsd, tok, cfg.data, cfg.task)
     yield cfg, dsd, tok, tokenized
     mp.undo()
 
@@ -64,6 +64,11 @@ def col(ds, name):
     return ds.select_columns([name])[:][name]
 
 
+def resolve(cfg):
+    """The config's splits as train.py resolves them (labels checked for classification)."""
+    return resolve_dataset(cfg.data, with_labels=cfg.task == "classification")
+
+
 def cfg_with(*overrides):
     return load_config(overrides=list(overrides))
 
@@ -79,7 +84,7 @@ def test_mirror_found_from_the_repo_location_whatever_the_cwd(small, tmp_path, m
     assert set(dsd) == {"train", "validation"}
     assert (len(dsd["train"]), len(dsd["validation"])) == (300, 60)  # max_*_samples: the first N rows
     assert dsd["train"][0]["sentence"] == pd.read_parquet(MIRROR / "train.parquet").sentence[0]
-    assert label_names(dsd, cfg) == ["negative", "positive"]  # data.label_names: the parquet files name none
+    assert label_names(dsd, cfg.data) == ["negative", "positive"]  # data.label_names: the parquet files name none
 
 
 def test_label_names_from_the_dataset_first_then_the_setting_then_the_ids(tmp_path, sst2_rows):
@@ -89,17 +94,17 @@ def test_label_names_from_the_dataset_first_then_the_setting_then_the_ids(tmp_pa
     path = tmp_path / "sst2.csv"
     write(pd.concat([train, validation]), path, "csv")
     plain = [f"data.path={path}", "data.eval_split=train"]
-    assert label_names(resolve_dataset(cfg_with(*plain, "data.label_names=null")), cfg_with()) == ["0", "1"]
-    assert label_names(resolve_dataset(cfg_with(*plain, "data.label_names=bad,good")), cfg_with()) == ["bad", "good"]
+    assert label_names(resolve(cfg_with(*plain, "data.label_names=null")), cfg_with().data) == ["0", "1"]
+    assert label_names(resolve(cfg_with(*plain, "data.label_names=bad,good")), cfg_with().data) == ["bad", "good"]
     with pytest.warns(UserWarning, match="data.label_names"):  # names that do not fit: the ids, and a warning
-        assert label_names(resolve_dataset(cfg_with(*plain, "data.label_names=a,b,c")), cfg_with()) == ["0", "1"]
+        assert label_names(resolve(cfg_with(*plain, "data.label_names=a,b,c")), cfg_with().data) == ["0", "1"]
 
     # a dataset that names its classes (a ClassLabel feature, as on the Hub) keeps its own names
     named = Dataset.from_pandas(train, preserve_index=False).cast_column("label", ClassLabel(names=["neg", "pos"]))
     saved = tmp_path / "named"
     DatasetDict(train=named, validation=named).save_to_disk(saved)
-    got = resolve_dataset(cfg_with(f"data.path={saved}"))
-    assert label_names(got, cfg_with()) == ["neg", "pos"]
+    got = resolve(cfg_with(f"data.path={saved}"))
+    assert label_names(got, cfg_with().data) == ["neg", "pos"]
 
 
 def test_normlab_data_dir_comes_before_the_shared_mirror(tmp_path, monkeypatch, sst2_rows):
@@ -109,7 +114,7 @@ def test_normlab_data_dir_comes_before_the_shared_mirror(tmp_path, monkeypatch, 
     write(validation.iloc[:10], tmp_path / "sst2" / "validation.csv", "csv")
     monkeypatch.setenv("NORMLAB_DATA_DIR", str(tmp_path))
     assert mirror_candidates("stanfordnlp/sst2")[0] == tmp_path / "sst2"
-    dsd = resolve_dataset(cfg_with())
+    dsd = resolve(cfg_with())
     assert (len(dsd["train"]), len(dsd["validation"])) == (40, 10)
 
 
@@ -119,7 +124,7 @@ def test_local_folder_in_every_format(tmp_path, sst2_rows, fmt):
     train = train.iloc[:50].assign(sentence=lambda df: df.sentence + ", yes, with commas")  # tsv must keep them
     write(train, tmp_path / f"train.{fmt}", fmt)
     write(validation.iloc[:20], tmp_path / f"validation.{fmt}", fmt)
-    dsd = resolve_dataset(cfg_with(f"data.path={tmp_path}"))
+    dsd = resolve(cfg_with(f"data.path={tmp_path}"))
     assert (len(dsd["train"]), len(dsd["validation"])) == (50, 20)
     assert col(dsd["train"], "sentence") == list(train.sentence)
     assert col(dsd["train"], "label") == list(train.label)
@@ -128,15 +133,15 @@ def test_local_folder_in_every_format(tmp_path, sst2_rows, fmt):
 def test_single_file_is_split_90_10_deterministically_and_dev_means_validation(tmp_path, sst2_rows):
     train, validation = sst2_rows
     write(train.iloc[:100], tmp_path / "all.jsonl", "jsonl")
-    a = resolve_dataset(cfg_with(f"data.path={tmp_path / 'all.jsonl'}"))
-    b = resolve_dataset(cfg_with(f"data.path={tmp_path / 'all.jsonl'}", "seed=7"))
+    a = resolve(cfg_with(f"data.path={tmp_path / 'all.jsonl'}"))
+    b = resolve(cfg_with(f"data.path={tmp_path / 'all.jsonl'}", "seed=7"))
     assert (len(a["train"]), len(a["validation"])) == (90, 10)
     assert col(a["validation"], "idx") == col(b["validation"], "idx")  # the split does not follow the training seed
     assert sorted(col(a["train"], "idx") + col(a["validation"], "idx")) == sorted(train.idx[:100])
     (tmp_path / "glue").mkdir()
     write(train.iloc[:30], tmp_path / "glue" / "train.tsv", "tsv")
     write(validation.iloc[:10], tmp_path / "glue" / "dev.tsv", "tsv")
-    assert len(resolve_dataset(cfg_with(f"data.path={tmp_path / 'glue'}"))["validation"]) == 10
+    assert len(resolve(cfg_with(f"data.path={tmp_path / 'glue'}"))["validation"]) == 10
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -150,16 +155,16 @@ def bad(tmp_path, train: pd.DataFrame, *overrides, fmt="parquet", validation=Non
     write(train, folder / f"train.{fmt}", fmt)
     write(train if validation is None else validation, folder / f"validation.{fmt}", fmt)
     with pytest.raises(DataError) as exc:
-        resolve_dataset(cfg_with(f"data.path={folder}", *overrides))
+        resolve(cfg_with(f"data.path={folder}", *overrides))
     assert "\n" not in str(exc.value)
     return str(exc.value)
 
 
 def test_missing_path_and_unknown_dataset(tmp_path):
     with pytest.raises(DataError, match=r"data.path='/no/such/data' does not exist; .*data.path=null"):
-        resolve_dataset(cfg_with("data.path=/no/such/data"))
+        resolve(cfg_with("data.path=/no/such/data"))
     with pytest.raises(DataError) as exc:
-        resolve_dataset(cfg_with("data.name=someone/nothing_here"))
+        resolve(cfg_with("data.name=someone/nothing_here"))
     msg = str(exc.value)
     for part in ("someone/nothing_here", str(REPO_ROOT.parent / "shared" / "datasets" / "nothing_here"), "Hub",
                  "data.path=", "NORMLAB_DATA_DIR"):
@@ -171,7 +176,7 @@ def test_empty_file_and_empty_dataset(tmp_path, sst2_rows):
     (tmp_path / "e" / "train.csv").write_text("")
     (tmp_path / "e" / "validation.csv").write_text("")
     with pytest.raises(DataError, match=r"train.csv is empty \(0 bytes\)"):
-        resolve_dataset(cfg_with(f"data.path={tmp_path / 'e'}"))
+        resolve(cfg_with(f"data.path={tmp_path / 'e'}"))
     msg = bad(tmp_path, sst2_rows[0].iloc[:0])
     assert "train.parquet is empty (0 rows)" in msg
     msg = bad(tmp_path / "csv", sst2_rows[0].iloc[:0], fmt="csv")  # a header and nothing else
@@ -225,7 +230,7 @@ def test_mlm_needs_no_labels(tmp_path, sst2_rows):
     train = sst2_rows[0].iloc[:20][["sentence"]]
     write(train, tmp_path / "train.csv", "csv")
     write(train, tmp_path / "validation.csv", "csv")
-    dsd = resolve_dataset(cfg_with(f"data.path={tmp_path}", "task=mlm"))
+    dsd = resolve(cfg_with(f"data.path={tmp_path}", "task=mlm"))
     assert dsd["train"].column_names == ["sentence"]
 
 
@@ -233,9 +238,9 @@ def test_num_labels_from_config_or_inferred(tmp_path, sst2_rows):
     train = sst2_rows[0].iloc[:30]
     write(train, tmp_path / "train.parquet", "parquet")
     write(train, tmp_path / "validation.parquet", "parquet")
-    assert len(label_names(resolve_dataset(cfg_with(f"data.path={tmp_path}")), cfg_with())) == 2
-    assert len(label_names(resolve_dataset(cfg_with(f"data.path={tmp_path}", "data.num_labels=5",
-                                                     "data.label_names=null")), cfg_with())) == 5
+    assert len(label_names(resolve(cfg_with(f"data.path={tmp_path}")), cfg_with().data)) == 2
+    assert len(label_names(resolve(cfg_with(f"data.path={tmp_path}", "data.num_labels=5",
+                                                     "data.label_names=null")), cfg_with().data)) == 5
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -246,10 +251,10 @@ def test_tokenizer_round_trips_through_save_pretrained(small, tmp_path):
     from transformers import AutoTokenizer
 
     cfg, dsd, tok, _ = small
-    assert tok.pad_token_id == 0 and tok.model_max_length == cfg["data"]["max_length"]
+    assert tok.pad_token_id == 0 and tok.model_max_length == cfg.data.max_length
     assert [tok.pad_token, tok.unk_token, tok.cls_token, tok.sep_token, tok.mask_token] == [
         "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    assert len(tok) <= cfg["model"]["vocab_size"]
+    assert len(tok) <= cfg.model.vocab_size
     text = "A Gorgeous, Witty film!"
     ids = tok(text)["input_ids"]
     assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
@@ -273,10 +278,10 @@ def test_tokenizer_cache_hit_and_key(small, monkeypatch):
         raise AssertionError("the cached tokenizer should have been used")
 
     monkeypatch.setattr(tokenizer_module, "_train_tokenizer", no_training)
-    again = get_tokenizer(cfg, texts)
+    again = get_tokenizer(cfg.data, cfg.model.vocab_size, texts)
     assert again.get_vocab() == tok.get_vocab()
     with pytest.raises(AssertionError, match="cached"):  # other text -> another key -> retrain
-        get_tokenizer(cfg, texts[:-1])
+        get_tokenizer(cfg.data, cfg.model.vocab_size, texts[:-1])
     key = tokenizer_module.tokenizer_cache_key
     assert key(texts, 400, "sentence") != key(texts, 500, "sentence")
 
@@ -287,7 +292,7 @@ def test_tokenize_splits_truncates_and_records_lengths(small):
     assert set(train.column_names) - {"token_type_ids"} == {"input_ids", "attention_mask", "labels", "length"}
     assert col(train, "labels") == col(dsd["train"], "label")
     assert all(len(ids) == n for ids, n in zip(col(train, "input_ids"), col(train, "length")))
-    short = tokenize_splits(dsd, tok, load_config(overrides=SMALL + ["data.max_length=8"]))
+    short = tokenize_splits(dsd, tok, load_config(overrides=SMALL + ["data.max_length=8"]).data, "classification")
     assert max(col(short["train"], "length")) == 8 and short["train"][0]["input_ids"][-1] == tok.sep_token_id
 
 
@@ -392,7 +397,7 @@ def test_pad_rows_collates_as_hf_data_collator_with_padding(small):
 def test_build_dataloaders_mlm(small):
     _, dsd, tok, _ = small
     cfg = load_config(overrides=SMALL + ["task=mlm"])
-    tokenized = tokenize_splits(dsd.remove_columns("label"), tok, cfg)
+    tokenized = tokenize_splits(dsd.remove_columns("label"), tok, cfg.data, cfg.task)
     assert "labels" not in tokenized["train"].column_names
     torch.manual_seed(0)
     train_loader, _ = build_dataloaders(cfg, tok, tokenized)

@@ -63,15 +63,29 @@ def test_narrowing_from_the_command_line(grid):
         study.parse_only(["norm=rmsnorm"])
 
 
-def test_train_command_carries_the_run_and_the_study(grid, tmp_path):
+def out_dir(cmd) -> Path:
+    """The run directory of a study's train.py command: that of the config.yaml it is launched with."""
+    return Path(cmd[cmd.index("--config") + 1]).parent
+
+
+def test_a_run_is_launched_with_its_resolved_config_file(grid, tmp_path):
+    from common.config import load_config
+    from common.run_dir import RunDir
+
     _, g = grid
     run = next(r for r in study.expand(g) if r["name"] == "masked_batchnorm-lr0.01-wuon-s1")
-    cmd = study.train_command(g, run, tmp_path / "st", ["train.batch_size=8"], ["python"])
-    assert cmd[:4] == ["python", str(study.REPO_ROOT / "train.py"), "--config", "configs/masked_batchnorm.yaml"]
-    for item in ("train.max_steps=5", "model.bn_momentum=0.2", "train.lr=0.01", "seed=1", "train.warmup_steps=10",
-                 f"output_dir={tmp_path / 'st' / 'runs' / run['name']}", "wandb.group=tiny", "train.resume=auto"):
-        assert item in cmd
-    assert cmd[-1] == "train.batch_size=8"  # command-line overrides come last and win
+    engine = study.LocalEngine(parallel=1)
+    job = study.study_job(g, run, tmp_path / "st", ["train.batch_size=8", "train.max_steps=6"], ["python"], engine)
+    run_dir = RunDir(tmp_path / "st" / "runs" / run["name"])
+    assert job.cmd == ["python", str(study.REPO_ROOT / "train.py"), "--config", str(run_dir.config_file)]
+    cfg = run_dir.read_config()
+    assert cfg == load_config("masked_batchnorm", ["model.bn_momentum=0.2", "train.lr=0.01", "seed=1",
+                                                   "train.warmup_steps=10", f"output_dir={run_dir.path}",
+                                                   "wandb.group=tiny", "train.resume=auto", "train.batch_size=8",
+                                                   "train.max_steps=6", "data.max_train_samples=64",
+                                                   "wandb.tags=[tiny,masked_batchnorm,warmup-on,masked_batchnorm]"])
+    assert cfg.train.lr == 0.01 and type(cfg.train.lr) is float  # the grid's float, never text
+    assert cfg.train.max_steps == 6  # command-line overrides come last and win
 
 
 class FakeRunner:
@@ -81,16 +95,14 @@ class FakeRunner:
         self.outcome, self.calls = outcome, []
 
     def __call__(self, cmd, log_path, env):
-        out_dir = Path(next(c for c in cmd if c.startswith("output_dir=")).split("=", 1)[1])
-        self.calls.append(out_dir.name)
-        outcome = self.outcome(out_dir.name)
+        self.calls.append(out_dir(cmd).name)
+        outcome = self.outcome(out_dir(cmd).name)
         if outcome == "raise":
             raise OSError("cannot start")
         if outcome == "crash":
             log_path.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
             return 1
-        out_dir.mkdir(parents=True)
-        (out_dir / "summary.json").write_text(json.dumps({"status": outcome}))
+        (out_dir(cmd) / "summary.json").write_text(json.dumps({"status": outcome}))
         return 0 if outcome == "completed" else 3
 
 
@@ -150,9 +162,7 @@ def test_several_gpus_run_one_run_per_gpu_at_a_time(grid, tmp_path, monkeypatch)
         time.sleep(0.05)
         with lock:
             busy.discard(gpu)
-        out_dir = Path(next(c for c in cmd if c.startswith("output_dir=")).split("=", 1)[1])
-        out_dir.mkdir(parents=True)
-        (out_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+        (out_dir(cmd) / "summary.json").write_text(json.dumps({"status": "completed"}))
         return 0
 
     statuses = study.run_study(g, grid_file, tmp_path / "st", runs, runner=runner, parallel=2, gpus=2,
@@ -166,19 +176,19 @@ def test_parallel_cpu_runs_split_the_cores(grid, tmp_path, monkeypatch):
     and as OMP_NUM_THREADS for everything else."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(study.os, "cpu_count", lambda: 8)
+    from common.run_dir import RunDir
+
     grid_file, g = grid
     seen = []
 
     def runner(cmd, log_path, env):
-        seen.append(([c for c in cmd if c.startswith("train.cpu_threads=")], env["OMP_NUM_THREADS"]))
-        out_dir = Path(next(c for c in cmd if c.startswith("output_dir=")).split("=", 1)[1])
-        out_dir.mkdir(parents=True)
-        (out_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
+        seen.append((RunDir(out_dir(cmd)).read_config().train.cpu_threads, env["OMP_NUM_THREADS"]))
+        (out_dir(cmd) / "summary.json").write_text(json.dumps({"status": "completed"}))
         return 0
 
     study.run_study(g, grid_file, tmp_path / "st", study.expand(g)[:2], runner=runner, parallel=2, gpus=0,
                     print_fn=lambda *a: None)
-    assert seen == [(["train.cpu_threads=4"], "4")] * 2
+    assert seen == [(4, "4")] * 2
 
 
 def test_cli_dry_run_lists_runs_and_rejects_bad_input(grid, tmp_path, capsys):
@@ -202,7 +212,7 @@ def test_presets_hold_the_designed_experiments(preset):
     its own chosen LR on >= 10 fresh seeds (the primary hypotheses); the A/A arm at LN's LR; placement on a
     quarter-decade grid with warmup on and off and >= 10 seeds; one epoch without repeated rows; E1 at depths 3-48."""
     g = study.load_grid(study.resolve_preset(preset))
-    common = dict(o.split("=", 1) for o in g["overrides"])
+    common = g["overrides"]
     tune, board, aa, placement = (g["experiments"][k] for k in ("tune", "leaderboard", "aa", "placement"))
     assert len(tune["lr"]) >= 4 and math.log10(max(tune["lr"]) / min(tune["lr"])) >= 1.5 - 1e-3
     norms = {"ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm", "no_norm"}
@@ -214,7 +224,7 @@ def test_presets_hold_the_designed_experiments(preset):
     assert placement["warmup"]["on"] >= 1 / (1 - float(common["train.adam_beta2"])) and len(placement["seeds"]) >= 10
     steps = placement["lr"]
     assert all(0.2 < math.log10(b / a) < 0.3 for a, b in zip(steps, steps[1:]))  # quarter decades
-    assert common["train.epochs"] == "1" and "train.max_steps" not in common and g["share_runs"]
+    assert common["train.epochs"] == 1 and "train.max_steps" not in common and g["share_runs"]
     assert set(g["init"]["depths"]) >= {3, 6, 12, 24, 48} and len(g["init"]["seeds"]) >= 5
 
 
@@ -256,16 +266,14 @@ def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, mon
     assert "a_half-lr0.005-wuon-s0" not in runs  # a variant's own seeds replace the experiment's
 
     def fake_runner(cmd, log, env):
-        out = Path(next(c.split("=", 1)[1] for c in cmd if c.startswith("output_dir=")))
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps({"status": "completed"}))
+        (out_dir(cmd) / "summary.json").write_text(json.dumps({"status": "completed"}))
         return 0
 
     # dev loss: lower for the LR each arm should get
     monkeypatch.setattr("normlab_study.selection.dev_loss",
                         lambda run_dir, dev, bs: 0.3 if run_dir.name in ("a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100") else 0.6)
     monkeypatch.setattr("normlab_study.selection.score_sets", lambda cfg, rows: {"dev": ([], [])})
-    monkeypatch.setattr("normlab_study.selection.read_yaml", lambda p: {})
+    monkeypatch.setattr("normlab_study.selection.RunDir.read_config", lambda self: None)
     engine = study.LocalEngine(runner=fake_runner)
     study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", engine)
     sel = json.loads((tmp_path / "st" / "selection.json").read_text())
@@ -299,10 +307,14 @@ def test_experiments_prefix_run_names_and_narrow_by_experiment(tmp_path):
     picked = study.narrow(runs, study.parse_only(["experiment=b"]))
     assert {r["experiment"] for r in picked} == {"b"} and len(picked) == 2
     run = next(r for r in runs if r["experiment"] == "b")
-    cmd = study.train_command(g, run, tmp_path / "st", [], ["python"])
+    config, settings = study.run_settings(g, run, tmp_path / "st")
     # study overrides, then the experiment's, then the variant's: the later one wins
-    assert cmd.index("train.max_steps=5") < cmd.index("data.group_by_length=true") < cmd.index("model.bn_momentum=0.2")
-    assert "train.warmup_steps=7" in cmd and "wandb.tags=[\"exp\", \"b\", \"batchnorm\", \"warmup-on\"]" in cmd
+    assert config == "configs/batchnorm.yaml" and list(settings)[:3] == [
+        "train.max_steps", "data.group_by_length", "model.bn_momentum"]
+    assert settings["train.warmup_steps"] == 7 and settings["wandb.tags"] == ["exp", "b", "batchnorm", "warmup-on",
+                                                                             "batchnorm"]
+    cfg = study.run_config(g, run, tmp_path / "st")
+    assert (cfg.train.max_steps, cfg.data.group_by_length, cfg.model.bn_momentum) == (5, True, 0.2)
     assert study.wants_e1(g, {}) is False  # no init block, no E1
 
 
@@ -340,3 +352,31 @@ def test_e1_reads_the_study_overrides_from_study_json_and_from_the_preset(tmp_pa
     assert init_exp.main([str(tmp_path / "st")]) == 0
     assert init_exp.main([str(tmp_path / "st"), "--preset", str(preset)]) == 0
     assert seen == [(64, 300), (64, 300)]
+
+
+@pytest.mark.parametrize("change, words", [
+    (("variants:", "varients:"), ["unknown key 'varients'", "did you mean 'variants'", "valid keys: name,"]),
+    (("{config: post_ln}", "{confg: post_ln}"), ["variant post_ln: unknown key 'confg'", "did you mean 'config'"]),
+    (("seeds: [0, 1]", "seeds: [0, one]"), ["seeds=[0, 'one'] has the wrong type", "expected list of int"]),
+    (("name: tiny", "name: tiny\nshare_runs: maybe"), ["share_runs='maybe' has the wrong type; expected bool"]),
+])
+def test_a_bad_study_file_is_refused_in_one_line_naming_the_key(tmp_path, change, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(GRID.replace(*change))
+    with pytest.raises(study.StudyError) as err:
+        study.load_grid(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def test_a_run_directory_left_with_other_settings_is_refused_not_overwritten(grid, tmp_path):
+    _, g = grid
+    run = study.expand(g)[0]
+    engine = study.LocalEngine(parallel=1)
+    job = study.study_job(g, run, tmp_path / "st", [], ["python"], engine)
+    config = out_dir(job.cmd) / "config.yaml"
+    study.study_job(g, run, tmp_path / "st", ["train.eval_steps=3"], ["python"], engine)  # a resume may change it
+    with pytest.raises(study.StudyError, match="holds a run with other settings .*train.batch_size"):
+        study.study_job(g, run, tmp_path / "st", ["train.batch_size=8"], ["python"], engine)
+    assert "eval_steps: 3" in config.read_text() and "batch_size: 8" not in config.read_text()

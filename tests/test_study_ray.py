@@ -113,7 +113,7 @@ def train_process(run_dir: Path):
         return None
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if len(cmd) > 1 and cmd[1].endswith("train.py") and f"output_dir={run_dir}" in cmd:
+        if len(cmd) > 1 and cmd[1].endswith("train.py") and str(run_dir / "config.yaml") in cmd:
             return proc
     return None
 

@@ -35,7 +35,7 @@ DEV = {"a-lr0.001": [0.462, 0.468, 0.459, 0.470], "a-lr0.00316": [0.438, 0.483, 
 
 
 def fake_runner(cmd, log, env):
-    out = Path(next(c.split("=", 1)[1] for c in cmd if c.startswith("output_dir=")))
+    out = Path(cmd[cmd.index("--config") + 1]).parent  # the run's own config.yaml
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"status": "completed"}))
     return 0
@@ -52,7 +52,7 @@ def test_a_coin_flip_tuning_trains_both_lrs_and_is_flagged(tmp_path, monkeypatch
 
     monkeypatch.setattr("normlab_study.selection.dev_loss", dev_loss)
     monkeypatch.setattr("normlab_study.selection.score_sets", lambda cfg, rows: {"dev": ([], [])})
-    monkeypatch.setattr("normlab_study.selection.read_yaml", lambda p: {})
+    monkeypatch.setattr("normlab_study.selection.RunDir.read_config", lambda self: None)
     study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", study.LocalEngine(runner=fake_runner))
     sel = json.loads((tmp_path / "st" / "selection.json").read_text())
     a, b = sel["tune/a/wuon"], sel["tune/b/wuon"]
@@ -84,12 +84,13 @@ def test_ranks_need_a_runner_up_and_are_checked(tmp_path):
 def test_mlm_runs_are_scored_on_their_masked_tokens_with_one_fixed_mask(tmp_path):
     from tests.train_utils import run_here
 
-    from common.io import read_jsonl, read_yaml
+    from common.io import read_jsonl
+    from common.run_dir import RunDir
     from normlab_study.scoring import score_run, score_sets
 
     out = tmp_path / "mlm"
     assert run_here(out, "task=mlm", "train.max_steps=6", "train.eval_steps=6", "train.save_steps=6") == 0
-    sets = score_sets(read_yaml(out / "config.yaml"), 200)
+    sets = score_sets(RunDir(out).read_config(), 200)
     scores, gap = score_run(out, {"val": sets["val"]}, True, 16)
     assert set(scores) == {"val/sorted/running"} and gap is None
     again, _ = score_run(out, {"val": sets["val"]}, True, 16)
