@@ -61,7 +61,6 @@ from common.stop_signal import StopSignal
 from common.tokenizer import load_tokenized
 from common.writes import WriteError
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
-from model.norms import BatchStatNorm
 
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT, EXIT_WRITE_FAILED = 0, 1, 2, 3
 BN_SPREAD = "bn_running_stats_max_diff_across_processes"  # summary.json: do the BN family's statistics agree?
@@ -139,7 +138,7 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
     completed, diverged (a non-finite loss or gradient) or interrupted (SIGTERM/SIGINT, after a checkpoint); the
     summary's measurements of the loop: step time, and for the BN family the running statistics' spread)."""
     t, unwrapped, facts = cfg.train, accelerator.unwrap_model(model), {}
-    probe = StabilityProbe(unwrapped, BatchStatNorm)  # before the first forward: its hooks must be traced too
+    probe = StabilityProbe(unwrapped)  # before the first forward: its hooks must be traced too
     clock, status = StepClock(), "completed"
     watch = None  # a CPU run's first local process says once when other processes starve it
     if accelerator.device.type == "cpu" and accelerator.is_local_main_process:
@@ -167,8 +166,8 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
         run.progress.update(1)
 
         last = state.step == total_steps
-        if last and unwrapped.config.uses_batch_statistics:  # before evaluation, whose forward may re-sync buffers
-            facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped, BatchStatNorm)
+        if last and unwrapped.batch_statistics_norms():  # before evaluation, whose forward may re-sync buffers
+            facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped)
         if state.step % t.eval_steps == 0 or last:
             run_eval(cfg, accelerator, model, eval_loader, state, run)
         # a finished run ends with a checkpoint; the rotation keeps the one at the best evaluation's step, if saved
@@ -208,7 +207,7 @@ def run_eval(cfg, accelerator, model, eval_loader, state, run) -> None:
     acc, st, task, seed = accelerator, state, cfg.task, cfg.seed
     unwrapped = acc.unwrap_model(model)
     metrics = evaluate(acc, model, eval_loader, task, seed)
-    if unwrapped.config.uses_batch_statistics:
+    if unwrapped.batch_statistics_norms():
         metrics["eval/accuracy_batch_stats"] = evaluate(acc, model, eval_loader, task, seed,
                                                         batch_stats=True)["eval/accuracy"]
     if st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]:
@@ -221,10 +220,10 @@ def run_eval(cfg, accelerator, model, eval_loader, state, run) -> None:
         run.progress.write(f"step {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
 
-def bn_stats_spread(accelerator, model, batch_stat_norm_cls) -> float:
+def bn_stats_spread(accelerator, model) -> float:
     """Largest difference of the BN-family running statistics between processes (0.0 when they are kept in
     sync; always 0.0 on one process)."""
-    buffers = [b.float().flatten() for m in model.modules() if isinstance(m, batch_stat_norm_cls)
+    buffers = [b.float().flatten() for m in model.batch_statistics_norms().values()
                for name, b in m.named_buffers(recurse=False) if name != "num_batches_tracked"]
     if not buffers or accelerator.num_processes == 1:
         return 0.0

@@ -20,11 +20,12 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ValidationError
 
 from common.config_schema import TRACKERS, ModelKeys, RunConfig, Section
+from common.errors import ConfigError
 from common.io import atomic_write_text, load_yaml_mapping
 from common.keys import bad_choice, describe, suggest
+from common.paths import REPO_ROOT
 from model.configuration_normlab import NormLabConfig
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.yaml"
 
@@ -36,10 +37,6 @@ HINTS = {
 BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "lt": ("<", operator.lt)}
 USAGE = ("train.py [--config FILE|NAME] [--debug] [key.sub=value ...]   "
          "e.g. --config post_ln model.norm=rmsnorm train.lr=1e-3")
-
-
-class ConfigError(ValueError):
-    """A bad config key or value; the message names the key and what is valid."""
 
 
 def _keys_named(name: str) -> list[str]:

@@ -11,7 +11,7 @@ from omegaconf import MISSING
 from transformers import SchedulerType
 
 from model.configuration_normlab import HIDDEN_ACTS, NORM_PLACEMENTS, NORM_TYPES, POOLINGS, NormLabConfig
-from normlab_kernels import MODES as KERNEL_MODES
+from model.ops import KERNEL_MODES
 
 TASKS = ("classification", "mlm")
 WANDB_MODES = ("auto", "online", "offline", "disabled")

@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from .config import REPO_ROOT
+from .paths import REPO_ROOT
 
 # file extension -> (datasets builder, extra builder kwargs)
 FORMATS = {".parquet": ("parquet", {}), ".csv": ("csv", {}), ".tsv": ("csv", {"delimiter": "\t"}),

@@ -1,24 +1,25 @@
 """The stability probe: the training loop's per-step stability metrics, under the names docs/architecture.md
-lists ("Metric names"; how the probe keeps them off the training step: "The stability probe")."""
+lists ("Metric names"; how the probe keeps them off the training step: "The stability probe"). It reads the model
+only through what the model declares: its named taps (`taps()`) and its batch-statistics norms
+(`batch_statistics_norms()`)."""
 
 import math
-import re
 import time
 from contextlib import contextmanager
 
 import torch
 
-_LAYER = re.compile(r"(?:^|\.)encoder\.layers\.(\d+)\.")
+
+def block_taps(model, what: str = "") -> list[torch.nn.Module]:
+    """The model's tap `layers.{i}.<what>` (`layers.{i}`, the block itself, for what="") of every encoder block i,
+    in block order."""
+    taps = model.taps()
+    return [taps[f"layers.{i}" + (f".{what}" if what else "")] for i in range(model.config.num_hidden_layers)]
 
 
 def block_parameters(model) -> list[list[torch.nn.Parameter]]:
-    """Trainable parameters per encoder block i (names contain `encoder.layers.{i}.`), in block order."""
-    groups = [[] for _ in model.base_model.encoder.layers]
-    for name, p in model.named_parameters():
-        m = _LAYER.search(name)
-        if m and p.requires_grad:
-            groups[int(m.group(1))].append(p)
-    return groups
+    """Trainable parameters per encoder block, in block order."""
+    return [[p for p in block.parameters() if p.requires_grad] for block in block_taps(model)]
 
 
 def _per_block_norm(tensors_by_block) -> torch.Tensor:
@@ -69,13 +70,13 @@ class StabilityProbe:
     its first call. The steps inside the contexts are public for the tests that check each measurement.
     """
 
-    def __init__(self, model, batch_stat_norm_cls=None):
-        self.model = model  # unwrapped: attribute access to the blocks
-        blocks = model.base_model.encoder.layers
+    def __init__(self, model):
+        self.model = model  # unwrapped: the taps are its own modules
         self.params = block_parameters(model)
         self.counters = StepCounters(next(model.parameters()).device)
-        self.recorder = ForwardRecorder(blocks)
-        bn = [[m for m in blk.modules() if isinstance(m, batch_stat_norm_cls or ())] for blk in blocks]
+        self.recorder = ForwardRecorder(block_taps(model, "attention_logits"), block_taps(model, "output"))
+        stat_norms = set(model.batch_statistics_norms().values())
+        bn = [[m for m in block.modules() if m in stat_norms] for block in block_taps(model)]
         self.bn_by_block = bn if any(bn) else []
         # The weight snapshot: all block weights in one flat float32 buffer (block after block), allocated at the
         # first snapshot, with one view of it per parameter for the in-place diff.
@@ -204,19 +205,17 @@ class StabilityProbe:
 
 
 class ForwardRecorder:
-    """Forward hooks that record, while armed, each block's sum of squares of the residual stream it outputs and
-    its attention's largest logit, from the outputs of its `q_norm` and `k_norm` (identities without QK-norm).
+    """Forward hooks on the model's taps that record, while armed, each block's sum of squares of the residual
+    stream it outputs (its `output` tap) and its attention's largest logit (its `attention_logits` tap).
     Disarmed, they return at once; they stay registered, as torch.compile guards on `armed`."""
 
-    def __init__(self, blocks):
+    def __init__(self, logits_taps, output_taps):
         self.armed = False
-        self.sumsq = [None] * len(blocks)  # (N,) 0-dim tensors
-        self.logit_max = [None] * len(blocks)
-        self._q = self._k = None
-        for i, block in enumerate(blocks):
-            block.attention.q_norm.register_forward_hook(self._keep("_q"))
-            block.attention.k_norm.register_forward_hook(self._keep("_k"))
-            block.register_forward_hook(self._block_hook(i, block.attention.scale))
+        self.sumsq = [None] * len(output_taps)  # (N,) 0-dim tensors
+        self.logit_max = [None] * len(logits_taps)
+        for i, (logits_tap, output_tap) in enumerate(zip(logits_taps, output_taps, strict=True)):
+            logits_tap.register_forward_hook(self._logits_hook(i), with_kwargs=True)
+            output_tap.register_forward_hook(self._output_hook(i), with_kwargs=True)
 
     def arm(self) -> None:
         self.sumsq = [None] * len(self.sumsq)
@@ -225,23 +224,17 @@ class ForwardRecorder:
 
     def disarm(self) -> None:
         self.armed = False
-        self._q = self._k = None
 
-    def _keep(self, name: str):
-        def keep(module, args, output) -> None:
+    def _logits_hook(self, i: int):
+        def record(tap, args, kwargs, output) -> None:  # the AttentionLogitsTap contract: query, key, layout
             if self.armed:
-                setattr(self, name, output)
-        return keep
+                self.logit_max[i] = attention_logit_max(kwargs["query"], kwargs["key"], kwargs["layout"], tap.scale)
+        return record
 
-    def _block_hook(self, i: int, scale: float):
-        def record(block, args, output) -> None:  # args: (x, layout, ...); output: (x, attention weights)
-            if not self.armed:
-                return
-            layout = args[1]
-            self.sumsq[i] = real_sumsq(output[0].detach(), layout)
-            if self._q is not None and self._k is not None:
-                self.logit_max[i] = attention_logit_max(self._q, self._k, layout, scale)
-            self._q = self._k = None
+    def _output_hook(self, i: int):
+        def record(tap, args, kwargs, output) -> None:  # the Tap contract: output is the block's, kwargs the layout
+            if self.armed:
+                self.sumsq[i] = real_sumsq(output.detach(), kwargs["layout"])
         return record
 
 

@@ -10,10 +10,12 @@ written through one object (docs/training.md, "The run directory").
 
 from pathlib import Path
 
+from common.errors import ConfigError
 from common.io import atomic_write_json, load_yaml_mapping, read_json
+from common.writes import guarded_write
 
-# common.writes and common.config are imported where they are used: reading a run directory (wandb_charts.py, the
-# GPU check's summary) needs neither the model nor the kernels that they import
+# common.config is imported where it is used: reading a run directory (wandb_charts.py, the GPU check's summary)
+# needs neither the model nor the kernels that it imports
 
 CONFIG = "config.yaml"
 RUN_RECORD = "run.json"
@@ -63,8 +65,6 @@ class RunDir:
 
     def write_summary(self, summary: dict) -> None:
         """summary.json, atomically; a refused write raises WriteError naming it."""
-        from common.writes import guarded_write
-
         with guarded_write(SUMMARY, self.summary_file):
             atomic_write_json(self.summary_file, summary)
 
@@ -73,7 +73,6 @@ class RunDir:
     def save_config(self, cfg) -> None:
         """config.yaml: the resolved config (refused writes raise WriteError)."""
         from common.config import save_config
-        from common.writes import guarded_write
 
         with guarded_write(CONFIG, self.config_file):
             self.path.mkdir(parents=True, exist_ok=True)
@@ -90,8 +89,6 @@ class RunDir:
         return record if isinstance(record, dict) else {}
 
     def write_run_record(self, record: dict) -> None:
-        from common.writes import guarded_write
-
         with guarded_write(RUN_RECORD, self.run_record_file):
             atomic_write_json(self.run_record_file, record)
 
@@ -99,8 +96,6 @@ class RunDir:
 def saved_config_raw(path) -> tuple[dict, str]:
     """(a saved config file's keys, where they were read) as load_config's `saved` takes them; ConfigError for a
     file that is not YAML or not a mapping."""
-    from common.config import ConfigError
-
     try:
         return load_yaml_mapping(path), f"in {path}"
     except ValueError as e:

@@ -8,7 +8,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from common.config import ConfigError
+from common.errors import ConfigError
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 NO_PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)

@@ -7,7 +7,7 @@ The files import each other only relatively: that is how they run once copied in
 
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
-from .configuration_normlab import BATCH_STAT_NORMS, NORM_PLACEMENTS, NORM_TYPES, NormLabConfig
+from .configuration_normlab import NORM_PLACEMENTS, NORM_TYPES, NormLabConfig
 from .modeling_normlab import (
     NormLabForMaskedLM,
     NormLabForSequenceClassification,
@@ -28,5 +28,5 @@ NormLabForMaskedLM.register_for_auto_class("AutoModelForMaskedLM")
 
 __all__ = [
     "NormLabConfig", "NormLabPreTrainedModel", "NormLabModel", "NormLabForSequenceClassification",
-    "NormLabForMaskedLM", "NORM_TYPES", "NORM_PLACEMENTS", "BATCH_STAT_NORMS",
+    "NormLabForMaskedLM", "NORM_TYPES", "NORM_PLACEMENTS",
 ]

@@ -5,7 +5,7 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 # The norm names and the batch-statistics family come from the norm classes themselves (norms.py).
-from .norms import BATCH_STAT_NORMS, NORM_TYPES
+from .norms import NORM_TYPES, uses_batch_statistics
 
 NORM_PLACEMENTS = ("post", "pre", "sandwich", "deepnorm")
 POOLINGS = ("cls", "mean")
@@ -109,8 +109,9 @@ class NormLabConfig(PreTrainedConfig):
 
     @property
     def uses_batch_statistics(self) -> bool:
-        """True for the BN family: outputs depend on the batch in training and running statistics exist."""
-        return self.norm in BATCH_STAT_NORMS
+        """True for the BN family: outputs depend on the batch in training and running statistics exist. The
+        question before a model exists; a model lists its norms of that family (`batch_statistics_norms()`)."""
+        return uses_batch_statistics(self.norm)
 
 
-__all__ = ["NormLabConfig", "NORM_TYPES", "NORM_PLACEMENTS", "BATCH_STAT_NORMS", "POOLINGS"]
+__all__ = ["NormLabConfig", "NORM_TYPES", "NORM_PLACEMENTS", "POOLINGS"]

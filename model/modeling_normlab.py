@@ -4,8 +4,9 @@
   `build_norm(config)`, the class `config.norm` names in norms.py's `NORM_REGISTRY`. A new norm is a class there
   and one registry line.
 - Its placement: `config.norm_placement` (post, pre, sandwich, deepnorm) decides where `NormLabBlock` puts it.
-Nothing else here changes when either does. Read top to bottom: the padding layout (`TokenLayout`) -> embeddings
--> attention -> feed-forward -> block -> encoder -> the Hugging Face model classes and heads.
+Nothing else here changes when either does. Read top to bottom: the padding layout (`TokenLayout`) -> the taps
+probes observe -> embeddings -> attention -> feed-forward -> block -> encoder -> the Hugging Face model classes and
+heads.
 
 Shapes: B batch, L padded length, D hidden, H heads, Dh = D // H. Inside the model activations are packed
 (1, T, D), the T real tokens only, or padded (B, L, D) (`TokenLayout`; docs/model.md, "Padding"); every output
@@ -24,7 +25,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
 from .configuration_normlab import NormLabConfig
-from .norms import NORM_REGISTRY, Norm, build_norm, set_batch_stats_in_eval
+from .norms import NORM_REGISTRY, Norm, batch_statistics_norms, build_norm, set_batch_stats_in_eval
 
 # Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
 PLACEMENTS_WITH_FINAL_NORM = ("pre", "sandwich")
@@ -88,6 +89,28 @@ class TokenLayout:
         B, L = self.mask.shape
         out = x.new_zeros(B * L, x.shape[-1]).index_copy(0, self.index, x[0])
         return out.view(B, L, x.shape[-1])
+
+
+class Tap(nn.Module):
+    """A named point of the forward that a probe may observe (`NormLabPreTrainedModel.taps`): the identity on x.
+    A forward hook registered on it with `with_kwargs=True` gets x as the output and the batch's TokenLayout as
+    kwargs["layout"] (packed or padded, where the pads are)."""
+
+    def forward(self, x, *, layout: TokenLayout):
+        return x
+
+
+class AttentionLogitsTap(nn.Module):
+    """Where a probe may observe an attention's pre-softmax logits, query @ key^T * `scale`, without the forward
+    computing them: the identity on the queries and keys (B, H, L, Dh) they are made of. A forward hook registered
+    with `with_kwargs=True` gets kwargs["query"], kwargs["key"] and kwargs["layout"] (TokenLayout)."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, *, query, key, layout: TokenLayout):
+        return query, key
 
 
 class NormLabEmbeddings(nn.Module):
@@ -160,6 +183,7 @@ class NormLabAttention(nn.Module):
             self.k_norm = nn.LayerNorm(self.head_dim, eps=config.norm_eps)
         else:
             self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
+        self.logits_tap = AttentionLogitsTap(self.scale)
         if config.norm_placement == "deepnorm":  # DeepNet's beta for the value rows of qkv and for out_proj
             beta = deepnorm_beta(config.num_hidden_layers)
             self.qkv.value_init_gain = self.out_proj.init_gain = beta  # read by _init_weights
@@ -170,7 +194,7 @@ class NormLabAttention(nn.Module):
         B, L, _ = qkv.shape
         qkv = qkv.view(B, L, 3, self.num_heads, self.head_dim)  # (B, L, 3, H, Dh)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, Dh)
-        q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.logits_tap(query=self.q_norm(q), key=self.k_norm(k), layout=layout)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         if output_attentions:
             attention = eager_attention_forward  # the only one that returns the weights
@@ -220,6 +244,7 @@ class NormLabBlock(GradientCheckpointingLayer):
             self.ffn_out_norm = build_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.residual_scale = deepnorm_alpha(config.num_hidden_layers) if self.placement == "deepnorm" else 1.0
+        self.output_tap = Tap()
 
     def forward(self, x, layout: TokenLayout, output_attentions: bool = False):
         drop, mask = self.dropout, layout.norm_mask
@@ -237,7 +262,7 @@ class NormLabBlock(GradientCheckpointingLayer):
             attn, weights = self.attention(x, layout, output_attentions)
             x = self.attn_norm(residual + drop(attn), mask)
             x = self.ffn_norm((x if a == 1.0 else x * a) + drop(self.ffn(x)), mask)
-        return x, weights
+        return self.output_tap(x, layout=layout), weights
 
 
 class NormLabEncoder(nn.Module):
@@ -304,6 +329,25 @@ class NormLabPreTrainedModel(PreTrainedModel):
                         w[2 * (w.shape[0] // 3) :].normal_(0.0, std * module.value_init_gain)
         elif isinstance(module, Norm):
             _init_norm(module)
+
+    def batch_statistics_norms(self) -> dict[str, nn.Module]:
+        """{qualified name: norm} of the norms that normalize with batch statistics (the classes that declare
+        `batch_stats` in norms.py), in module order; empty for per-token norms. A method, so that it reaches a
+        trust_remote_code model's own norm classes."""
+        return batch_statistics_norms(self)
+
+    def taps(self) -> dict[str, nn.Module]:
+        """The points of the forward a probe observes, by name, for each encoder block i in order:
+            layers.{i}                   the block itself: its parameters and norms are measured per block
+            layers.{i}.attention_logits  its attention's AttentionLogitsTap (queries, keys after QK-norm, scale)
+            layers.{i}.output            a Tap on the block's output, the residual stream in the layout's shape
+        What a hook on a tap receives is the tap's contract (`Tap`, `AttentionLogitsTap`), not the modules'."""
+        taps = {}
+        for i, block in enumerate(self.base_model.encoder.layers):
+            taps[f"layers.{i}"] = block
+            taps[f"layers.{i}.attention_logits"] = block.attention.logits_tap
+            taps[f"layers.{i}.output"] = block.output_tap
+        return taps
 
     def batch_stats_in_eval(self, flag: bool = True) -> int:
         """In eval, normalize each batch with its own statistics (True) or the running ones (False, the default) in
@@ -460,7 +504,7 @@ class NormLabForMaskedLM(NormLabPreTrainedModel):
 
 
 __all__ = [
-    "NormLabEmbeddings", "NormLabAttention", "NormLabFeedForward", "NormLabBlock", "NormLabEncoder",
-    "NormLabPreTrainedModel", "NormLabModel", "NormLabForSequenceClassification", "NormLabForMaskedLM",
-    "deepnorm_alpha", "deepnorm_beta",
+    "Tap", "AttentionLogitsTap", "NormLabEmbeddings", "NormLabAttention", "NormLabFeedForward", "NormLabBlock",
+    "NormLabEncoder", "NormLabPreTrainedModel", "NormLabModel", "NormLabForSequenceClassification",
+    "NormLabForMaskedLM", "deepnorm_alpha", "deepnorm_beta",
 ]

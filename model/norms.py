@@ -3,7 +3,9 @@
 Every norm is called as `norm(x, mask=None)`: x (B, L, D) or any (*, D), mask (B, L) with 1/True at real tokens.
 Per-token norms ignore the mask; the batch-statistics family (`BatchStatNorm`) uses it, except the naive
 `batchnorm`, whose point is that padding enters its statistics. `NORM_REGISTRY` at the end lists the classes; the
-valid `config.norm` names, `BATCH_STAT_NORMS` and `build_norm` derive from it. docs/model.md explains the norms.
+valid `config.norm` names, `build_norm` and the one answer to "is this a batch-statistics norm?" (each class's
+`batch_stats`: `uses_batch_statistics(name)`, `batch_statistics_norms(module)`) derive from it. docs/model.md
+explains the norms.
 """
 
 import torch
@@ -391,14 +393,17 @@ class PowerNorm(BatchStatNorm):
         return psi2_used
 
 
+def batch_statistics_norms(module: nn.Module) -> dict[str, nn.Module]:
+    """{qualified name: norm} of every norm in a module tree whose class declares `batch_stats`, in module order."""
+    return {name: m for name, m in module.named_modules() if isinstance(m, Norm) and m.batch_stats}
+
+
 def set_batch_stats_in_eval(module: nn.Module, flag: bool) -> int:
-    """Set `use_batch_stats_in_eval` on every BatchStatNorm in a module tree; returns how many were set."""
-    n = 0
-    for m in module.modules():
-        if isinstance(m, BatchStatNorm):
-            m.use_batch_stats_in_eval = bool(flag)
-            n += 1
-    return n
+    """Set `use_batch_stats_in_eval` on every batch-statistics norm in a module tree; returns how many were set."""
+    norms = batch_statistics_norms(module).values()
+    for m in norms:
+        m.use_batch_stats_in_eval = bool(flag)
+    return len(norms)
 
 
 # --- Registry ----------------------------------------------------------------------------------------------------
@@ -415,18 +420,30 @@ NORM_REGISTRY = {cls.name: cls for cls in (
     Identity,
 )}
 NORM_TYPES = tuple(NORM_REGISTRY)
-BATCH_STAT_NORMS = tuple(name for name, cls in NORM_REGISTRY.items() if cls.batch_stats)
+
+
+def _norm_class(name: str) -> type:
+    if name not in NORM_REGISTRY:
+        raise ValueError(f"norm={name!r} is not valid; choose one of: {', '.join(NORM_TYPES)}")
+    return NORM_REGISTRY[name]
+
+
+def uses_batch_statistics(norm: str) -> bool:
+    """Does the norm named `norm` (a `config.norm` name) normalize with batch statistics (running statistics, a
+    train/eval gap, `bn/*` metrics)? What to ask where there is a config but no model yet."""
+    return _norm_class(norm).batch_stats
+
+
+BATCH_STAT_NORMS = tuple(name for name in NORM_TYPES if uses_batch_statistics(name))  # to enumerate, not to ask
 
 
 def build_norm(config, dim=None) -> nn.Module:
     """The norm named by config.norm over the last dim `dim` (default config.hidden_size)."""
-    if config.norm not in NORM_REGISTRY:
-        raise ValueError(f"norm={config.norm!r} is not valid; choose one of: {', '.join(NORM_TYPES)}")
-    return NORM_REGISTRY[config.norm].from_config(config, config.hidden_size if dim is None else dim)
+    return _norm_class(config.norm).from_config(config, config.hidden_size if dim is None else dim)
 
 
 __all__ = [
     "NORM_REGISTRY", "NORM_TYPES", "BATCH_STAT_NORMS", "Norm", "build_norm", "BatchStatNorm",
-    "set_batch_stats_in_eval", "real_token_mask", "CustomLayerNorm", "LayerNorm", "RMSNorm", "NaiveBatchNorm",
-    "MaskedBatchNorm", "PowerNorm", "DyT", "Identity",
+    "uses_batch_statistics", "batch_statistics_norms", "set_batch_stats_in_eval", "real_token_mask", "CustomLayerNorm",
+    "LayerNorm", "RMSNorm", "NaiveBatchNorm", "MaskedBatchNorm", "PowerNorm", "DyT", "Identity",
 ]

@@ -1,4 +1,5 @@
-"""How NormLab defines an operator (`define_op`), and the dtype its operators compute in (`compute_dtype`).
+"""How NormLab defines an operator (`define_op`), the dtype its operators compute in (`compute_dtype`), and the
+names of the ways to choose their implementations (`KERNEL_MODES`).
 
 Every operator has a readable reference implementation, a fake for torch.compile and an autograd formula whose
 backward is an operator too, so a kernel package can register faster ones per device (docs/model.md).
@@ -7,6 +8,10 @@ backward is an operator too, so a kernel package can register faster ones per de
 from typing import Callable, Optional
 
 import torch
+
+# A run's choice of implementation for these operators (train.kernels; a kernel package's switch takes the same
+# names): auto, a kernel package's fast ones where it has them; reference, only the reference ones defined here.
+KERNEL_MODES = ("auto", "reference")
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -33,4 +38,4 @@ def define_op(name: str, reference: Callable, fake: Callable, setup_context: Cal
     return getattr(torch.ops.normlab, name)
 
 
-__all__ = ["compute_dtype", "define_op"]
+__all__ = ["KERNEL_MODES", "compute_dtype", "define_op"]

@@ -119,11 +119,10 @@ def make_step(accelerator, model, train_cfg, logged: bool = False):
     from transformers import get_scheduler
 
     from common.probes import StabilityProbe
-    from model.norms import BatchStatNorm
 
     optimizer = adamw(model, train_cfg)
     scheduler = get_scheduler("constant", optimizer)
-    probe = StabilityProbe(model, BatchStatNorm) if logged else None
+    probe = StabilityProbe(model) if logged else None
 
     def step(batch):
         done = train_step(accelerator, model, optimizer, batch, train_cfg.max_grad_norm, probe=probe, log=logged)

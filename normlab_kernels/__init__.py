@@ -12,7 +12,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-MODES = ("auto", "reference")
+from model.ops import KERNEL_MODES as MODES  # named where the run config can read them without importing this
 OPS = ("normlab::layer_norm", "normlab::layer_norm_backward", "normlab::dropout", "normlab::attention",
        "normlab::attention_backward")
 DROPOUT = "normlab::dropout"

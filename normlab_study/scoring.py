@@ -15,8 +15,8 @@ from common.data import resolve_dataset
 from common.evaluation import evaluate, in_row_order, score_batches
 from common.io import atomic_write_json, read_json, read_jsonl, write_jsonl
 from common.run_dir import RunDir
-from model import BATCH_STAT_NORMS, NormLabForMaskedLM, NormLabForSequenceClassification
-from model.norms import real_token_mask
+from model import NormLabForMaskedLM, NormLabForSequenceClassification
+from model.norms import real_token_mask, uses_batch_statistics
 
 # sorted: length-sorted batches padded to their longest; shuffled: one fixed random order, padded to the batch's
 # longest; fixed: the sorted batches padded to data.max_length
@@ -65,7 +65,8 @@ def running_stat_gap(model, rows: list[dict], batch_size: int, pad_id: int) -> d
     sorted batches): the mean over features of |running mean - real mean| / real std, and of
     |log(running var / real var)|, where "real" is over the real (non-pad) tokens entering that layer on the
     validation split. Both are 0 when the running statistics are those of the real tokens. None: no such layer."""
-    norms = [m for m in model.modules() if hasattr(m, "running_mean") and hasattr(m, "running_var")]
+    # the mean/variance ones: PowerNorm keeps a running quadratic mean instead
+    norms = [m for m in model.batch_statistics_norms().values() if hasattr(m, "running_mean")]
     if not norms:
         return None
     sums = {id(m): torch.zeros(3, m.num_features, dtype=torch.float64) for m in norms}  # count, sum x, sum x^2
@@ -123,7 +124,7 @@ def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) 
         rows[split] = encode_rows(tokenizer, texts, max_length, labels)
         full = full_batchings and split == "val"
         hows = BATCHINGS if full else ("sorted",)
-        modes = ("running", "batch") if (full and cfg.model.norm in BATCH_STAT_NORMS) else ("running",)
+        modes = ("running", "batch") if (full and model.batch_statistics_norms()) else ("running",)
         for mode in modes:
             for how in hows:
                 out[f"{split}/{how}/{mode}"] = predict(model, rows[split], how, batch_size, max_length,
@@ -168,7 +169,7 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
     if run.metrics_file.is_file():
         rec["curves"] = curves(read_jsonl(run.metrics_file))
     if rec["status"] == "completed" and run.has_final():
-        full = rec["experiment"] == "e3" or rec["norm"] in BATCH_STAT_NORMS
+        full = rec["experiment"] == "e3" or uses_batch_statistics(rec["norm"])
         rec["scores"], gap = score_run(run.path, sets, full, batch_size)
         if gap is not None:
             rec["running_stats"] = gap

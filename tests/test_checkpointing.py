@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from model import NormLabConfig, NormLabForSequenceClassification
-from model.configuration_normlab import BATCH_STAT_NORMS
+from model.norms import BATCH_STAT_NORMS
 
 from train_utils import REPO, free_port, run_cmd
 

@@ -190,8 +190,8 @@ BATCH_STATS_SCRIPT = textwrap.dedent("""
     ckpt, inputs_path, out_path = sys.argv[1:4]
     inputs = torch.load(inputs_path)
     clf = AutoModelForSequenceClassification.from_pretrained(ckpt, trust_remote_code=True).eval()
-    flags = lambda: [m.use_batch_stats_in_eval for m in clf.modules() if hasattr(m, "use_batch_stats_in_eval")]
-    result = {"module": type(clf).__module__}
+    flags = lambda: [m.use_batch_stats_in_eval for m in clf.batch_statistics_norms().values()]
+    result = {"module": type(clf).__module__, "norms": list(clf.batch_statistics_norms())}
     with torch.no_grad():
         result["switched_on"], result["flags_on"] = clf.batch_stats_in_eval(True), flags()
         result["batch"] = clf(**inputs).logits
@@ -221,6 +221,7 @@ def test_batch_stats_in_eval_on_remote_code_as_on_the_class(saved, tmp_path):
     assert remote["flags_on"] == [True] * 5 and remote["flags_off"] == [False] * 5
 
     local = NormLabForSequenceClassification.from_pretrained(saved["clf_dir"]).eval()
+    assert remote["norms"] == list(local.batch_statistics_norms())  # the method travels with the checkpoint too
     with torch.no_grad():
         running = local(**inputs).logits
         assert local.batch_stats_in_eval(True) == 5

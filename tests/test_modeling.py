@@ -11,9 +11,9 @@ from torch import nn
 
 from common.probes import StabilityProbe
 from model import NormLabConfig, NormLabForMaskedLM, NormLabForSequenceClassification, NormLabModel
-from model.configuration_normlab import BATCH_STAT_NORMS, NORM_PLACEMENTS, NORM_TYPES
-from model.modeling_normlab import NormLabAttention, TokenLayout, deepnorm_alpha, deepnorm_beta
-from model.norms import NORM_REGISTRY
+from model.configuration_normlab import NORM_PLACEMENTS, NORM_TYPES
+from model.modeling_normlab import AttentionLogitsTap, NormLabAttention, Tap, TokenLayout, deepnorm_alpha, deepnorm_beta
+from model.norms import BATCH_STAT_NORMS, NORM_REGISTRY
 
 VOCAB = 60
 PAD = 0
@@ -525,6 +525,34 @@ def test_batch_stat_norm_with_one_real_token_raises(norm):
             model(torch.tensor([[5, 0, 0]]), attention_mask=torch.tensor([[1, 0, 0]]))
     model.eval()  # eval uses running statistics: a single token is fine
     assert torch.isfinite(model(torch.tensor([[5]])).logits).all()
+
+
+@pytest.mark.parametrize("norm", NORM_TYPES)
+def test_batch_statistics_norms_are_the_layers_with_running_statistics(norm):
+    """The one answer to "which norms use batch statistics?": the model's method lists by name exactly the modules
+    that keep running statistics (every norm of the model, for the BN family; none otherwise), and the config,
+    before any model exists, says the same."""
+    model = NormLabForMaskedLM(tiny_config(norm=norm, norm_placement="pre"))
+    with_stats = {name for name, m in model.named_modules()
+                  if any(b.startswith("running_") for b, _ in m.named_buffers(recurse=False))}
+    norms = [f"normlab.encoder.layers.{i}.{n}" for i in range(2) for n in ("attn_norm", "ffn_norm")]
+    expected = {*norms, "normlab.encoder.final_norm", "lm_head.norm"} if with_stats else set()
+    listed = model.batch_statistics_norms()
+    assert set(listed) == with_stats == expected
+    assert all(listed[name] is model.get_submodule(name) for name in listed)
+    assert model.config.uses_batch_statistics == bool(listed) == (norm in BATCH_STAT_NORMS)
+
+
+def test_taps_name_each_blocks_attention_logits_and_output():
+    model = NormLabForSequenceClassification(tiny_config(qk_norm=True))
+    taps = model.taps()
+    assert list(taps) == [f"layers.{i}{what}" for i in range(2) for what in ("", ".attention_logits", ".output")]
+    for i, block in enumerate(model.normlab.encoder.layers):
+        assert taps[f"layers.{i}"] is block
+        assert isinstance(taps[f"layers.{i}.attention_logits"], AttentionLogitsTap)
+        assert taps[f"layers.{i}.attention_logits"].scale == block.attention.scale
+        assert isinstance(taps[f"layers.{i}.output"], Tap)
+    assert not any(True for _ in taps["layers.0.output"].parameters())  # taps add no weights: no new state keys
 
 
 def test_too_long_input_raises():

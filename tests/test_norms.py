@@ -13,9 +13,10 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
-from model.configuration_normlab import BATCH_STAT_NORMS, NORM_TYPES, NormLabConfig
+from model.configuration_normlab import NORM_TYPES, NormLabConfig
 from model.modeling_normlab import _init_norm
 from model.norms import (
+    BATCH_STAT_NORMS,
     NORM_REGISTRY,
     BatchStatNorm,
     CustomLayerNorm,
@@ -24,6 +25,7 @@ from model.norms import (
     PowerNorm,
     build_norm,
     set_batch_stats_in_eval,
+    uses_batch_statistics,
 )
 
 D = 16
@@ -237,7 +239,7 @@ def test_registry_matches_norm_types_and_build_norm():
     for name in NORM_TYPES:
         norm = build_norm(_config(name))
         assert isinstance(norm, NORM_REGISTRY[name])
-        assert isinstance(norm, BatchStatNorm) == (name in BATCH_STAT_NORMS)
+        assert isinstance(norm, BatchStatNorm) == uses_batch_statistics(name) == (name in BATCH_STAT_NORMS)
         x = torch.randn(2, 3, D)
         assert norm(x, torch.ones(2, 3)).shape == (2, 3, D)
     assert build_norm(_config("layernorm"), dim=8).normalized_shape == (8,)

@@ -5,7 +5,6 @@ import torch
 
 from common.probes import StabilityProbe, clip_coefficient
 from model import NormLabConfig, NormLabForSequenceClassification
-from model.norms import BatchStatNorm
 
 VOCAB = 50
 
@@ -33,7 +32,7 @@ def test_probe_matches_hidden_states_weights_and_grads(norm, unpad):
     model.train()
     batch = _batch()
     real = batch["attention_mask"].bool()
-    probe = StabilityProbe(model, BatchStatNorm)
+    probe = StabilityProbe(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     probe.arm()
@@ -89,7 +88,7 @@ def test_collect_combines_each_quantity_over_processes_by_its_own_rule():
     model = _model(norm="batchnorm")
     model.train()
     batch = _batch()
-    probe = StabilityProbe(model, BatchStatNorm)
+    probe = StabilityProbe(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     with probe.forward(batch["attention_mask"]):
         out = model(**batch)

@@ -1,0 +1,6 @@
+"""The error classes that modules on both sides of the config share; a leaf module (no imports), so raising one
+imports nothing else. Each message is one line naming the problem and what is valid."""
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message names the key and what is valid."""
