@@ -309,6 +309,7 @@ def test_trainer_with_gradient_accumulation_matches_our_training_loop(tmp_path, 
     from torch.utils.data import DataLoader
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
 
+    from common.config import load_config
     from common.optim import adamw
 
     tokenizer = tiny_tokenizer()
@@ -318,7 +319,8 @@ def test_trainer_with_gradient_accumulation_matches_our_training_loop(tmp_path, 
     ours = copy.deepcopy(model)
     features = [{**tokenizer(text), "labels": i % 2} for i, text in enumerate(CORPUS * 4)]  # 24 rows
     collate = DataCollatorWithPadding(tokenizer)
-    hparams = {"lr": 3e-3, "weight_decay": 0.01, "adam_beta1": 0.9, "adam_beta2": 0.98}
+    hparams = load_config(overrides=["train.lr=3e-3", "train.weight_decay=0.01", "train.adam_beta1=0.9",
+                                     "train.adam_beta2=0.98"]).train
     batch_size, accum, clip = 3, 2, 1.0
 
     args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=batch_size,
