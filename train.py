@@ -4,13 +4,13 @@
     accelerate launch train.py --config post_ln model.norm=rmsnorm train.lr=1e-3
     python train.py output_dir=runs/x train.resume=auto          # continue a run (its own config comes back)
 
-`train` sets the run up and hands over to `train_loop`, one loop whose body is the step (common.step.train_step),
+`train` sets the run up and hands over to `train_loop`, one loop whose body is the step (normlab.train.step.train_step),
 the logged metrics, the evaluations and the checkpoints; `finish` writes final/ and summary.json. What they call
 follows them. The run directory and the exit codes (0 ok, 1 crash, 2 bad input, 3 a refused write):
 docs/training.md.
 """
 
-from common.cpu_share import prefer_passive_openmp  # first: OpenMP reads its wait policy once, as torch loads
+from normlab.train.cpu_share import prefer_passive_openmp  # first: OpenMP reads its wait policy once, as torch loads
 
 prefer_passive_openmp()
 
@@ -27,10 +27,20 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 from transformers.dynamic_module_utils import custom_object_save
 
-import normlab_kernels
-from common import wandb_run
-from common.accelerator import make_accelerator
-from common.checkpointing import (
+import normlab.kernels
+from model import NormLabForMaskedLM, NormLabForSequenceClassification
+from normlab.config.loader import REPO_ROOT, RunConfig, flatten_config, model_config_from, parse_cli, save_config
+from normlab.data.batching import build_dataloaders
+from normlab.data.sources import label_names
+from normlab.data.tokenizer import load_tokenized
+from normlab.files.formats import atomic_write_text
+from normlab.files.writes import WriteError
+from normlab.run_dir import MODEL_DIR_CONFIG, RunDir
+from normlab.tracking import wandb_run
+from normlab.tracking.metrics_jsonl import MetricsWriter
+from normlab.tracking.model_card import model_card
+from normlab.train.accelerator import make_accelerator
+from normlab.train.checkpointing import (
     CheckpointError,
     atomic_dir,
     list_checkpoints,
@@ -41,26 +51,16 @@ from common.checkpointing import (
     save_checkpoint,
     validate_checkpoint,
 )
-from common.batching import build_dataloaders
-from common.config import REPO_ROOT, RunConfig, flatten_config, model_config_from, parse_cli, save_config
-from common.cpu_share import StarvationWatch
-from common.data import label_names
-from common.evaluation import evaluate
-from common.io import atomic_write_text
-from common.metrics_jsonl import MetricsWriter
-from common.model_card import model_card
-from common.optim import adamw
-from common.preflight import preflight, run_config
-from common.progress_bars import bars_on
-from common.probes import StabilityProbe
-from common.run_dir import MODEL_DIR_CONFIG, RunDir
-from common.run_summary import format_summary
-from common.spikes import LossSpikeDetector
-from common.step import train_step
-from common.stop_signal import StopSignal
-from common.tokenizer import load_tokenized
-from common.writes import WriteError
-from model import NormLabForMaskedLM, NormLabForSequenceClassification
+from normlab.train.cpu_share import StarvationWatch
+from normlab.train.evaluation import evaluate
+from normlab.train.optim import adamw
+from normlab.train.preflight import preflight, run_config
+from normlab.train.probes import StabilityProbe
+from normlab.train.progress_bars import bars_on
+from normlab.train.run_summary import format_summary
+from normlab.train.spikes import LossSpikeDetector
+from normlab.train.step import train_step
+from normlab.train.stop_signal import StopSignal
 
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT, EXIT_WRITE_FAILED = 0, 1, 2, 3
 BN_SPREAD = "bn_running_stats_max_diff_across_processes"  # summary.json: do the BN family's statistics agree?
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
 
 
 def train(cfg: RunConfig, record: dict | None = None, notices=()) -> int:
-    """One run of `cfg`. `record`: what run.json keeps of the command (common.preflight.run_config), its
+    """One run of `cfg`. `record`: what run.json keeps of the command (normlab.train.preflight.run_config), its
     config_file naming the variant, a wandb tag; `notices`: what resolving the config had to say."""
     resume_path, more_notices, trackers, wandb_mode = preflight(cfg)
     accelerator = make_accelerator(cfg, trackers)
@@ -364,10 +364,10 @@ def build_model(cfg: RunConfig, tokenizer, dsd, device):
                                                                   # (a config change: a torch.compile recompile)
     model_config = model_config_from(cfg, **extra)
     model = (NormLabForMaskedLM if cfg.task == "mlm" else NormLabForSequenceClassification)(model_config)
-    # normlab_kernels: C++ on CPU, Triton on CUDA, or the reference PyTorch math. Registered once the model exists
+    # normlab.kernels: C++ on CPU, Triton on CUDA, or the reference PyTorch math. Registered once the model exists
     # (its construction runs no operator), before compiling; a C++ build leaves the RNG as it found it.
     t = cfg.train
-    kernels = normlab_kernels.use(model, t.kernels, device)
+    kernels = normlab.kernels.use(model, t.kernels, device)
     if t.compile:
         # In place: parameter names, state dicts and attribute access stay those of the model. dynamic: padded
         # batches change length every step; one graph with symbolic shapes instead of a recompile per length.
@@ -445,7 +445,7 @@ def micro_batches(accelerator, train_loader, batch_sampler, state: TrainerState,
 
 
 class RunWriter:
-    """What the run writes into its run directory (`dir`, a common.run_dir.RunDir) as it goes: config.yaml, run.json
+    """What the run writes into its run directory (`dir`, a normlab.run_dir.RunDir) as it goes: config.yaml, run.json
     and metrics.jsonl (main process), the trackers' rows, the progress bar, and its checkpoints (each a model
     directory too); `wb` is the wandb run (main process, wandb on)."""
 

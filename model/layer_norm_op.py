@@ -1,6 +1,6 @@
 """The operator behind CustomLayerNorm: `normlab::layer_norm`, with its backward `normlab::layer_norm_backward`.
 
-The reference below is the readable math, what runs wherever nothing faster is registered (normlab_kernels/
+The reference below is the readable math, what runs wherever nothing faster is registered (normlab/kernels/
 registers C++ on CPU, Triton on CUDA). Every implementation keeps this contract: x (..., M) is normalized over
 its last dim in `compute_dtype(x)`; y has x's dtype and shape (contiguous); mean and rstd = 1 / sqrt(var + eps)
 have shape x.shape[:-1] and the compute dtype; weight and bias are (M,) or None, any float dtype. The backward

@@ -1,12 +1,6 @@
-"""E1 of a study: per-block gradient norms at initialization and the first Adam updates, no training
-(normlab_study/init_exp.py).
+"""`python scripts/init_study.py ARGS` runs `python -m normlab.cli.init_study ARGS`.
+normlab/cli/init_study.py's docstring and --help give the usage."""
 
-    python scripts/init_study.py studies/quick            # the `init` block of STUDY/study.json
-"""
+import runpy
 
-import sys
-
-from normlab_study.init_exp import main
-
-if __name__ == "__main__":
-    sys.exit(main())
+runpy.run_module("normlab.cli.init_study", run_name="__main__", alter_sys=True)

@@ -1,46 +1,6 @@
-"""The norm study's report: report.md and its figures, from the per-run records alone (no retraining).
+"""`python scripts/report.py ARGS` runs `python -m normlab.cli.report ARGS` (= `normlab-report ARGS`).
+normlab/cli/report.py's docstring and --help give the usage."""
 
-    python scripts/report.py studies/quick --out docs/study-v3    # a scored study; copies its records to --out
-    python scripts/report.py docs/study-v3                         # regenerate from the committed records
+import runpy
 
-normlab_study/report.py writes it; the hypotheses are those of predictions.md in the same folder. It writes
-nothing else into the report's folder. With --wandb, a W&B run in the study's group (job_type report; offline
-unless --wandb-mode or $WANDB_MODE says otherwise; never prompts) gets the figures, the verdicts and every run as a
-table row; its files go to --wandb-dir (default: the study directory when SOURCE is one, else the current one).
-"""
-
-import argparse
-import os
-import sys
-from pathlib import Path
-
-from normlab_study.report import make_report
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("source", type=Path, help="a scored study directory, or a folder of committed records")
-    parser.add_argument("--out", type=Path, default=None, help="write the report (and copy the records) here")
-    parser.add_argument("--wandb", action="store_true", help="also log the report as a W&B run")
-    parser.add_argument("--wandb-mode", choices=("online", "offline", "disabled"), default=None,
-                        help="with --wandb: the run's mode (default: $WANDB_MODE, else offline)")
-    parser.add_argument("--wandb-dir", type=Path, default=None,
-                        help="with --wandb: where its files go (DIR/wandb/; default: SOURCE if a study directory, "
-                             "else the current directory)")
-    parser.add_argument("--no-wandb", action="store_true", help=argparse.SUPPRESS)  # the default now
-    args = parser.parse_args(argv)
-    if not args.wandb and (args.wandb_mode or args.wandb_dir):
-        parser.error("--wandb-mode and --wandb-dir go with --wandb")
-    mode = (args.wandb_mode or os.environ.get("WANDB_MODE") or "offline") if args.wandb else "disabled"
-    wandb_dir = args.wandb_dir or (args.source if (args.source / "study.json").is_file() else Path.cwd())
-    try:
-        report = make_report(args.source, args.out, mode, wandb_dir)
-    except FileNotFoundError as err:
-        print(f"report.py: error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {report} and its figures")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+runpy.run_module("normlab.cli.report", run_name="__main__", alter_sys=True)

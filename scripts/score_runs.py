@@ -1,11 +1,6 @@
-"""Score a study's final models and write its per-run records (normlab_study/scoring.py says what is scored).
+"""`python scripts/score_runs.py ARGS` runs `python -m normlab.cli.score_runs ARGS`.
+normlab/cli/score_runs.py's docstring and --help give the usage."""
 
-    python scripts/score_runs.py studies/quick          # -> studies/quick/runs.jsonl and labels.json
-"""
+import runpy
 
-import sys
-
-from normlab_study.scoring import main
-
-if __name__ == "__main__":
-    sys.exit(main())
+runpy.run_module("normlab.cli.score_runs", run_name="__main__", alter_sys=True)

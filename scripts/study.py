@@ -1,13 +1,6 @@
-"""Run a norm study (normlab_study/runner.py; docs/studies.md).
+"""`python scripts/study.py ARGS` runs `python -m normlab.cli.study ARGS` (= `normlab-study ARGS`).
+normlab/cli/study.py's docstring and --help give the usage."""
 
-    python scripts/study.py --preset quick --parallel 2     # configs/study/quick.yaml on a 2-core CPU
-    python scripts/study.py --preset quick --dry-run        # print the runs, train nothing
-    python scripts/study.py --preset full --study-dir studies/full-h100
-"""
+import runpy
 
-import sys
-
-from normlab_study.runner import main
-
-if __name__ == "__main__":
-    sys.exit(main())
+runpy.run_module("normlab.cli.study", run_name="__main__", alter_sys=True)

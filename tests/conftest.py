@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import normlab_kernels
+import normlab.kernels
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -29,7 +29,7 @@ def wandb_home(tmp_path_factory):
 
 def _register_cpu(backend: str) -> bool:
     """Register `backend` ("reference" or "cpp") for NormLab's operators on CPU; False if it cannot be had."""
-    got = normlab_kernels.enable("auto" if backend == "cpp" else "reference", "cpu")
+    got = normlab.kernels.enable("auto" if backend == "cpp" else "reference", "cpu")
     return got["normlab::layer_norm"] == backend
 
 
@@ -45,12 +45,12 @@ def reference(tmp_path_factory):
 
 @pytest.fixture(params=["reference", "cpp"])
 def backend(request):
-    """The test runs on each CPU implementation of NormLab's operators: their reference math and normlab_kernels'
+    """The test runs on each CPU implementation of NormLab's operators: their reference math and normlab.kernels'
     C++ kernels (skipped, with the reason, only where those cannot be built); what was registered before is put
     back."""
-    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
+    before = normlab.kernels.backends("cpu")["normlab::layer_norm"]
     if not _register_cpu(request.param):
-        pytest.skip(f"the C++ kernels are unavailable here: {normlab_kernels.unavailable('cpu')}")
+        pytest.skip(f"the C++ kernels are unavailable here: {normlab.kernels.unavailable('cpu')}")
     yield request.param
     _register_cpu(before)
 
@@ -58,7 +58,7 @@ def backend(request):
 @pytest.fixture
 def restore_cpu_backend():
     """The test changes which implementation runs on CPU: put back what was registered before."""
-    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
+    before = normlab.kernels.backends("cpu")["normlab::layer_norm"]
     yield
     _register_cpu(before)
 
@@ -66,9 +66,9 @@ def restore_cpu_backend():
 @pytest.fixture
 def cpp():
     """The test needs the C++ kernels registered (skipped, with the reason, where they cannot be built)."""
-    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
+    before = normlab.kernels.backends("cpu")["normlab::layer_norm"]
     if not _register_cpu("cpp"):
-        pytest.skip(f"the C++ kernels are unavailable here: {normlab_kernels.unavailable('cpu')}")
+        pytest.skip(f"the C++ kernels are unavailable here: {normlab.kernels.unavailable('cpu')}")
     yield
     _register_cpu(before)
 

@@ -8,9 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-from module_loader import SCRIPTS, load_module
+from module_loader import GPU_TOOLS, load_module
 
-gpu_prepare = load_module("gpu_prepare", SCRIPTS / "gpu_prepare.py")
+gpu_prepare = load_module("gpu_prepare", GPU_TOOLS / "gpu_prepare.py")
 
 BLOCKER = Path(__file__).resolve().parent / "gpu_image"
 REPO = BLOCKER.parent.parent

@@ -1,11 +1,11 @@
-"""Code the tests import that is not on sys.path: scripts/*.py (scripts/ is not a package) and a downloaded package
+"""Code the tests import that is not on sys.path: the GPU check's tools in scripts/gpu/ (not a package) and a downloaded package
 (tests/hf_common.py), imported from their files without putting their folders on sys.path."""
 
 import importlib.util
 import sys
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+GPU_TOOLS = Path(__file__).resolve().parent.parent / "scripts" / "gpu"
 
 
 def load_module(name: str, path: Path):

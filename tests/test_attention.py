@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from common.probes import attention_logit_max
 from model import NormLabForSequenceClassification
 from model.modeling_normlab import NormLabAttention, TokenLayout
+from normlab.train.probes import attention_logit_max
 from tests.test_modeling import padded_batch, tiny_config
 
 

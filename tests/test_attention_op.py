@@ -1,7 +1,7 @@
-"""normlab::attention (normlab_kernels/attention.py, C++ kernels in attention_cpu.cpp) and the transformers attention
+"""normlab::attention (normlab/kernels/attention.py, C++ kernels in attention_cpu.cpp) and the transformers attention
 function that calls it: the C++ kernels against the PyTorch reference (the forward and the dropout mask exactly,
 the backward to rounding), against float64 truth and torch's SDPA, gradcheck, opcheck, torch.compile, the cases
-handed to SDPA, and `normlab_kernels.use` selecting it for a model and putting SDPA back."""
+handed to SDPA, and `normlab.kernels.use` selecting it for a model and putting SDPA back."""
 
 import math
 
@@ -9,14 +9,14 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-import normlab_kernels
-from normlab_kernels.attention import (
+import normlab.kernels
+from normlab.kernels.attention import (
     ATTN_IMPLEMENTATION,
     attention_backward_reference,
     attention_reference,
     normlab_attention_forward,
 )
-from normlab_kernels.dropout import dropout_reference
+from normlab.kernels.dropout import dropout_reference
 
 SEED = torch.tensor(77)
 
@@ -179,7 +179,7 @@ def test_use_selects_it_and_puts_sdpa_back(cpp):
     mask[1, 5:] = 0
     with torch.no_grad():
         sdpa = model.eval()(input_ids=ids, attention_mask=mask).logits
-    normlab_kernels.use(model, "auto", "cpu")
+    normlab.kernels.use(model, "auto", "cpu")
     assert model.config._attn_implementation == ATTN_IMPLEMENTATION
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits, sdpa, rtol=1e-5, atol=1e-6)
@@ -190,12 +190,12 @@ def test_use_selects_it_and_puts_sdpa_back(cpp):
     torch.manual_seed(1)
     assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, a.logits)  # the seed decides the masks
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
-    normlab_kernels.use(model, "reference", "cpu")
+    normlab.kernels.use(model, "reference", "cpu")
     assert model.config._attn_implementation == "sdpa"
 
 
 def test_use_keeps_eager(cpp):
     model = _tiny_model()
     model.set_attn_implementation("eager")
-    normlab_kernels.use(model, "auto", "cpu")
+    normlab.kernels.use(model, "auto", "cpu")
     assert model.config._attn_implementation == "eager"

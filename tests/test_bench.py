@@ -94,10 +94,10 @@ def _direct_pad_fraction(batches, lengths):
 
 
 def test_pad_fractions_match_a_direct_count(bench_json):
-    from common.batching import LengthGroupedBatchSampler, RandomBatchSampler
-    from common.config import load_config
-    from common.data import resolve_dataset
-    from common.tokenizer import get_tokenizer, tokenize_splits
+    from normlab.config.loader import load_config
+    from normlab.data.batching import LengthGroupedBatchSampler, RandomBatchSampler
+    from normlab.data.sources import resolve_dataset
+    from normlab.data.tokenizer import get_tokenizer, tokenize_splits
 
     res = bench_json
     pad = res["padding"]
@@ -137,7 +137,7 @@ def test_shared_cpu_bench_runs_alone_then_two_together_and_prints_each_ratio(tmp
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "res.json").read_text())
-    from common.run_summary import tokens_per_s
+    from normlab.train.run_summary import tokens_per_s
 
     for name in ("alone", "first", "second"):
         assert (tmp_path / "runs" / name / "summary.json").is_file()

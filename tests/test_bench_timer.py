@@ -1,11 +1,11 @@
-"""normlab_bench.timer on a fake clock: each contestant's samples are its own per-call time (setups and the other
+"""normlab.bench.timer on a fake clock: each contestant's samples are its own per-call time (setups and the other
 contestants untimed), every repetition runs every contestant once in a seeded random order, and the summary is
 the median, minimum and maximum of the samples."""
 
 import pytest
 import torch
 
-from normlab_bench import timer
+from normlab.bench import timer
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""What a user sees while the C++ kernels build (normlab_kernels/build_progress.py), with a sleep for the build."""
+"""What a user sees while the C++ kernels build (normlab/kernels/build_progress.py), with a sleep for the build."""
 
 import contextlib
 import io
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from normlab_kernels.build_progress import BuildProgress, build_dir, is_cached
+from normlab.kernels.build_progress import BuildProgress, build_dir, is_cached
 
 
 def _build(seconds, announce_now, fail=False, **timing):
@@ -23,8 +23,8 @@ def test_a_build_says_what_why_how_long_and_how_to_skip_then_counts_then_ends():
     lines = _build(0.35, announce_now=True, every=0.1)
     assert "building NormLab's C++ CPU kernels" in lines[0] and "minutes" in lines[0]
     assert "train.kernels=reference" in lines[0]
-    assert any(line.startswith("normlab_kernels: still building (") for line in lines[1:-1])
-    assert lines[-1].startswith("normlab_kernels: C++ kernels built in ")
+    assert any(line.startswith("normlab.kernels: still building (") for line in lines[1:-1])
+    assert lines[-1].startswith("normlab.kernels: C++ kernels built in ")
 
 
 def test_a_cached_build_prints_nothing_and_a_slow_one_speaks_after_the_grace_time():

@@ -11,11 +11,11 @@ import pytest
 from datasets import Dataset, DatasetDict, load_from_disk
 from transformers import PreTrainedTokenizerFast
 
-import normlab_kernels.cpu
-from common.cache import MANIFEST, folder_problem
-from common.config import REPO_ROOT, load_config
-from common.tokenizer import get_tokenizer, tokenize_splits
-from normlab_kernels.build_cache import build_dir
+import normlab.kernels.cpu
+from normlab.config.loader import REPO_ROOT, load_config
+from normlab.data.tokenizer import get_tokenizer, tokenize_splits
+from normlab.files.cache import MANIFEST, folder_problem
+from normlab.kernels.build_cache import build_dir
 
 TEXTS = [f"sentence number {i} is {'good' if i % 2 else 'bad'} and {'long ' * (i % 7)}done" for i in range(200)]
 DATA = load_config(overrides=["data.max_length=32"]).data  # sentence/label columns, no Hub tokenizer
@@ -120,7 +120,7 @@ def test_a_damaged_tokenized_split_is_rebuilt_with_one_warning(tmp_path, capsys)
 def load_kernels(extensions) -> subprocess.CompletedProcess:
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "PYTHONPATH": str(REPO_ROOT),
            "OMP_NUM_THREADS": "1"}
-    script = "import normlab_kernels.cpu as cpu; cpu.register(); print('loaded')"
+    script = "import normlab.kernels.cpu as cpu; cpu.register(); print('loaded')"
     return subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
 
@@ -128,7 +128,7 @@ def load_kernels(extensions) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("recorded", [True, False], ids=["recorded build", "unrecorded build"])
 def test_a_truncated_kernel_build_is_relinked_with_one_warning(recorded, cpp, tmp_path):
     """What a build killed while linking leaves: loading it would crash the process (SIGBUS)."""
-    name = normlab_kernels.cpu.extension_name()
+    name = normlab.kernels.cpu.extension_name()
     folder = tmp_path / "extensions" / name
     shutil.copytree(build_dir(name), folder)  # this checkout's build (the `cpp` fixture loaded it): no recompile
     if not recorded:  # killed before its first load
@@ -147,7 +147,7 @@ def test_a_truncated_kernel_build_is_relinked_with_one_warning(recorded, cpp, tm
 HOLD_BUILD_LOCK = """
 import sys, time
 from pathlib import Path
-from normlab_kernels.build_cache import loading
+from normlab.kernels.build_cache import loading
 folder = Path(sys.argv[1])
 with loading(folder):  # what a NormLab load does around torch's build, which creates its lock first
     folder.mkdir(parents=True, exist_ok=True)
@@ -180,7 +180,7 @@ def fake_build(folder, calls: list):
 
 @pytest.mark.parametrize("killed", [True, False], ids=["builder killed", "builder alive"])
 def test_a_build_lock_whose_builder_was_killed_is_removed_with_one_warning(killed, tmp_path, monkeypatch, capsys):
-    from normlab_kernels.build_cache import load_checked
+    from normlab.kernels.build_cache import load_checked
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     folder, source = tmp_path / "extensions" / "fake_ext", tmp_path / "fake.cpp"

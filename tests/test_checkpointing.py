@@ -12,7 +12,6 @@ import torch
 
 from model import NormLabConfig, NormLabForSequenceClassification
 from model.norms import BATCH_STAT_NORMS
-
 from train_utils import REPO, free_port, run_cmd
 
 STEPS = 4

@@ -3,7 +3,8 @@
 import pytest
 import yaml
 
-from common.config import (
+from model.configuration_normlab import NORM_PLACEMENTS, NORM_TYPES, NormLabConfig
+from normlab.config.loader import (
     CONFIG_DIR,
     ConfigError,
     flatten_config,
@@ -12,7 +13,6 @@ from common.config import (
     parse_cli,
     save_config,
 )
-from model.configuration_normlab import NORM_PLACEMENTS, NORM_TYPES, NormLabConfig
 
 VARIANTS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
@@ -236,14 +236,14 @@ def test_a_type_error_in_a_file_names_the_file_and_a_later_layer_wins(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the config of a resumed run: the run directory's own (common.preflight.run_config), without training
+# the config of a resumed run: the run directory's own (normlab.train.preflight.run_config), without training
 
 
 def _saved_run(tmp_path, config_file, overrides, record=True):
     """A run directory as train.py leaves it before its first checkpoint: config.yaml (and run.json)."""
     import json
 
-    from common.preflight import run_config
+    from normlab.train.preflight import run_config
 
     out = tmp_path / "run"
     cfg, rec, _ = run_config(config_file, [f"output_dir={out}", *overrides])
@@ -255,7 +255,7 @@ def _saved_run(tmp_path, config_file, overrides, record=True):
 
 
 def test_a_resume_restores_the_runs_config_and_states_each_allowed_change(tmp_path):
-    from common.preflight import run_config
+    from normlab.train.preflight import run_config
 
     out, cfg = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3", "train.max_steps=600"])
     resumed, record, notes = run_config(None, [f"output_dir={out}", "train.resume=auto"])
@@ -277,7 +277,7 @@ def test_a_resume_restores_the_runs_config_and_states_each_allowed_change(tmp_pa
                               "train.resume=auto"]),
 ])
 def test_a_resume_refuses_another_config_naming_the_key(tmp_path, argv, words):
-    from common.preflight import run_config
+    from normlab.train.preflight import run_config
 
     out, _ = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3"])
     config_file = argv[1] if argv[0] == "--config" else None
@@ -289,7 +289,7 @@ def test_a_resume_refuses_another_config_naming_the_key(tmp_path, argv, words):
 
 
 def test_a_run_directory_from_before_run_json_checks_a_given_config_by_its_keys(tmp_path):
-    from common.preflight import run_config
+    from normlab.train.preflight import run_config
 
     out, cfg = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3"], record=False)
     resumed, record, _ = run_config(None, [f"output_dir={out}", "train.resume=auto"])
@@ -301,7 +301,7 @@ def test_a_run_directory_from_before_run_json_checks_a_given_config_by_its_keys(
 
 
 def test_a_damaged_saved_config_is_named_on_resume(tmp_path):
-    from common.preflight import run_config
+    from normlab.train.preflight import run_config
 
     out, _ = _saved_run(tmp_path, "post_ln", [])
     (out / "config.yaml").write_text("model: [unclosed\n")

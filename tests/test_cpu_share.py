@@ -1,4 +1,4 @@
-"""A CPU run beside other processes (common/accelerator.py's thread choice, common/cpu_share.py): the threads
+"""A CPU run beside other processes (normlab/train/accelerator.py's thread choice, normlab/train/cpu_share.py): the threads
 come from the CPUs this process may use less those others keep busy, OpenMP waits passively, and a starved run
 says so once."""
 
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from common import accelerator
-from common.config import REPO_ROOT
-from common.cpu_share import StarvationWatch, prefer_passive_openmp
+from normlab.config.loader import REPO_ROOT
+from normlab.train import accelerator
+from normlab.train.cpu_share import StarvationWatch, prefer_passive_openmp
 
 LAUNCHED = {"ACCELERATE_MIXED_PRECISION": "no", "OMP_NUM_THREADS": "1"}  # what accelerate launch exports
 
@@ -48,7 +48,7 @@ def test_the_physical_cores_this_process_may_use_split_between_local_processes(m
 
 def test_the_count_does_not_follow_the_load(machine, monkeypatch):
     """Another process's load does not lower the count (it would change a run's last bits with a load average)."""
-    from common import machine as machine_module
+    from normlab.train import machine as machine_module
 
     monkeypatch.setattr(machine_module, "load_average", lambda: [7.0, 7.0, 7.0])
     assert threads(None, "cpu", 1) == 4
@@ -67,8 +67,8 @@ def test_openmp_waits_passively_unless_the_user_chose_and_train_py_says_so_befor
                       if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call))
     assert ast.unparse(body[first_call]) == "prefer_passive_openmp()"
     imports = [node for node in body[:first_call] if isinstance(node, (ast.Import, ast.ImportFrom))]
-    assert [ast.unparse(node) for node in imports] == ["from common.cpu_share import prefer_passive_openmp"]
-    imported = subprocess.run([sys.executable, "-c", "import sys, common.cpu_share; print(sorted(sys.modules))"],
+    assert [ast.unparse(node) for node in imports] == ["from normlab.train.cpu_share import prefer_passive_openmp"]
+    imported = subprocess.run([sys.executable, "-c", "import sys, normlab.train.cpu_share; print(sorted(sys.modules))"],
                               cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
     assert "'torch'" not in imported  # and what it imports loads no torch
 

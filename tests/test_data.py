@@ -10,10 +10,16 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from common.batching import LengthGroupedBatchSampler, RandomBatchSampler, build_dataloaders, pad_fraction, pad_rows
-from common.config import REPO_ROOT, load_config
-from common.data import DataError, label_names, mirror_candidates, resolve_dataset
-from common.tokenizer import get_tokenizer, tokenize_splits
+from normlab.config.loader import REPO_ROOT, load_config
+from normlab.data.batching import (
+    LengthGroupedBatchSampler,
+    RandomBatchSampler,
+    build_dataloaders,
+    pad_fraction,
+    pad_rows,
+)
+from normlab.data.sources import DataError, label_names, mirror_candidates, resolve_dataset
+from normlab.data.tokenizer import get_tokenizer, tokenize_splits
 
 MIRROR = REPO_ROOT.parent / "shared" / "datasets" / "sst2"
 SMALL = ["data.max_train_samples=300", "data.max_eval_samples=60", "model.vocab_size=400"]
@@ -269,7 +275,7 @@ def test_tokenizer_round_trips_through_save_pretrained(small, tmp_path):
 
 
 def test_tokenizer_cache_hit_and_key(small, monkeypatch):
-    import common.tokenizer as tokenizer_module
+    import normlab.data.tokenizer as tokenizer_module
 
     cfg, dsd, tok, _ = small
     texts = col(dsd["train"], "sentence")
@@ -413,7 +419,7 @@ def test_build_dataloaders_mlm(small):
 def test_trained_tokenizer_is_the_same_in_every_process():
     # The vocabulary must not depend on the process: a tokenizer trainer that numbers pieces in hash-map order
     # (WordPiece's, in tokenizers) gives each fresh cache other ids, and runs then differ between clones.
-    script = ("import sys, pandas as pd; from common.tokenizer import _train_tokenizer; "
+    script = ("import sys, pandas as pd; from normlab.data.tokenizer import _train_tokenizer; "
               f"texts = pd.read_parquet({str(MIRROR / 'train.parquet')!r}).sentence.tolist()[:3000]; "
               "sys.stdout.write(_train_tokenizer(texts, 1000).to_str())")
     runs = [subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""normlab::dropout (normlab_kernels/dropout.py, C++ kernel in dropout_cpu.cpp) and `normlab_kernels.use`, which
+"""normlab::dropout (normlab/kernels/dropout.py, C++ kernel in dropout_cpu.cpp) and `normlab.kernels.use`, which
 puts it in place of a model's nn.Dropout: the C++ kernel against the PyTorch reference bit for bit, the mask's
 statistics, the gradient, seeds, opcheck, torch.compile, train/eval, and a swapped model's saved checkpoint."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-import normlab_kernels
-from normlab_kernels.dropout import Dropout, dropout_reference, keep_mask
+import normlab.kernels
+from normlab.kernels.dropout import Dropout, dropout_reference, keep_mask
 
 SEED = torch.tensor(1234)
 
@@ -122,7 +122,7 @@ def test_use_swaps_with_cpp_and_back_with_reference(cpp):
     model = _tiny_model().eval()
     n = len(_dropouts(model))
     assert n > 0 and set(_dropouts(model)) == {nn.Dropout}
-    normlab_kernels.use(model, "auto", "cpu")  # "cpp"
+    normlab.kernels.use(model, "auto", "cpu")  # "cpp"
     assert _dropouts(model) == [Dropout] * n
     assert not any(m.training for m in model.modules())  # the swap keeps the mode
     torch.manual_seed(1)
@@ -131,14 +131,14 @@ def test_use_swaps_with_cpp_and_back_with_reference(cpp):
     loss = model(input_ids=ids, labels=torch.tensor([0, 1, 1, 0])).loss
     loss.backward()
     assert math.isfinite(loss.item())
-    normlab_kernels.use(model, "reference", "cpu")  # "torch": nn.Dropout again
+    normlab.kernels.use(model, "reference", "cpu")  # "torch": nn.Dropout again
     assert _dropouts(model) == [nn.Dropout] * n
 
 
 def test_reference_leaves_nn_dropout(restore_cpu_backend):
     model = _tiny_model()
     before = [id(m) for m in model.modules()]
-    assert normlab_kernels.use(model, "reference", "cpu")["normlab::dropout"] == "torch"
+    assert normlab.kernels.use(model, "reference", "cpu")["normlab::dropout"] == "torch"
     assert [id(m) for m in model.modules()] == before and set(_dropouts(model)) == {nn.Dropout}
 
 
@@ -149,7 +149,7 @@ def test_saved_model_is_the_same_with_the_fast_dropout(cpp, tmp_path):
     from model import NormLabForSequenceClassification
 
     plain, swapped = _tiny_model(), _tiny_model()
-    normlab_kernels.use(swapped, "auto", "cpu")
+    normlab.kernels.use(swapped, "auto", "cpu")
     assert Dropout in _dropouts(swapped)
     plain.save_pretrained(tmp_path / "plain")
     swapped.save_pretrained(tmp_path / "swapped")

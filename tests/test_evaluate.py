@@ -14,10 +14,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EVALUATE = REPO_ROOT / "scripts" / "evaluate.py"
-from module_loader import SCRIPTS, load_module
+from normlab.cli import evaluate
 from train_utils import free_port
-
-evaluate = load_module("evaluate", SCRIPTS / "evaluate.py")
 
 EVAL_ROWS = 96
 TINY = ["model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",

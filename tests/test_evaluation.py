@@ -1,4 +1,4 @@
-"""The one scorer (common.evaluation) and the one rows -> padded batches path (common.data) against plain loops:
+"""The one scorer (normlab.train.evaluation) and the one rows -> padded batches path (normlab.data.sources) against plain loops:
 orders, widths, batch sizes, batch statistics, rows without labels. Tiny models, no training, no kernels."""
 
 import numpy as np
@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.batching import ROW_ORDERS, pad_rows, row_batches, row_order
-from common.evaluation import evaluate, in_row_order, score_batches
 from model import NormLabConfig, NormLabForSequenceClassification
+from normlab.data.batching import ROW_ORDERS, pad_rows, row_batches, row_order
+from normlab.train.evaluation import evaluate, in_row_order, score_batches
 
 PAD = 0
 LENGTHS = [5, 3, 7, 3, 4, 6, 2, 5, 3]  # ties, so a stable sort is visible

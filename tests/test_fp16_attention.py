@@ -8,8 +8,8 @@ positions, so their scores are exactly 0 and the bias alone remains (finite in f
 import pytest
 import torch
 
-from common.probes import StabilityProbe
 from model import NormLabConfig, NormLabForSequenceClassification
+from normlab.train.probes import StabilityProbe
 
 SCORE = 1000.0  # |q.k| / sqrt(head_dim) of every query-key pair: well inside fp16's range, far past -16
 

@@ -1,6 +1,6 @@
-"""scripts/gpu_check.sh rehearsed on the CPU under the GPU machine's conditions (tests/gpu_image_env.py: the image's
+"""scripts/gpu/gpu_check.sh rehearsed on the CPU under the GPU machine's conditions (tests/gpu_image_env.py: the image's
 package set, NormLab not installed, python3 only, the returned folder $OUT), its plan (order, time budget, the
-Triton tests it selects), gpu_check.py's LayerNorm judgement, and scripts/gpu_prepare.py: what it carries, how it
+Triton tests it selects), gpu_check.py's LayerNorm judgement, and scripts/gpu/gpu_prepare.py: what it carries, how it
 keeps the wheels it has, and the commit it records."""
 
 import inspect
@@ -16,10 +16,10 @@ import torch.nn.functional as F
 
 import gpu_image_env
 from gpu_image_env import gpu_prepare
-from module_loader import SCRIPTS, load_module
+from module_loader import GPU_TOOLS, load_module
 from train_utils import REPO, env
 
-gpu_check = load_module("gpu_check", SCRIPTS / "gpu_check.py")
+gpu_check = load_module("gpu_check", GPU_TOOLS / "gpu_check.py")
 
 # what the image lacks of what the check imports, and the pair datasets bounds whose image versions are unknown
 CARRIED = {"datasets", "dill", "multiprocess", "omegaconf", "pyarrow", "fsspec"}
@@ -28,7 +28,7 @@ BUDGET_S = 480  # one device call's sections, by estimate (docs/gpu.md)
 
 def run_check(tmp_path, with_wheels: bool, *args, **extra_env):
     e = {**gpu_image_env.image_env(env(), tmp_path, with_wheels), **extra_env}
-    return subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu", *args], cwd=REPO, env=e, capture_output=True,
+    return subprocess.run(["bash", "scripts/gpu/gpu_check.sh", "--cpu", *args], cwd=REPO, env=e, capture_output=True,
                           text=True, timeout=900)
 
 
@@ -47,7 +47,7 @@ def report(tmp_path, name: str):
 
 def gpu_plan() -> list[tuple[str, int, int, list[str]]]:
     """(section, estimate s, limit s, command) of the device call, in the order it runs them."""
-    out = subprocess.run(["bash", "scripts/gpu_check.sh", "--plan"], cwd=REPO, capture_output=True, text=True,
+    out = subprocess.run(["bash", "scripts/gpu/gpu_check.sh", "--plan"], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout
     rows = [line.split("\t") for line in out.splitlines()]
     return [(name, int(est), int(limit), shlex.split(cmd)) for name, est, limit, cmd in rows]
@@ -160,12 +160,12 @@ def test_prepare_runs_from_a_plain_checkout(tmp_path):
     """NormLab not installed (its editable install here hidden), started from another folder: the data copy and the
     source line still work."""
     e = gpu_image_env.image_env(env(), tmp_path, with_wheels=True)
-    code = (f"import sys, pathlib; sys.path.insert(0, {str(SCRIPTS)!r}); import gpu_prepare; "
+    code = (f"import sys, pathlib; sys.path.insert(0, {str(GPU_TOOLS)!r}); import gpu_prepare; "
             f"print(gpu_prepare.copy_data(pathlib.Path('data')))")
     proc = subprocess.run(["python3", "-c", code], cwd=tmp_path, env=e, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert {p.suffix for p in (tmp_path / "data" / "sst2").iterdir()} == {".parquet"}
-    proc = subprocess.run(["python3", str(SCRIPTS / "gpu_prepare.py"), "--source", "data"], cwd=tmp_path, env=e,
+    proc = subprocess.run(["python3", str(GPU_TOOLS / "gpu_prepare.py"), "--source", "data"], cwd=tmp_path, env=e,
                           capture_output=True, text=True, timeout=120)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     assert proc.returncode == 0 and proc.stdout.startswith(f"commit {head} ("), proc.stdout + proc.stderr

@@ -15,9 +15,8 @@ import pytest
 import torch
 from transformers.models.auto import modeling_auto as auto
 
-from model import NormLabConfig, NormLabForMaskedLM, NormLabForSequenceClassification, NormLabModel
-
 from hf_common import transformers_tests
+from model import NormLabConfig, NormLabForMaskedLM, NormLabForSequenceClassification, NormLabModel
 
 pytestmark = pytest.mark.slow  # transformers' common model tests (and a package-registry fetch on first use)
 

@@ -309,8 +309,8 @@ def test_trainer_with_gradient_accumulation_matches_our_training_loop(tmp_path, 
     from torch.utils.data import DataLoader
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments
 
-    from common.config import load_config
-    from common.optim import adamw
+    from normlab.config.loader import load_config
+    from normlab.train.optim import adamw
 
     tokenizer = tiny_tokenizer()
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from common.paths import REPO_ROOT
+from normlab.paths import REPO_ROOT
 
 LOADED = "import sys, json; import {module}; print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}})))"
 
@@ -20,11 +20,11 @@ def top_level_modules_after(module: str) -> set[str]:
 
 
 def test_data_and_writes_import_neither_the_config_nor_the_model_nor_the_kernels():
-    loaded = top_level_modules_after("common.data, common.writes")
+    loaded = top_level_modules_after("normlab.data.sources, normlab.files.writes")
     assert "common" in loaded  # the check itself works
-    assert not loaded & {"model", "normlab_kernels", "torch", "transformers", "omegaconf"}
+    assert not loaded & {"model", "normlab.kernels", "torch", "transformers", "omegaconf"}
 
 
 def test_the_run_config_does_not_import_the_kernels():
-    loaded = top_level_modules_after("common.config")
-    assert "model" in loaded and "normlab_kernels" not in loaded
+    loaded = top_level_modules_after("normlab.config.loader")
+    assert "model" in loaded and "normlab.kernels" not in loaded

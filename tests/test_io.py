@@ -1,9 +1,9 @@
-"""common/io.py: JSON Lines reading tolerates only the torn last line a killed writer leaves; YAML that a user
+"""normlab/files/formats.py: JSON Lines reading tolerates only the torn last line a killed writer leaves; YAML that a user
 wrote fails with its file and line."""
 
 import pytest
 
-from common.io import load_yaml_mapping, read_jsonl, write_jsonl
+from normlab.files.formats import load_yaml_mapping, read_jsonl, write_jsonl
 
 
 def test_read_jsonl_skips_a_torn_last_line_only(tmp_path):

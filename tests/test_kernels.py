@@ -1,4 +1,4 @@
-"""normlab_kernels: the one switch (auto | reference), what `auto` does when a backend cannot be had (one warning,
+"""normlab.kernels: the one switch (auto | reference), what `auto` does when a backend cannot be had (one warning,
 the reference runs), errors inside a kernel (raised, not swallowed), and a build that leaves no trace (the same
 losses whether or not the C++ kernels had to be built first)."""
 
@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 
-import normlab_kernels
+import normlab.kernels
 from model.layer_norm_op import layer_norm_reference
 from tests.train_utils import REPO
 
@@ -30,28 +30,28 @@ def _args():
 
 def test_bad_mode_names_the_choices():
     with pytest.raises(ValueError, match="'fast' is not valid; choose one of: auto, reference"):
-        normlab_kernels.enable("fast", "cpu")
+        normlab.kernels.enable("fast", "cpu")
 
 
 def test_the_switch_decides_which_implementation_runs(restore_cpu_backend):
     args = _args()
-    got = normlab_kernels.enable("auto", "cpu")
+    got = normlab.kernels.enable("auto", "cpu")
     if got["normlab::layer_norm"] != "cpp":
-        pytest.skip(f"the C++ kernels are unavailable here: {normlab_kernels.unavailable('cpu')}")
+        pytest.skip(f"the C++ kernels are unavailable here: {normlab.kernels.unavailable('cpu')}")
     assert got == dict.fromkeys(REFERENCE, "cpp")
-    from normlab_kernels import cpu
+    from normlab.kernels import cpu
 
     for a, b in zip(torch.ops.normlab.layer_norm(*args), cpu.load().forward(*args)):
         assert torch.equal(a, b)  # bit for bit: the C++ kernel ran
-    assert normlab_kernels.enable("reference", "cpu") == REFERENCE
+    assert normlab.kernels.enable("reference", "cpu") == REFERENCE
     for a, b in zip(torch.ops.normlab.layer_norm(*args), layer_norm_reference(*args)):
         assert torch.equal(a, b)  # and now the reference, although the C++ kernel was registered before
 
 
 def test_auto_without_a_backend_warns_once_and_runs_the_reference(restore_cpu_backend, monkeypatch):
-    normlab_kernels.enable("reference", "cpu")
-    monkeypatch.setattr(normlab_kernels, "_unavailable", {})  # (this process may have built the kernels already)
-    from normlab_kernels import cpu
+    normlab.kernels.enable("reference", "cpu")
+    monkeypatch.setattr(normlab.kernels, "_unavailable", {})  # (this process may have built the kernels already)
+    from normlab.kernels import cpu
 
     def no_compiler():
         raise RuntimeError("Ninja is required to load C++ extensions")
@@ -59,12 +59,12 @@ def test_auto_without_a_backend_warns_once_and_runs_the_reference(restore_cpu_ba
     monkeypatch.setattr(cpu, "register", no_compiler)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        first = normlab_kernels.enable("auto", "cpu")
-        second = normlab_kernels.enable("auto", "cpu")
+        first = normlab.kernels.enable("auto", "cpu")
+        second = normlab.kernels.enable("auto", "cpu")
     assert first == second == REFERENCE
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "cpp backend for cpu is unavailable" in messages[0] and "Ninja" in messages[0]
-    assert "Ninja" in normlab_kernels.unavailable("cpu")
+    assert "Ninja" in normlab.kernels.unavailable("cpu")
     args = _args()
     assert torch.equal(torch.ops.normlab.layer_norm(*args)[0], layer_norm_reference(*args)[0])
 
@@ -82,15 +82,15 @@ def test_an_error_inside_a_kernel_is_raised(restore_cpu_backend, monkeypatch):
 
     broken.register = register
     broken.unregister = lambda: setattr(broken, "lib", None)  # (a Library's registrations end with the object)
-    normlab_kernels.enable("reference", "cpu")
+    normlab.kernels.enable("reference", "cpu")
     monkeypatch.setitem(sys.modules, "broken_kernels", broken)
-    monkeypatch.setitem(normlab_kernels.FAST_BACKENDS, "cpu", ("broken", "broken_kernels"))
-    monkeypatch.setattr(normlab_kernels, "_unavailable", {})
-    assert normlab_kernels.enable("auto", "cpu")["normlab::layer_norm"] == "broken"
+    monkeypatch.setitem(normlab.kernels.FAST_BACKENDS, "cpu", ("broken", "broken_kernels"))
+    monkeypatch.setattr(normlab.kernels, "_unavailable", {})
+    assert normlab.kernels.enable("auto", "cpu")["normlab::layer_norm"] == "broken"
     with pytest.raises(RuntimeError, match="illegal memory access"):
         torch.ops.normlab.layer_norm(*_args())
-    assert normlab_kernels.backends("cpu")["normlab::layer_norm"] == "broken"  # no silent switch to another path
-    normlab_kernels.enable("reference", "cpu")
+    assert normlab.kernels.backends("cpu")["normlab::layer_norm"] == "broken"  # no silent switch to another path
+    normlab.kernels.enable("reference", "cpu")
     args = _args()
     assert torch.equal(torch.ops.normlab.layer_norm(*args)[0], layer_norm_reference(*args)[0])
 
@@ -98,7 +98,7 @@ def test_an_error_inside_a_kernel_is_raised(restore_cpu_backend, monkeypatch):
 def test_a_checkpoints_copy_of_the_model_code_keeps_the_kernels(restore_cpu_backend, tmp_path, monkeypatch):
     """trust_remote_code imports a checkpoint's copy of model/ as another package, maybe in a process that has
     model/ and kernels registered already: the copy finds normlab::layer_norm defined and leaves it, kernels and all."""
-    normlab_kernels.enable("reference", "cpu")
+    normlab.kernels.enable("reference", "cpu")
     marked = torch.library.Library("normlab", "IMPL", "CPU")  # a kernel whose output says that it ran
     marked.impl("layer_norm", lambda x, w, b, eps: (torch.full_like(x, 7.0), *layer_norm_reference(x, w, b, eps)[1:]))
     package = tmp_path / "checkpoint_code"
@@ -122,7 +122,7 @@ def test_a_checkpoints_copy_of_the_model_code_keeps_the_kernels(restore_cpu_back
 def test_a_build_restores_the_rng_and_the_thread_count(monkeypatch):
     import torch.utils.cpp_extension
 
-    from normlab_kernels import cpu
+    from normlab.kernels import cpu
 
     def greedy_build(**kwargs):  # what a build could do to the process: draw random numbers, change threads
         torch.rand(3)
@@ -137,10 +137,10 @@ def test_a_build_restores_the_rng_and_the_thread_count(monkeypatch):
 
 
 TRAIN_A_LITTLE = """
-import json, torch, normlab_kernels
+import json, torch, normlab.kernels
 from model import NormLabConfig, NormLabForSequenceClassification
 torch.set_num_threads(1)
-backends = normlab_kernels.enable("auto", "cpu")  # builds the C++ kernels if this TORCH_EXTENSIONS_DIR has none
+backends = normlab.kernels.enable("auto", "cpu")  # builds the C++ kernels if this TORCH_EXTENSIONS_DIR has none
 torch.manual_seed(0)
 config = NormLabConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                        norm="custom_layernorm", num_labels=2)

@@ -66,7 +66,7 @@ def test_fsdp_mixed_precision_keeps_buffers_float32():
     statistics) and leaves the parameter and gradient-reduction dtypes alone."""
     from torch.distributed.fsdp import MixedPrecision
 
-    from common.accelerator import fsdp_float32_buffers
+    from normlab.train.accelerator import fsdp_float32_buffers
 
     policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)
     plugin = types.SimpleNamespace(mixed_precision_policy=policy)

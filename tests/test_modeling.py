@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.probes import StabilityProbe
 from model import NormLabConfig, NormLabForMaskedLM, NormLabForSequenceClassification, NormLabModel
 from model.configuration_normlab import NORM_PLACEMENTS, NORM_TYPES
 from model.modeling_normlab import AttentionLogitsTap, NormLabAttention, Tap, TokenLayout, deepnorm_alpha, deepnorm_beta
 from model.norms import BATCH_STAT_NORMS, NORM_REGISTRY
+from normlab.train.probes import StabilityProbe
 
 VOCAB = 60
 PAD = 0

@@ -173,7 +173,7 @@ def test_padding_bias_is_finite_where_attention_computes_and_a_padded_row_stays_
     """SDPA casts the additive mask to the query dtype under autocast. float32's finfo.min is -inf in bf16/fp16,
     and CUDA's SDPA kernels return NaN for a query row that sees only -inf (a fully padded sequence): the bias
     must be finite in the dtype SDPA computes in. (CPU kernels cope with -inf rows, so the mask SDPA receives is
-    checked here; scripts/gpu_check.sh runs the same forward on CUDA.)"""
+    checked here; scripts/gpu/gpu_check.sh runs the same forward on CUDA.)"""
     seen = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 

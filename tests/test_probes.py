@@ -1,10 +1,10 @@
-"""StabilityProbe (common/probes.py) against the same quantities computed directly from the model."""
+"""StabilityProbe (normlab/train/probes.py) against the same quantities computed directly from the model."""
 
 import pytest
 import torch
 
-from common.probes import StabilityProbe, clip_coefficient
 from model import NormLabConfig, NormLabForSequenceClassification
+from normlab.train.probes import StabilityProbe, clip_coefficient
 
 VOCAB = 50
 

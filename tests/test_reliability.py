@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from train_utils import (
-    REFERENCE, assert_same_weights, env, final_weights, losses, python_cmd, rows, run_argv, run_cmd, run_here,
+    REFERENCE,
+    assert_same_weights,
+    env,
+    final_weights,
+    losses,
+    python_cmd,
+    rows,
+    run_argv,
+    run_cmd,
+    run_here,
     summary,
 )
 

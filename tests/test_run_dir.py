@@ -1,12 +1,12 @@
-"""The run directory object (common/run_dir.py): its layout, the validated config it reads back, summary.json."""
+"""The run directory object (normlab/run_dir.py): its layout, the validated config it reads back, summary.json."""
 
 import json
 
 import pytest
 import yaml
 
-from common.config import ConfigError, load_config, replace_keys
-from common.run_dir import RunDir, model_dir_config
+from normlab.config.loader import ConfigError, load_config, replace_keys
+from normlab.run_dir import RunDir, model_dir_config
 
 
 def test_the_layout_and_a_saved_config_read_back_validated(tmp_path):

@@ -1,8 +1,8 @@
-"""The lines train.py prints when a run ends (common/run_summary.py), alone and at the end of a real tiny run."""
+"""The lines train.py prints when a run ends (normlab/train/run_summary.py), alone and at the end of a real tiny run."""
 
 import json
 
-from common.run_summary import format_summary, tokens_per_s
+from normlab.train.run_summary import format_summary, tokens_per_s
 from train_utils import run_here
 
 COMPLETED = {"status": "completed", "step": 2105, "total_steps": 2105, "wall_time_s": 67.4,
@@ -92,8 +92,8 @@ def test_a_real_run_ends_with_the_summary_and_names_its_labels(tmp_path, capsys)
 
 
 def test_the_model_cards_best_line_is_readable():
-    from common.config import load_config
-    from common.model_card import model_card
+    from normlab.config.loader import load_config
+    from normlab.tracking.model_card import model_card
 
     card = model_card(load_config(), {**COMPLETED, "loss_spikes": 0}, {0: "negative", 1: "positive"})
     assert ("Best evaluation (highest accuracy): step 2000: eval/accuracy 0.8119, eval/loss 0.4500. Loss spikes "
@@ -108,7 +108,7 @@ def test_progress_bars_show_on_a_terminal_only():
 
     from transformers.utils import logging as hf_logging
 
-    from common.progress_bars import bars_on
+    from normlab.train.progress_bars import bars_on
 
     class Terminal(io.StringIO):
         def isatty(self):

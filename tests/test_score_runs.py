@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from common.batching import pad_rows
 from model import NormLabConfig, NormLabForSequenceClassification
-from normlab_study import scoring as score_runs
+from normlab.data.batching import pad_rows
+from normlab.study import scoring as score_runs
 
 SENTENCES = [[2, 5, 6, 3], [2, 7, 3], [2, 8, 9, 10, 11, 3], [2, 12, 3]]  # 16 real tokens, lengths 3-6
 ROWS = [{"input_ids": ids} for ids in SENTENCES]

@@ -2,7 +2,7 @@
 
 import math
 
-from common.spikes import LossSpikeDetector, count_loss_spikes
+from normlab.train.spikes import LossSpikeDetector, count_loss_spikes
 
 
 def test_smooth_decreasing_curve_has_no_spikes():

@@ -1,4 +1,4 @@
-"""The study runner's (normlab_study/runner.py, grid.py) grid, experiments, narrowing, skipping and failure recording, with a fake runner (no training
+"""The study runner's (normlab/study/runner.py, grid.py) grid, experiments, narrowing, skipping and failure recording, with a fake runner (no training
 here; tests/test_study_smoke.py trains a tiny study end to end)."""
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from normlab_study import runner as study
+from normlab.study import runner as study
 
 GRID = """
 name: tiny
@@ -69,8 +69,8 @@ def out_dir(cmd) -> Path:
 
 
 def test_a_run_is_launched_with_its_resolved_config_file(grid, tmp_path):
-    from common.config import load_config
-    from common.run_dir import RunDir
+    from normlab.config.loader import load_config
+    from normlab.run_dir import RunDir
 
     _, g = grid
     run = next(r for r in study.expand(g) if r["name"] == "masked_batchnorm-lr0.01-wuon-s1")
@@ -176,7 +176,7 @@ def test_parallel_cpu_runs_split_the_cores(grid, tmp_path, monkeypatch):
     and as OMP_NUM_THREADS for everything else."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(study.os, "cpu_count", lambda: 8)
-    from common.run_dir import RunDir
+    from normlab.run_dir import RunDir
 
     grid_file, g = grid
     seen = []
@@ -270,10 +270,10 @@ def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, mon
         return 0
 
     # dev loss: lower for the LR each arm should get
-    monkeypatch.setattr("normlab_study.selection.dev_loss",
+    monkeypatch.setattr("normlab.study.selection.dev_loss",
                         lambda run_dir, dev, bs: 0.3 if run_dir.name in ("a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100") else 0.6)
-    monkeypatch.setattr("normlab_study.selection.score_sets", lambda cfg, rows: {"dev": ([], [])})
-    monkeypatch.setattr("normlab_study.selection.RunDir.read_config", lambda self: None)
+    monkeypatch.setattr("normlab.study.selection.score_sets", lambda cfg, rows: {"dev": ([], [])})
+    monkeypatch.setattr("normlab.study.selection.RunDir.read_config", lambda self: None)
     engine = study.LocalEngine(runner=fake_runner)
     study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", engine)
     sel = json.loads((tmp_path / "st" / "selection.json").read_text())
@@ -339,7 +339,7 @@ experiments:
 def test_e1_reads_the_study_overrides_from_study_json_and_from_the_preset(tmp_path, monkeypatch):
     """E1 (init_exp.main) sizes its tokenizer data and vocabulary from the study's own overrides, whether it is
     given the study.json that the runner wrote or the preset file."""
-    from normlab_study import init_exp
+    from normlab.study import init_exp
 
     preset = tmp_path / "p.yaml"
     preset.write_text(GRID.replace("data.max_train_samples: 64}", "data.max_train_samples: 64, model.vocab_size: 300}")

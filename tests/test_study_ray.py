@@ -1,4 +1,4 @@
-"""scripts/study.py --engine ray (normlab_study/engines.py's RayEngine) on a real local Ray instance with 2 CPUs and real
+"""scripts/study.py --engine ray (normlab/study/engines.py's RayEngine) on a real local Ray instance with 2 CPUs and real
 train.py runs of a tiny model on a few hundred SST-2 rows: the study directory it fills has the local engine's
 shape and results, a run whose Ray worker is killed mid-run is retried from its last checkpoint and finishes, a
 finished study run again starts nothing, and a command killed more often than its retries allow fails with the
@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from normlab_study import engines
-from normlab_study import runner as study
+from normlab.study import engines
+from normlab.study import runner as study
 
 pytestmark = pytest.mark.slow  # a study on a local Ray instance
 

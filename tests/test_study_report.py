@@ -10,9 +10,9 @@ import zlib
 import numpy as np
 import pytest
 
-from normlab_study import report
-from normlab_study.analysis import Records, aa_calibration, largest_lr_by_seed
-from normlab_study.hypotheses import verdicts
+from normlab.study import report
+from normlab.study.analysis import Records, aa_calibration, largest_lr_by_seed
+from normlab.study.hypotheses import verdicts
 
 LN2 = math.log(2)
 STEPS = 320
@@ -137,9 +137,7 @@ def test_a_record_digest_sees_every_measurement_but_not_the_dropped_dev_predicti
 def test_report_py_writes_only_the_report_unless_asked_for_a_wandb_run(tmp_path, monkeypatch):
     """scripts/report.py on a folder of records (as docs/study-v3) adds nothing but report.md and its figures; with
     --wandb the offline report run goes to --wandb-dir, not into that folder."""
-    from module_loader import SCRIPTS, load_module
-
-    report_py = load_module("report_script", SCRIPTS / "report.py")
+    from normlab.cli import report as report_py
     out = tmp_path / "docs"
     out.mkdir()
     with gzip.open(out / report.RECORDS, "wt") as f:  # committed records, as docs/study-v3 holds them

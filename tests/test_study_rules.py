@@ -1,4 +1,4 @@
-"""Study v4's rules (normlab_study/rules.py) on synthetic records: v3's flaws (a coin-flip LR choice, an arm that
+"""Study v4's rules (normlab/study/rules.py) on synthetic records: v3's flaws (a coin-flip LR choice, an arm that
 had not flattened, 5-seed tests that could never decide, an A/A arm that was a copy) must be caught."""
 
 import math
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from normlab_study import rules
-from normlab_study.seedstats import Paired, holm, paired_test
+from normlab.study import rules
+from normlab.study.seedstats import Paired, holm, paired_test
 
 LN2 = math.log(2)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from normlab_study import runner as study
+from normlab.study import runner as study
 
 pytestmark = pytest.mark.slow  # a whole tiny study, for real
 

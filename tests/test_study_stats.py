@@ -1,4 +1,4 @@
-"""normlab_study's outcome rules and seed-level statistics, against hand-made curves and scipy's own tests."""
+"""normlab.study's outcome rules and seed-level statistics, against hand-made curves and scipy's own tests."""
 
 import math
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from normlab_study import outcomes as oc
-from normlab_study import seedstats as ss
+from normlab.study import outcomes as oc
+from normlab.study import seedstats as ss
 
 LN2 = math.log(2)
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from normlab_study import grid as grid_mod
-from normlab_study import rules
-from normlab_study import runner as study
+from normlab.study import grid as grid_mod
+from normlab.study import rules
+from normlab.study import runner as study
 
 TWO_LRS = """
 name: two
@@ -50,9 +50,9 @@ def test_a_coin_flip_tuning_trains_both_lrs_and_is_flagged(tmp_path, monkeypatch
         arm, seed = run_dir.name.rsplit("-wuon-s", 1)
         return DEV[arm][int(seed) - 100]
 
-    monkeypatch.setattr("normlab_study.selection.dev_loss", dev_loss)
-    monkeypatch.setattr("normlab_study.selection.score_sets", lambda cfg, rows: {"dev": ([], [])})
-    monkeypatch.setattr("normlab_study.selection.RunDir.read_config", lambda self: None)
+    monkeypatch.setattr("normlab.study.selection.dev_loss", dev_loss)
+    monkeypatch.setattr("normlab.study.selection.score_sets", lambda cfg, rows: {"dev": ([], [])})
+    monkeypatch.setattr("normlab.study.selection.RunDir.read_config", lambda self: None)
     study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", study.LocalEngine(runner=fake_runner))
     sel = json.loads((tmp_path / "st" / "selection.json").read_text())
     a, b = sel["tune/a/wuon"], sel["tune/b/wuon"]
@@ -82,11 +82,10 @@ def test_ranks_need_a_runner_up_and_are_checked(tmp_path):
 
 
 def test_mlm_runs_are_scored_on_their_masked_tokens_with_one_fixed_mask(tmp_path):
+    from normlab.files.formats import read_jsonl
+    from normlab.run_dir import RunDir
+    from normlab.study.scoring import score_run, score_sets
     from tests.train_utils import run_here
-
-    from common.io import read_jsonl
-    from common.run_dir import RunDir
-    from normlab_study.scoring import score_run, score_sets
 
     out = tmp_path / "mlm"
     assert run_here(out, "task=mlm", "train.max_steps=6", "train.eval_steps=6", "train.save_steps=6") == 0
@@ -104,7 +103,7 @@ def test_pooled_cosine_is_one_for_identical_sentences_and_matches_a_hand_computa
     import torch
 
     from model import NormLabConfig, NormLabForSequenceClassification
-    from normlab_study.signal import cosine_over_steps, pooled_cosine
+    from normlab.study.signal import cosine_over_steps, pooled_cosine
 
     torch.manual_seed(0)
     config = NormLabConfig(vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
@@ -125,7 +124,7 @@ def test_pooled_cosine_is_one_for_identical_sentences_and_matches_a_hand_computa
 
 
 def test_e1_rows_and_its_invocation_carry_commit_machine_and_start_time(tmp_path):
-    from normlab_study import init_exp
+    from normlab.study import init_exp
 
     preset = tmp_path / "p.yaml"
     preset.write_text(TWO_LRS + "init: {placements: [pre], depths: [1], seeds: [0], adam_steps: 1, lr: 1.0e-3, "
@@ -164,7 +163,7 @@ def synthetic_run(variant, lr, seed, exit_step, acc, experiment="board", steps=4
 def synthetic_records():
     import numpy as np
 
-    from normlab_study.analysis import Records
+    from normlab.study.analysis import Records
 
     rng = np.random.default_rng(0)
     runs, base = [], {a: 0.72 for a in ARMS}
@@ -183,7 +182,7 @@ def synthetic_records():
 
 
 def test_the_v4_report_applies_the_robustness_and_horizon_rules(tmp_path):
-    from normlab_study import report_v4
+    from normlab.study import report_v4
 
     rec = synthetic_records()
     assert report_v4.is_v4(rec)
@@ -201,7 +200,7 @@ def test_the_v4_report_applies_the_robustness_and_horizon_rules(tmp_path):
 def test_make_report_writes_the_v4_report_for_v4_records_and_keeps_v3s(tmp_path):
     import gzip
 
-    from normlab_study.report import RECORDS, make_report
+    from normlab.study.report import RECORDS, make_report
 
     rec = synthetic_records()
     with gzip.open(tmp_path / RECORDS, "wt") as f:
@@ -214,7 +213,7 @@ def test_make_report_writes_the_v4_report_for_v4_records_and_keeps_v3s(tmp_path)
 
 
 def p2_records(differ: int, seeds: int = 12):
-    from normlab_study.analysis import Records
+    from normlab.study.analysis import Records
 
     lrs, runs = (1.78e-3, 2.37e-3, 3.16e-3, 4.22e-3), []
     for seed in range(seeds):
@@ -227,7 +226,7 @@ def p2_records(differ: int, seeds: int = 12):
 
 
 def test_p2_is_undecidable_when_too_few_seeds_differ_and_decided_when_enough_do():
-    from normlab_study import report_v4
+    from normlab.study import report_v4
 
     assert report_v4.is_v4(p2_records(3))
     few = "\n".join(report_v4.p2_lines(p2_records(differ=5)))
@@ -237,7 +236,7 @@ def test_p2_is_undecidable_when_too_few_seeds_differ_and_decided_when_enough_do(
 
 
 def test_m1_correlates_the_spread_with_the_exit_across_arms():
-    from normlab_study import report_v4
+    from normlab.study import report_v4
 
     rec = synthetic_records()
     exits = {a: rules.median_exit(report_v4.runs_at(rec, a, 0)) for a in report_v4.M1_ARMS}
@@ -250,7 +249,7 @@ def test_m1_correlates_the_spread_with_the_exit_across_arms():
 
 
 def test_signal_rows_take_each_arms_best_lr_and_carry_provenance(tmp_path):
-    from normlab_study import signal
+    from normlab.study import signal
 
     preset = tmp_path / "p.yaml"
     preset.write_text(TWO_LRS.replace("overrides: {train.max_steps: 5}",
@@ -269,7 +268,7 @@ def test_signal_rows_take_each_arms_best_lr_and_carry_provenance(tmp_path):
     assert {v: r["lr"] for v, r in rows.items()} == {"a": 0.00316, "b": 1e-3, "a_mean": 0.00316}  # b: not tuned
     assert all(len(r["cosine"]) == 3 and r["commit"] and r["machine"] and r["started_at"] for r in rows.values())
     (call,) = json.loads((tmp_path / "st" / "study.json").read_text())["invocations"]
-    assert call["command"].startswith("python -m normlab_study.signal")
+    assert call["command"].startswith("python -m normlab.study.signal")
 
 
 def test_a_study_can_take_its_lrs_from_another_and_never_trains_the_named_sweep(tmp_path):
@@ -290,7 +289,7 @@ def test_a_study_can_take_its_lrs_from_another_and_never_trains_the_named_sweep(
 
 
 def test_a_diverged_tuning_seed_gives_no_gap_and_no_near_tie():
-    from normlab_study.selection import choice
+    from normlab.study.selection import choice
 
     picked = choice({1e-3: [0.40, 0.41], 1e-2: [0.41, float("inf")]})
     assert (picked["lr"], picked["runner_up"], picked["gap"], picked["seed_sd"]) == (1e-3, 1e-2, None, None)

@@ -1,4 +1,4 @@
-"""normlab_study/worker.py: runs in a warm worker give a fresh process's numbers, and one run's failure is only
+"""normlab/study/worker.py: runs in a warm worker give a fresh process's numbers, and one run's failure is only
 that run's."""
 
 import json
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from normlab_study.engines import subprocess_runner
-from normlab_study.worker import WarmRunner, is_train_command
+from normlab.study.engines import subprocess_runner
+from normlab.study.worker import WarmRunner, is_train_command
 from train_utils import REPO, env, python_cmd
 
 pytestmark = pytest.mark.slow  # trains in fresh and warm processes

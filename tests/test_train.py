@@ -12,10 +12,18 @@ import pytest
 import torch
 import yaml
 
-import normlab_kernels
-
+import normlab.kernels
 from train_utils import (
-    REPO, accelerate_cmd, env, free_port, losses, rows, run_cmd, run_here, summary, train_rows,
+    REPO,
+    accelerate_cmd,
+    env,
+    free_port,
+    losses,
+    rows,
+    run_cmd,
+    run_here,
+    summary,
+    train_rows,
 )
 
 pytestmark = pytest.mark.slow  # accelerate launch end to end, several processes, compile: full training runs
@@ -54,9 +62,9 @@ def test_accelerate_launch_end_to_end(tmp_path):
     assert s["status"] == "completed" and s["step"] == 12 and s["loss_spikes"] == 0
     # train.kernels=auto: the C++ kernels ran, or the reference did and one warning said why
     assert cfg["train"]["kernels"] == "auto"
-    assert set(s["kernels"]) == set(normlab_kernels.OPS)
+    assert set(s["kernels"]) == set(normlab.kernels.OPS)
     # the C++ dropout and attention come with the C++ backend, else nn.Dropout and SDPA
-    swapped_in = {s["kernels"].pop(op) for op in normlab_kernels.SWAPPED_IN}
+    swapped_in = {s["kernels"].pop(op) for op in normlab.kernels.SWAPPED_IN}
     backends = set(s["kernels"].values())
     assert (backends == {"cpp"} and swapped_in == {"cpp"}) or (
         backends == {"reference"} and swapped_in == {"torch"} and "cpp backend for cpu is unavailable" in result.stderr)
@@ -171,13 +179,13 @@ def test_torch_compile(tmp_path):
 
 
 def test_train_kernels_reference_is_recorded(tmp_path):
-    before = normlab_kernels.backends("cpu")["normlab::layer_norm"]
+    before = normlab.kernels.backends("cpu")["normlab::layer_norm"]
     out = tmp_path / "reference"
     try:
         assert run_here(out, "train.kernels=reference", "train.max_steps=2", "train.eval_steps=100",
                         "data.max_eval_samples=16") == 0
     finally:
-        normlab_kernels.enable("auto" if before == "cpp" else "reference", "cpu")
+        normlab.kernels.enable("auto" if before == "cpp" else "reference", "cpu")
     assert summary(out)["kernels"] == {"normlab::layer_norm": "reference", "normlab::layer_norm_backward": "reference",
                                        "normlab::dropout": "torch", "normlab::attention": "torch",
                                        "normlab::attention_backward": "torch"}

@@ -1,4 +1,4 @@
-"""normlab_kernels' Triton LayerNorm (the CUDA backend of normlab::layer_norm) tested without a GPU:
+"""normlab.kernels' Triton LayerNorm (the CUDA backend of normlab::layer_norm) tested without a GPU:
 
 1. run by Triton's interpreter on CPU tensors (tests/triton_interpreter.py, in its own process) and judged against
    float64 truth the way flash-attention's kernel tests judge theirs: our maximum error at most twice that of
@@ -9,7 +9,7 @@
    kernels as the operators' implementation;
 2. compiled for Hopper (sm_90) down to a cubin, without running, so a kernel that would not build for the real
    target fails here.
-On a GPU, scripts/gpu_check.sh runs this file with `-k "not interpreted"`: the compiled kernels only (the tests of
+On a GPU, scripts/gpu/gpu_check.sh runs this file with `-k "not interpreted"`: the compiled kernels only (the tests of
 1. keep "interpreted" in their names; tests/test_gpu_check.py checks that selection).
 """
 
@@ -67,7 +67,7 @@ HOPPER = ("cuda", 90, 32)  # triton.backends.compiler.GPUTarget: backend, comput
 def test_kernels_compile_for_hopper(hidden, x_type):
     from triton.backends.compiler import GPUTarget
 
-    from normlab_kernels import triton_layer_norm as tln
+    from normlab.kernels import triton_layer_norm as tln
 
     if not isinstance(tln._forward_kernel, triton.runtime.jit.JITFunction):
         pytest.skip("TRITON_INTERPRET is set in this process: the kernels are interpreted, not compiled")
@@ -93,7 +93,7 @@ def test_backward_grid_fills_the_gpu_once(monkeypatch):
     wider than 8192 columns get 16 warps; small inputs keep MIN_BAND rows per program."""
     from types import SimpleNamespace
 
-    from normlab_kernels import triton_layer_norm as tln
+    from normlab.kernels import triton_layer_norm as tln
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
     cuda = torch.device("cuda")
@@ -119,13 +119,13 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 @pytest.fixture
 def triton_backend():
-    import normlab_kernels
+    import normlab.kernels
 
-    before = normlab_kernels.backends("cuda")["normlab::layer_norm"]
-    got = normlab_kernels.enable("auto", "cuda")["normlab::layer_norm"]
-    assert got == "triton", normlab_kernels.unavailable("cuda")
+    before = normlab.kernels.backends("cuda")["normlab::layer_norm"]
+    got = normlab.kernels.enable("auto", "cuda")["normlab::layer_norm"]
+    assert got == "triton", normlab.kernels.unavailable("cuda")
     yield
-    normlab_kernels.enable("auto" if before == "triton" else "reference", "cuda")
+    normlab.kernels.enable("auto" if before == "triton" else "reference", "cuda")
 
 
 @needs_cuda

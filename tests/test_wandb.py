@@ -1,4 +1,4 @@
-"""What reaches Weights & Biases, read back from the offline runs' .wandb files (common.wandb_records, wandb's own
+"""What reaches Weights & Biases, read back from the offline runs' .wandb files (normlab.tracking.wandb_records, wandb's own
 protobuf classes): a training run's x-axis, tags and group, per-layer depth charts against metrics.jsonl, the summary,
 the model and checkpoint artifacts (and evaluate.py loading the model back from them), evaluate.py --wandb's
 confusion matrix and predictions table, a resumed run continuing its W&B run (and a completed one left alone), a
@@ -11,11 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from common.wandb_records import OfflineRun, RecordsError, read_records
-from module_loader import SCRIPTS, load_module
+from normlab.cli import evaluate
+from normlab.tracking.wandb_records import OfflineRun, RecordsError, read_records
 from train_utils import REPO, rows, run_argv, run_here, summary
-
-evaluate = load_module("evaluate", SCRIPTS / "evaluate.py")
 
 LAYER_CHARTS = ("grad_norm", "act_rms", "attn_logit_max", "update_ratio")
 VALIDATION = REPO.parent / "shared" / "datasets" / "sst2" / "validation.parquet"
@@ -26,7 +24,7 @@ def offline_runs(wandb_dir) -> list[OfflineRun]:
     run.finish() returns; shutting it down (it restarts at the next wandb.init) flushes and closes the files."""
     import wandb
 
-    from common import wandb_records
+    from normlab.tracking import wandb_records
 
     wandb.teardown()
     runs = wandb_records.offline_runs(wandb_dir)
@@ -264,7 +262,7 @@ def test_other_trackers_still_work(tmp_path, report_to):
 def test_log_study_offline(tmp_path):
     from PIL import Image
 
-    from common.wandb_report import log_study
+    from normlab.tracking.wandb_report import log_study
 
     Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
     runs = [{"run": "a-s0", "lr": 1e-3, "acc": 0.7, "wandb_run_id": "r0"},
@@ -299,8 +297,9 @@ def test_records_reader_checks_the_format(trained, tmp_path):
 
 
 def test_wandb_charts_draws_the_logged_depth_charts(trained, tmp_path, capsys, monkeypatch):
-    wandb_charts = load_module("wandb_charts", SCRIPTS / "wandb_charts.py")
     from PIL import Image
+
+    from normlab.cli import wandb_charts
 
     out, run = trained
     png = tmp_path / "depth.png"
@@ -339,7 +338,7 @@ class FakeRun:
 def test_wandb_charts_titles_every_column_where_it_is_first_drawn():
     """An LN run above a BN run: the BN drift column is empty in the first row; its title goes on the BN run's
     panel, and every drawn column has one."""
-    wandb_charts = load_module("wandb_charts", SCRIPTS / "wandb_charts.py")
+    from normlab.cli import wandb_charts
     ln = FakeRun("layernorm", ["grad_norm", "act_rms"])
     bn = FakeRun("batchnorm", ["grad_norm", "act_rms", "stat_drift"])
     fig = wandb_charts.figure([ln, bn])

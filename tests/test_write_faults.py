@@ -11,13 +11,12 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-import common.io
+import normlab.files.formats
 import train
-from common.checkpointing import validate_checkpoint
-from common.metrics_jsonl import MetricsWriter
-from common.writes import WriteError, guarded_write
+from normlab.files.writes import WriteError, guarded_write
+from normlab.tracking.metrics_jsonl import MetricsWriter
+from normlab.train.checkpointing import validate_checkpoint
 from train_utils import REFERENCE, assert_same_weights, final_weights, losses, run_here, summary
-
 
 
 def refuse(code: int, path) -> OSError:
@@ -74,14 +73,14 @@ def metrics_read_only(mp):
 
 def summary_disk_full(mp):
     """The disk is full when the finished run writes summary.json: the failure cannot be recorded there either."""
-    write_text = common.io.atomic_write_text
+    write_text = normlab.files.formats.atomic_write_text
 
     def failing_write_text(path, text):
         if os.path.basename(path) == "summary.json":
             raise refuse(errno.ENOSPC, path)
         return write_text(path, text)
 
-    mp.setattr(common.io, "atomic_write_text", failing_write_text)
+    mp.setattr(normlab.files.formats, "atomic_write_text", failing_write_text)
 
 
 # (fault, what the error line names, the OS's reason, the newest complete checkpoint after it, summary written)
@@ -179,7 +178,7 @@ def test_an_output_dir_that_cannot_be_written_is_refused_before_any_data_is_load
     def read_only(*args, dir=None, **kwargs):
         raise refuse(errno.EACCES, dir)
 
-    monkeypatch.setattr("common.writes.tempfile.TemporaryFile", read_only)
+    monkeypatch.setattr("normlab.files.writes.tempfile.TemporaryFile", read_only)
     assert run_here(tmp_path / "new" / "run") == train.EXIT_WRITE_FAILED
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err

@@ -1,4 +1,4 @@
-"""Runs normlab_kernels' Triton LayerNorm in Triton's interpreter on CPU tensors and prints one JSON line of results;
+"""Runs normlab.kernels' Triton LayerNorm in Triton's interpreter on CPU tensors and prints one JSON line of results;
 tests/test_triton_layer_norm.py runs it as `TRITON_INTERPRET=1 python tests/triton_interpreter.py` and judges them.
 
 A separate process because TRITON_INTERPRET must be set before triton is first imported (triton's own
@@ -102,7 +102,7 @@ def main():
     import torch
     import torch.nn.functional as F
 
-    from normlab_kernels import triton_layer_norm as tln
+    from normlab.kernels import triton_layer_norm as tln
 
     torch.set_num_threads(1)
     results = {"cases": {name: run_case(torch, F, tln, name) for name in CASES}}

@@ -1,0 +1,102 @@
+"""Look at training runs' W&B depth charts side by side without uploading anything, drawn locally from what each
+run logged offline (RUN_DIR/wandb): one row per run, one panel per `depth/*` chart, one line per layer, in one PNG.
+
+    python scripts/wandb_charts.py runs/post_ln runs/pre_ln          # writes depth-charts.png
+    python scripts/wandb_charts.py runs/default --out default.png --linear
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+from normlab.run_dir import RunDir  # noqa: E402
+from normlab.tracking.wandb_records import RecordsError, offline_runs  # noqa: E402
+from normlab.tracking.wandb_run import DEPTH_CHARTS  # noqa: E402
+
+
+def training_run(run_dir: Path):
+    """The newest offline training run under RUN_DIR/wandb that drew depth charts."""
+    wandb_dir = RunDir(run_dir).wandb_dir
+    runs = [r for r in offline_runs(wandb_dir) if r.job_type == "train" and r.charts()]
+    if not runs:
+        raise RecordsError(f"no offline wandb training run with depth charts under {wandb_dir}")
+    return runs[-1]
+
+
+def row_label(run) -> str:
+    c, s = run.config, run.summary
+    label = f"{c.get('model.norm')} ({c.get('model.norm_placement')}-norm), lr {c.get('train.lr')}\n{s.get('status')}"
+    accuracy = s.get("final/eval/accuracy")
+    return label + (f", val acc {accuracy:.3f}" if isinstance(accuracy, float) else "")
+
+
+def figure(runs, log_y: bool = True):
+    """The figure: a row per run, a column per depth chart any run drew, each column titled on its first drawn
+    panel (the BN drift chart's first may be in a later row)."""
+    quantities = [q for q in DEPTH_CHARTS if any(f"depth/{q}" in r.charts() for r in runs)]
+    fig, axes = plt.subplots(len(runs), len(quantities), figsize=(3.4 * len(quantities), 2.6 * len(runs)),
+                             squeeze=False, sharex=True)
+    titled = set()
+    for row, run in enumerate(runs):
+        for col, quantity in enumerate(quantities):
+            ax = axes[row][col]
+            if f"depth/{quantity}" not in run.charts():
+                ax.set_axis_off()
+                continue
+            lines = {}
+            for step, line, value in run.table(f"depth/{quantity}")["data"]:
+                xs, ys = lines.setdefault(line, ([], []))
+                xs.append(step)
+                ys.append(value)
+            colors = plt.cm.viridis([i / max(len(lines) - 1, 1) for i in range(len(lines))])
+            for (line, (xs, ys)), color in zip(lines.items(), colors):
+                ax.plot(xs, ys, color=color, linewidth=1, label=line)
+            if log_y and all(v > 0 for _, ys in lines.values() for v in ys):
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            if quantity not in titled:
+                ax.set_title(f"depth/{quantity}\n{DEPTH_CHARTS[quantity]}", fontsize=8)
+                titled.add(quantity)
+            if row == len(runs) - 1:
+                ax.set_xlabel("step")
+            if col == 0:
+                ax.set_ylabel(row_label(run), fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig
+
+
+def draw(runs, out: Path, log_y: bool = True) -> None:
+    fig = figure(runs, log_y)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    from PIL import Image  # (matplotlib's dependency) a 256-colour palette: a third of the file, same picture
+
+    Image.open(out).convert("RGB").quantize(256).save(out, optimize=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="train.py output directories (with wandb/)")
+    parser.add_argument("--out", type=Path, default=Path("depth-charts.png"),
+                        help="the PNG to write (default: depth-charts.png)")
+    parser.add_argument("--linear", action="store_true", help="linear y axes (default: log where all values > 0)")
+    args = parser.parse_args(argv)
+    try:
+        runs = [training_run(d) for d in args.run_dirs]
+    except RecordsError as err:
+        print(f"wandb_charts.py: error: {err}", file=sys.stderr)
+        return 2
+    draw(runs, args.out, log_y=not args.linear)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""A study file (configs/study/*.yaml), read and checked, and expanded into its runs (docs/studies.md: the format,
+chosen LRs and shared runs).
+"""
+
+import dataclasses
+import itertools
+import math
+import typing
+from pathlib import Path
+
+from normlab.config.keys import checked
+from normlab.files.formats import load_yaml_mapping
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
+AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
+FINISHED = ("completed", "diverged")  # a run that ended so is a result: never trained again (failed ones are)
+Overrides = typing.Optional[typing.Dict[str, typing.Any]]  # run config keys (train.max_steps) and their values
+
+
+class StudyError(ValueError):
+    pass
+
+
+# The study file's schema (docs/studies.md); normlab.config.keys.checked reads a mapping into it with one-line errors.
+
+@dataclasses.dataclass
+class VariantSpec:
+    config: typing.Optional[str] = None  # a configs/ variant name or a YAML path
+    overrides: Overrides = None
+    warmup: typing.Optional[list] = None  # which of the experiment's warmup settings (on, off) it runs
+    tune: typing.Optional[str] = None  # the swept variant whose chosen LR it takes (default: itself)
+    lr_scale: float = 1.0
+    seeds: typing.Optional[typing.List[int]] = None  # its own seeds instead of the experiment's
+
+
+@dataclasses.dataclass
+class ExperimentSpec:
+    variants: dict
+    lr: typing.Union[list, dict]  # LRs, {min, max, num}, or {best_of: EXPERIMENT[, ranks: 2]}
+    seeds: typing.List[int]
+    description: str = ""
+    overrides: Overrides = None
+    warmup: typing.Optional[dict] = None  # {on: warmup steps, off: 0}
+
+
+@dataclasses.dataclass
+class GridSpec:
+    name: str
+    description: str = ""
+    overrides: Overrides = None
+    variants: typing.Optional[dict] = None  # variants, lr, warmup, seeds: one experiment, or every experiment's
+    lr: typing.Union[list, dict, None] = None
+    warmup: typing.Optional[dict] = None
+    seeds: typing.Optional[typing.List[int]] = None
+    comparisons: typing.Optional[list] = None
+    wandb_project: typing.Optional[str] = None
+    experiments: typing.Optional[dict] = None
+    init: typing.Optional[dict] = None  # E1's settings (normlab/study/init_exp.py)
+    score: typing.Optional[dict] = None  # the records' scoring (normlab/study/scoring.py)
+    share_runs: bool = False
+    signal: typing.Optional[dict] = None  # normlab/study/signal.py's settings
+    selection_from: typing.Optional[str] = None
+
+
+def _checked(schema, values, where):
+    return checked(schema, values, str(where), StudyError)
+
+
+def resolve_preset(preset: str) -> Path:
+    path = Path(preset)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    candidate = STUDY_CONFIG_DIR / f"{preset}.yaml"
+    if candidate.is_file():
+        return candidate
+    choices = sorted(p.stem for p in STUDY_CONFIG_DIR.glob("*.yaml"))
+    raise StudyError(f"--preset {preset!r} not found; choose one of {', '.join(choices)} or give a YAML file path")
+
+
+def three_digits(x: float) -> float:
+    """`x` rounded to 3 significant digits (LRs: short run names, and the grid's values as written)."""
+    return round(x, 2 - math.floor(math.log10(abs(x)))) if x else 0.0
+
+
+def lr_grid(spec) -> list[float]:
+    """A list of LRs, or {min, max, num}: num log-spaced values from min to max (3 significant digits)."""
+    if isinstance(spec, list) and spec and all(isinstance(x, (int, float)) and x > 0 for x in spec):
+        return [float(x) for x in spec]
+    if isinstance(spec, dict) and set(spec) == {"min", "max", "num"}:
+        lo, hi, num = spec["min"], spec["max"], spec["num"]
+        if not (isinstance(num, int) and num >= 1 and 0 < lo <= hi):
+            raise StudyError(f"lr: {spec} needs 0 < min <= max and an integer num >= 1")
+        if num == 1:
+            return [float(lo)]
+        return [three_digits(lo * (hi / lo) ** (i / (num - 1))) for i in range(num)]
+    raise StudyError(f"lr: {spec!r} must be a list of positive numbers, {{min: .., max: .., num: ..}} or "
+                     f"{{best_of: EXPERIMENT}}")
+
+
+def _overrides(mapping, where) -> dict:
+    """A mapping of run config keys to values, as given (the run's config loader checks them)."""
+    if not all(isinstance(k, str) for k in (mapping or {})):
+        raise StudyError(f"{where} must map run config keys to values, e.g. {{train.max_steps: 200}}")
+    return dict(mapping or {})
+
+
+def _on_off(value):
+    # YAML 1.1 reads a bare on/off as a boolean; the study means the names
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else str(value)
+
+
+def _check_seeds(where, seeds) -> None:
+    if not seeds:
+        raise StudyError(f"{where}: seeds must be a non-empty list of integers")
+
+
+def _load_variants(where, variants_spec, warmup) -> dict:
+    variants = {}
+    for name, raw in variants_spec.items():
+        spec = _checked(VariantSpec, {"config": raw} if isinstance(raw, str) or raw is None else raw,
+                        f"{where}: variant {name}")
+        settings = [_on_off(w) for w in (spec.warmup if spec.warmup is not None else list(warmup))]
+        if not set(settings) <= set(warmup):
+            raise StudyError(f"{where}: variant {name}: warmup {settings} not among the study's settings {list(warmup)}")
+        config = spec.config
+        if config is not None:
+            config_path = Path(config) if str(config).endswith((".yaml", ".yml")) else Path("configs") / f"{config}.yaml"
+            if not (REPO_ROOT / config_path).is_file() and not config_path.is_file():
+                raise StudyError(f"{where}: variant {name}: config file {config_path} not found")
+            config = str(config_path)
+        if not spec.lr_scale > 0:
+            raise StudyError(f"{where}: variant {name}: lr_scale {spec.lr_scale!r} must be a positive number")
+        if spec.seeds is not None:
+            _check_seeds(f"{where}: variant {name}", spec.seeds)
+        variants[name] = {"config": config, "overrides": _overrides(spec.overrides, f"variant {name} overrides"),
+                          "warmup": list(settings), "tune": str(spec.tune or name), "lr_scale": float(spec.lr_scale),
+                          "seeds": spec.seeds}
+    return variants
+
+
+def _load_experiment(where, spec: dict, defaults: dict) -> dict:
+    """One grid: variants x lr x warmup x seeds, with its own overrides (after the study's)."""
+    spec = _checked(ExperimentSpec, {**defaults, **spec}, where)
+    warmup = spec.warmup or {"on": None}
+    warmup = {_on_off(k): v for k, v in warmup.items()}
+    if not set(warmup) <= {"on", "off"} or not all(v is None or isinstance(v, int) for v in warmup.values()):
+        raise StudyError(f"{where}: warmup must map on/off to train.warmup_steps, e.g. {{on: 30, off: 0}}")
+    _check_seeds(where, spec.seeds)
+    best_of, ranks = _chosen_lr_spec(where, spec.lr)
+    return {"description": spec.description, "variants": _load_variants(where, spec.variants, warmup),
+            "overrides": _overrides(spec.overrides, f"{where} overrides"),
+            "lr": [] if best_of else lr_grid(spec.lr), "best_of": best_of, "ranks": ranks, "warmup": warmup,
+            "seeds": spec.seeds}
+
+
+def _chosen_lr_spec(where, lr) -> tuple:
+    """{best_of: E} -> (E, 1): each variant at the LR E chose; {best_of: E, ranks: 2}: at its best and at its
+    runner-up LR (study v4's robustness rule). Anything else is a grid: (None, 0)."""
+    if not (isinstance(lr, dict) and "best_of" in lr):
+        return None, 0
+    if not set(lr) <= {"best_of", "ranks"} or lr.get("ranks", 1) not in (1, 2):
+        raise StudyError(f"{where}: lr {lr} must be {{best_of: EXPERIMENT}} or {{best_of: EXPERIMENT, ranks: 2}} "
+                         f"(ranks 1: the best LR; 2: the best and the runner-up)")
+    return lr["best_of"], lr.get("ranks", 1)
+
+
+def load_grid(path: Path) -> dict:
+    """The study file, checked and normalised: experiments -> {variants, lr, warmup, seeds, overrides}; a file
+    without `experiments` is one unnamed experiment (its run names carry no experiment prefix)."""
+    try:
+        raw = load_yaml_mapping(path)
+    except ValueError as e:
+        raise StudyError(str(e)) from None
+    grid = _checked(GridSpec, raw, path)
+    shared = {k: raw[k] for k in ("variants", "lr", "warmup", "seeds") if k in raw}
+    if grid.experiments is not None:
+        if not grid.experiments:
+            raise StudyError(f"{path}: experiments must map names to grids (variants, lr, warmup, seeds)")
+        experiments = {str(name): _load_experiment(f"{path}: experiment {name}", spec or {}, shared)
+                       for name, spec in grid.experiments.items()}
+    else:
+        experiments = {"": _load_experiment(str(path), shared, {})}
+    out = {"name": str(grid.name), "description": grid.description,
+           "overrides": _overrides(grid.overrides, "overrides"), "experiments": experiments,
+           "init": grid.init, "score": grid.score or {}, "share_runs": grid.share_runs,
+           "comparisons": grid.comparisons or [], "wandb_project": grid.wandb_project,
+           "selection_from": grid.selection_from}
+    _check_selection(path, out)
+    if out["share_runs"]:
+        _check_shared(path, out)
+    return out
+
+
+def _check_selection(path, grid: dict) -> None:
+    """Every {best_of: E} names a swept experiment E that has each variant's `tune` variant."""
+    for name, exp in grid["experiments"].items():
+        source = exp["best_of"]
+        if source is None:
+            continue
+        src = grid["experiments"].get(source)
+        if src is None or src["best_of"] is not None:
+            swept = [n for n, e in grid["experiments"].items() if e["best_of"] is None]
+            raise StudyError(f"{path}: experiment {name}: best_of {source!r} is not a swept experiment; "
+                             f"choose one of {', '.join(swept)}")
+        for variant, spec in exp["variants"].items():
+            if spec["tune"] not in src["variants"]:
+                raise StudyError(f"{path}: experiment {name}: variant {variant} is tuned as {spec['tune']!r}, "
+                                 f"which {source} does not train; its variants: {', '.join(src['variants'])}")
+
+
+def variant_overrides(grid: dict, experiment: str, variant: str, warmup: str) -> tuple:
+    """Everything that makes a run of this variant what it is, except its LR and seed: (its configs/ file or
+    None, {run config key: value} of the experiment and then the variant, its train.warmup_steps or None)."""
+    exp = grid["experiments"][experiment]
+    spec = exp["variants"][variant]
+    return spec["config"], {**exp["overrides"], **spec["overrides"]}, exp["warmup"][warmup]
+
+
+def _check_shared(path, grid: dict) -> None:
+    """Shared runs are named by variant: a name must mean one configuration in every experiment that uses it."""
+    seen = {}
+    for name, exp in grid["experiments"].items():
+        for variant, spec in exp["variants"].items():
+            for warmup in spec["warmup"]:
+                config = variant_overrides(grid, name, variant, warmup)
+                first = seen.setdefault((variant, warmup), (name, config))
+                if first[1] != config:
+                    raise StudyError(f"{path}: share_runs: variant {variant} (warmup {warmup}) is configured "
+                                     f"differently in experiments {first[0]} and {name}; give one of them another name")
+
+
+def run_name(variant, lr, warmup, seed, experiment="") -> str:
+    return f"{experiment + '-' if experiment else ''}{variant}-lr{lr:g}-wu{warmup}-s{seed}"
+
+
+def run_lrs(grid: dict, experiment: str, variant: str, selection: dict) -> list[float]:
+    """The variant's LRs in this experiment: its grid, or the LR its sweep chose (none until it is chosen)."""
+    exp = grid["experiments"][experiment]
+    if exp["best_of"] is None:
+        return exp["lr"]
+    spec = exp["variants"][variant]
+    chosen = selection.get(selection_key(exp["best_of"], spec["tune"], spec["warmup"][0]))
+    if not chosen:
+        return []
+    if exp.get("ranks", 1) == 2 and "runner_up" not in chosen:
+        raise StudyError(f"experiment {experiment}: needs the runner-up LR of {spec['tune']}, which selection.json "
+                         f"(written by an older choice) does not have; choose again in a fresh study directory")
+    lrs = [chosen["lr"]] + ([chosen["runner_up"]] if exp.get("ranks", 1) == 2 else [])
+    return [three_digits(lr * spec["lr_scale"]) for lr in lrs]
+
+
+def selection_key(experiment: str, variant: str, warmup: str) -> str:
+    return f"{experiment}/{variant}/wu{warmup}"
+
+
+def expand(grid: dict, selection: dict | None = None) -> list[dict]:
+    """Every run: experiment x variant x lr x (the variant's warmup settings) x seed, in that nesting order. Runs
+    of a {best_of} experiment appear once `selection` holds their LR. Shared runs appear once, under the first
+    experiment that needs them, with every experiment that uses them in `experiments`."""
+    runs, by_name = [], {}
+    # selection_from: the LRs were chosen by another study, whose sweeps are named here but never trained
+    named_only = {e["best_of"] for e in grid["experiments"].values()} if grid.get("selection_from") else set()
+    for experiment, exp in grid["experiments"].items():
+        if experiment in named_only:
+            continue
+        for variant, spec in exp["variants"].items():
+            lrs = run_lrs(grid, experiment, variant, selection or {})
+            for lr, warmup, seed in itertools.product(lrs, spec["warmup"], spec["seeds"] or exp["seeds"]):
+                name = run_name(variant, lr, warmup, seed, "" if grid.get("share_runs") else experiment)
+                if name in by_name:
+                    by_name[name]["experiments"].append(experiment)
+                    continue
+                by_name[name] = {"name": name, "experiment": experiment, "experiments": [experiment],
+                                 "variant": variant, "lr": lr, "warmup": warmup, "seed": seed}
+                runs.append(by_name[name])
+    return runs
+
+
+def pending_selections(grid: dict, selection: dict) -> dict:
+    """{selection key: (swept experiment, tune variant, warmup)} for every chosen-LR not chosen yet."""
+    todo = {}
+    for exp in grid["experiments"].values():
+        if exp["best_of"] is not None:
+            for spec in exp["variants"].values():
+                key = selection_key(exp["best_of"], spec["tune"], spec["warmup"][0])
+                if key not in selection:
+                    todo[key] = (exp["best_of"], spec["tune"], spec["warmup"][0])
+    return todo
+
+
+def parse_only(items: list[str]) -> dict:
+    """["variant=post_ln,pre_ln,seed=0"] -> {"variant": {"post_ln", "pre_ln"}, "seed": {"0"}}: an item without "="
+    is one more value of the previous key; a repeated key gives alternatives, different keys must all match."""
+    only = {}
+    for text in items:
+        key = None
+        for item in filter(None, (s.strip() for s in text.split(","))):
+            if "=" in item:
+                key, value = (s.strip() for s in item.split("=", 1))
+            elif key is None:
+                raise StudyError(f"--only {text!r}: expected key=value items, e.g. variant=post_ln,pre_ln,seed=0")
+            else:
+                value = item
+            if key not in AXES:
+                raise StudyError(f"--only: unknown key {key!r}; narrow by one of: {', '.join(AXES)}")
+            only.setdefault(key, set()).add(value)
+    return only
+
+
+def _matches(axis, value, wanted: str) -> bool:
+    if axis == "lr":
+        try:
+            return math.isclose(float(value), float(wanted), rel_tol=1e-6)
+        except ValueError:
+            return False
+    return str(value) == wanted
+
+
+def narrow(runs: list[dict], only: dict, strict: bool = True) -> list[dict]:
+    """The runs matching every --only key; a value that matches no run of the grid is an error (a typo)."""
+    for axis, wanted in only.items() if strict else ():
+        present = sorted({r[axis] for r in runs}, key=lambda v: (isinstance(v, str), v))
+        for w in wanted:
+            if not any(_matches(axis, v, w) for v in present):
+                raise StudyError(f"--only {axis}={w}: not in the grid; choose from {', '.join(f'{v:g}' if axis == 'lr' else str(v) for v in present)}")
+    return [r for r in runs if all(any(_matches(a, r[a], w) for w in ws) for a, ws in only.items())]

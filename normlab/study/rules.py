@@ -1,0 +1,271 @@
+"""Study v4's decision rules, declared before its runs (docs/study-v4/predictions.md), as code a report cannot bend:
+the smallest p a planned test can reach, its power, the LR choice (best and runner-up, near ties flagged), the
+robustness rule (a claim must hold at both LRs), the horizon rule (an arm must have left the plateau early and the
+ranking must have settled), and the A/A control on two disjoint seed sets (docs/studies.md, "Study v4's rules").
+"""
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from normlab.study import outcomes as oc
+from normlab.study.seedstats import Paired, paired_test, sign_flip_p
+
+ALPHA = 0.05
+HORIZON_FRACTION = 1 / 3  # an arm's median plateau exit must lie within the first third of its steps
+DEPENDS = "depends on the LR"
+HORIZON_TOO_SHORT = "horizon too short"
+RANKS = ("best", "runner-up")  # the two LRs every primary arm trains at
+
+
+class PlanError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what a planned test can decide
+
+
+def test_floor(nonzero: int, family: int = 1) -> float:
+    """The smallest p an exact sign-flip or Wilcoxon signed-rank test can give with `nonzero` non-zero paired
+    differences, two-sided: all of one sign is 2 of the 2^k equally likely sign patterns, p = 2^(1-k). After Holm
+    over `family` tests the smallest p is multiplied by the family size (its first step), so the floor is
+    family x 2^(1-k)."""
+    if nonzero < 1:
+        return 1.0
+    return min(1.0, family * 2.0 ** (1 - nonzero))
+
+
+def power(effect: float, sd: float, n: int, alpha: float = ALPHA, test: str = "t", reps: int = 2000,
+          seed: int = 0) -> float:
+    """Power of a two-sided paired test at level `alpha` to detect a mean per-seed difference `effect` when the
+    differences have SD `sd`, with n seeds. t: exact for normal differences (noncentral t). permutation: by
+    simulation, `reps` normal samples, the exact sign-flip test on each."""
+    if sd <= 0 or n < 2:
+        return float("nan")
+    if test == "t":
+        df, nc = n - 1, effect / sd * math.sqrt(n)
+        crit = stats.t.ppf(1 - alpha / 2, df)
+        return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+    if test != "permutation":
+        raise ValueError(f"power: unknown test {test!r}; choose t or permutation")
+    rng = np.random.default_rng(seed)
+    samples = rng.normal(effect, sd, size=(reps, n))
+    return float(np.mean([sign_flip_p(d) < alpha for d in samples]))
+
+
+@dataclass
+class PlannedTest:
+    """One test of the plan: its seeds (paired differences), how many of them can be non-zero (fewer on a coarse
+    grid, where ties are dropped), the Holm family it is corrected in, and the declared effect and per-seed SD."""
+
+    id: str
+    seeds: int
+    family: int = 1
+    nonzero: int | None = None
+    effect: float | None = None
+    sd: float | None = None
+    alpha: float = ALPHA
+
+    def floor(self) -> float:
+        return test_floor(self.nonzero if self.nonzero is not None else self.seeds, self.family)
+
+    def power(self) -> float:
+        """At alpha / family (Holm's first step, the strictest): a lower bound on the corrected power."""
+        if self.effect is None or self.sd is None:
+            return float("nan")
+        return power(self.effect, self.sd, self.seeds, self.alpha / self.family)
+
+
+def check_plan(tests: list[PlannedTest]) -> list[dict]:
+    """Every planned test's floor and power; a test whose floor after correction is not below its alpha could
+    never decide, whatever the data: refused (PlanError naming each one)."""
+    rows = [{"id": t.id, "seeds": t.seeds, "family": t.family, "floor": t.floor(), "power": t.power()} for t in tests]
+    refused = [f"{r['id']} (floor {r['floor']:.3g} with {t.nonzero or t.seeds} non-zero pairs in a family of "
+               f"{t.family})" for r, t in zip(rows, tests) if not r["floor"] < t.alpha]
+    if refused:
+        raise PlanError(f"tests that can never reach alpha: {'; '.join(refused)}; add seeds or shrink the family")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# estimates whose interval and p come from one method
+
+
+def sign_flip_interval(d, conf: float = 0.95) -> tuple[float, float]:
+    """The interval of shifts delta that the sign-flip test of mean(d - delta) = 0 does not reject at 1 - conf
+    (the test inverted, found by bisection on each side); infinite when no shift can be rejected (the floor)."""
+    d = np.asarray(d, dtype=float)
+    alpha = 1 - conf
+    if len(d) < 2 or test_floor(len(d)) >= alpha:
+        return -math.inf, math.inf
+    mean, span = float(d.mean()), float(np.ptp(d)) + 1e-12
+
+    def edge(outside: float) -> float:
+        inside = mean  # p(mean) = 1: not rejected
+        for _ in range(50):
+            mid = (inside + outside) / 2
+            if sign_flip_p(d - mid) < alpha:
+                outside = mid
+            else:
+                inside = mid
+        return inside
+
+    return edge(mean - 2 * span), edge(mean + 2 * span)
+
+
+def estimate(diffs, test: str) -> Paired:
+    """paired_test's p with an interval from the same method: a t interval for the t test, the inverted
+    sign-flip test for the permutation test (v3 printed t intervals beside permutation p values)."""
+    est = paired_test(diffs, test)
+    if test == "permutation":
+        d = np.asarray(diffs, dtype=float)
+        est.lo, est.hi = sign_flip_interval(d[np.isfinite(d)])
+    return est
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the LR choice
+
+
+def choose_lrs(dev_loss_by_lr: dict) -> dict:
+    """{lr: [dev loss per sweep seed]} -> the best and runner-up LRs (lowest mean dev loss; a diverged run is
+    inf; ties go to the smaller LR), the gap between their means, the per-seed SD (pooled over the two LRs) and
+    `near_tie`: the gap is within one per-seed SD, so the sweep's seeds could not tell the two apart."""
+    if len(dev_loss_by_lr) < 2:
+        raise ValueError("choose_lrs needs at least two LRs: a runner-up is part of the choice")
+    mean = {float(lr): float(np.mean(v)) for lr, v in dev_loss_by_lr.items()}
+    order = sorted(sorted(mean), key=lambda lr: mean[lr])
+    best, second = order[0], order[1]
+    gap = mean[second] - mean[best]
+    pair = [np.asarray(dev_loss_by_lr[lr], dtype=float) for lr in (best, second)]
+    finite = all(np.isfinite(x).all() and len(x) > 1 for x in pair)
+    sd = float(np.sqrt(np.mean([x.var(ddof=1) for x in pair]))) if finite else math.nan
+    return {"lr": best, "runner_up": second, "gap": gap, "seed_sd": sd,
+            "near_tie": bool(finite and gap <= sd), "dev_loss": {f"{lr:g}": round(mean[lr], 5) for lr in sorted(mean)}}
+
+
+def lr_of_rank(choice: dict, rank: int) -> float:
+    """0: the best LR, 1: the runner-up."""
+    return float(choice["lr"] if rank == 0 else choice["runner_up"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the robustness rule
+
+
+def single_verdict(est: Paired, p: float, sign: int, alpha: float = ALPHA) -> str:
+    """confirmed / refuted (significant in / against the predicted sign) / not separated."""
+    if est.n < 2 or not math.isfinite(est.mean) or not math.isfinite(p):
+        return "no data"
+    if not p < alpha:
+        return "not separated"
+    return "confirmed" if np.sign(est.mean) == sign else "refuted"
+
+
+def robust_verdict(by_rank: dict, sign: int, alpha: float = ALPHA) -> str:
+    """{LR rank: (estimate, p)} for the claim's comparison with both arms at their best LR (rank 0) and both at
+    their runner-up (rank 1). The claim stands only where the verdicts agree in direction and significance;
+    otherwise the answer depends on the LR."""
+    verdicts = {single_verdict(est, p, sign, alpha) for est, p in by_rank.values()}
+    return verdicts.pop() if len(verdicts) == 1 else DEPENDS
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the horizon rule
+
+
+def median_exit(runs: list[dict]) -> float:
+    """The arm's median plateau-exit step over seeds (a seed that never left the plateau counts as infinite)."""
+    exits = [oc.plateau_exit_step(r["curves"]["step"], r["curves"]["loss"]) for r in runs]
+    return float(np.median([math.inf if e is None else e for e in exits])) if exits else math.inf
+
+
+def eval_means(runs: list[dict], field: str = "accuracy") -> dict:
+    """{eval step: mean over seeds of the logged evaluation's field}, at the steps every run evaluated."""
+    per_run = [{e["step"]: e[field] for e in r["curves"].get("eval", []) if e.get(field) is not None} for r in runs]
+    steps = set.intersection(*(set(p) for p in per_run)) if per_run else set()
+    return {s: float(np.mean([p[s] for p in per_run])) for s in sorted(steps)}
+
+
+def ranking_settled(arms: dict, field: str = "accuracy") -> dict:
+    """{arm: its rank among `arms` ({name: runs}) is the same at the last two evaluations they share}. Higher
+    accuracy ranks first (for `loss`, lower)."""
+    means = {a: eval_means(runs, field) for a, runs in arms.items()}
+    shared = sorted(set.intersection(*(set(m) for m in means.values()))) if means else []
+    if len(shared) < 2:
+        return {a: False for a in arms}
+    sign = 1 if field == "loss" else -1
+
+    def ranks(step):
+        order = sorted(arms, key=lambda a: (sign * means[a][step], a))
+        return {a: i for i, a in enumerate(order)}
+
+    before, last = ranks(shared[-2]), ranks(shared[-1])
+    return {a: before[a] == last[a] for a in arms}
+
+
+def horizon(arms: dict, steps: int, field: str = "accuracy") -> dict:
+    """{arm: {median_exit, exit_ok, settled, ok}} for the arms a claim compares: ok = the median plateau exit lies
+    within the first third of the `steps` and the arms' ranking does not change over the last two evaluations.
+    An arm that fails gets HORIZON_TOO_SHORT, not a verdict."""
+    settled = ranking_settled(arms, field)
+    out = {}
+    for arm, runs in arms.items():
+        m = median_exit(runs)
+        out[arm] = {"median_exit": m, "exit_ok": m <= HORIZON_FRACTION * steps, "settled": settled[arm]}
+        out[arm]["ok"] = out[arm]["exit_ok"] and out[arm]["settled"]
+    return out
+
+
+def matched_step_value(run: dict, after_exit: int, field: str = "accuracy") -> float:
+    """The logged evaluation `after_exit` steps after this run's own plateau exit (the first evaluation at or
+    after it): arms compared at the same time since they started learning, not at the same step. NaN when the
+    run never left the plateau or ended too soon."""
+    c = run["curves"]
+    exit_step = oc.plateau_exit_step(c["step"], c["loss"])
+    if exit_step is None:
+        return math.nan
+    later = [e for e in c.get("eval", []) if e["step"] >= exit_step + after_exit and e.get(field) is not None]
+    return float(later[0][field]) if later else math.nan
+
+
+def spearman_exact(x, y) -> tuple[float, float]:
+    """(Spearman's rho between x and y, one-sided p of rho <= observed under exchangeability): exact, over every
+    ordering of y (up to 8 values: 40,320 orderings). M1 of predictions.md correlates one number per arm."""
+    rx, ry = stats.rankdata(x), stats.rankdata(y)
+    if len(rx) > 8:
+        raise ValueError(f"spearman_exact enumerates n! orderings; {len(rx)} values is too many (at most 8)")
+    rho = float(np.corrcoef(rx, ry)[0, 1])
+    perms = np.array(list(itertools.permutations(ry)))
+    rx_c, ry_c = rx - rx.mean(), perms - perms.mean(axis=1, keepdims=True)
+    null = ry_c @ rx_c / np.sqrt((rx_c ** 2).sum() * (ry_c ** 2).sum(axis=1))
+    return rho, float(np.mean(null <= rho + 1e-12))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the A/A control
+
+
+def aa_false_positive_rates(a, b, n: int, tests=("t", "permutation"), alpha: float = ALPHA, reps: int = 1000,
+                            seed: int = 0) -> dict:
+    """The same arm trained on two disjoint seed sets (`a`, `b`: one value per seed): every difference between
+    them is noise. Each replicate draws n seeds from each set without replacement and pairs them in the drawn
+    order; -> {test: share of replicates the test calls significant at alpha} (<= alpha for a test to trust)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if not (2 <= n <= min(len(a), len(b))):
+        raise ValueError(f"n={n} seeds per replicate must be between 2 and the smaller seed set "
+                         f"({min(len(a), len(b))})")
+    rng = np.random.default_rng(seed)
+    diffs = [rng.choice(a, n, replace=False) - rng.choice(b, n, replace=False) for _ in range(reps)]
+    return {t: float(np.mean([paired_test(d, t).p < alpha for d in diffs])) for t in tests}
+
+
+def aa_interval(a, b, test: str = "t") -> Paired:
+    """The A/A difference itself, seed i of one set against seed i of the other, interval and p by one method."""
+    n = min(len(a), len(b))
+    return estimate(np.asarray(a[:n], dtype=float) - np.asarray(b[:n], dtype=float), test)
+

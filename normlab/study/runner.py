@@ -1,0 +1,413 @@
+"""Run a norm study (scripts/study.py is the entry point; docs/studies.md explains the stages, engines and files):
+train the grid's runs stage by stage (LR sweeps first, then what their choices unlock), then E1, the records and
+the report. STUDY/study.json records the grid, the commands and every run's status.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from normlab.files.formats import atomic_write_json, atomic_write_text, read_json
+from normlab.run_dir import RunDir, saved_config_raw
+from normlab.study.engines import Job, LocalEngine, make_engine, read_status, subprocess_runner
+from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
+    FINISHED,
+    REPO_ROOT,
+    StudyError,
+    expand,
+    load_grid,
+    lr_grid,
+    narrow,
+    parse_only,
+    pending_selections,
+    resolve_preset,
+    variant_overrides,
+)
+from normlab.train.machine import cpu_name
+
+TRAIN = REPO_ROOT / "train.py"
+
+
+def run_settings(grid, run, study_dir: Path) -> tuple[str | None, dict]:
+    """(the run's configs/ file or None, {run config key: value} on top of it): the study's, the experiment's and
+    the variant's overrides, then the run's own LR, seed and warmup, its directory, W&B group and tags; an
+    interrupted run resumes from its checkpoint."""
+    config, overrides, warmup_steps = variant_overrides(grid, run["experiment"], run["variant"], run["warmup"])
+    settings = {**grid["overrides"], **overrides, "train.lr": run["lr"], "seed": run["seed"]}
+    if warmup_steps is not None:
+        settings["train.warmup_steps"] = warmup_steps
+    tags = [t for t in (grid["name"], run["experiment"], run["variant"], f"warmup-{run['warmup']}") if t]
+    tags += [Path(config).stem] if config else []  # the variant file's tag, as train.py gives a run of it
+    settings.update({"output_dir": str(study_dir / "runs" / run["name"]), "wandb.group": grid["name"],
+                     "wandb.tags": tags, "train.resume": "auto"})
+    if grid.get("wandb_project"):
+        settings["wandb.project"] = grid["wandb_project"]
+    return config, settings
+
+
+def run_config(grid, run, study_dir: Path, extra=(), cpu_threads: int | None = None):
+    """The run's config (a RunConfig) by train.py's own loader: its configs/ file, its settings (run_settings),
+    then `extra`, the study command's key=value overrides, which win; with `cpu_threads`, that train.cpu_threads
+    unless the run sets its own."""
+    from normlab.config.loader import load_config, replace_keys
+
+    config, settings = run_settings(grid, run, study_dir)
+    cfg = load_config(str(REPO_ROOT / config) if config else None, list(extra),
+                      layers=[(settings, f"in study {grid['name']}'s settings of run {run['name']}")])
+    if cpu_threads and cfg.train.cpu_threads is None:
+        cfg = replace_keys(cfg, {"train.cpu_threads": cpu_threads})
+    return cfg
+
+
+def write_run_config(cfg) -> RunDir:
+    """The run's config.yaml, which train.py is launched with (--config); a run directory an earlier attempt left
+    with other settings than a resume may change is refused (StudyError), never overwritten."""
+    from normlab.train.preflight import RESUMABLE, config_diff
+
+    run_dir = RunDir.of(cfg)
+    if run_dir.config_file.is_file():
+        differ = [k for k in config_diff(saved_config_raw(run_dir.config_file)[0], cfg) if k not in RESUMABLE]
+        if differ:
+            raise StudyError(f"{run_dir.path} holds a run with other settings (differs in: {', '.join(differ[:6])}); "
+                             f"restore the study's settings, or delete the directory to train the run again")
+    run_dir.save_config(cfg)
+    return run_dir
+
+
+def validate_commands(grid, runs, study_dir: Path, extra):
+    """Check every run's config with train.py's own loader before training anything (a typo costs seconds)."""
+    from normlab.config.loader import ConfigError
+
+    first = {}
+    for run in runs:
+        first.setdefault((run["experiment"], run["variant"], run["warmup"]), run)
+    for (experiment, variant, warmup), run in first.items():
+        try:
+            run_config(grid, run, study_dir, extra)
+        except ConfigError as err:
+            raise StudyError(f"{experiment + ' ' if experiment else ''}variant {variant}: {err}") from None
+
+
+def _tail(path: Path, n=3) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])[-500:]
+
+
+class Study:
+    """study.json, kept current after every run (safe to read while the study runs)."""
+
+    def __init__(self, study_dir: Path, grid: dict, grid_file: Path, command: str):
+        self.path = study_dir / "study.json"
+        self.lock = threading.Lock()
+        old = read_json(self.path, {})
+        if old.get("name") not in (None, grid["name"]):
+            raise StudyError(f"{study_dir} holds study {old['name']!r}, not {grid['name']!r}; pick another --study-dir")
+        self.data = {"name": grid["name"], "description": grid["description"], "grid_file": str(grid_file),
+                     "experiments": grid["experiments"], "init": grid["init"], "score": grid["score"],
+                     "common_overrides": grid["overrides"], "comparisons": grid["comparisons"],
+                     "wandb_project": grid["wandb_project"], "command": command,
+                     # every invocation that trained into this directory (a study may be built in pieces)
+                     "commands": [c for c in old.get("commands", []) if c != command] + [command],
+                     "runs": old.get("runs", {})}
+
+    def record(self, name, fresh=False, **fields):
+        """Update a run's entry (fresh: start it over, dropping what an earlier attempt recorded)."""
+        with self.lock:
+            if fresh:
+                self.data["runs"][name] = {}
+            self.data["runs"].setdefault(name, {}).update(fields)
+            atomic_write_json(self.path, self.data, indent=1)
+
+
+def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
+    """A run as the engine takes it: its config written into its run directory, the train.py command launched
+    with it, its log and resources."""
+    env, threads = {}, engine.threads_per_run
+    # several CPU runs share the cores: tell each its share, as train.cpu_threads (under accelerate launch
+    # train.py cannot tell a 1 in OMP_NUM_THREADS from accelerate's default) and as OMP_NUM_THREADS
+    cfg = run_config(grid, run, study_dir, extra, cpu_threads=threads)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+        threads = cfg.train.cpu_threads  # the run's own thread count is what a Ray task reserves
+    run_dir = write_run_config(cfg)
+    cmd = list(launcher) + [str(TRAIN), "--config", str(run_dir.config_file)]
+    return Job(run["name"], cmd, run_dir.path, study_dir / "logs" / f"{run['name']}.log",
+               gpus=engine.gpus_per_run, cpus=threads or 1, env=env)
+
+
+def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runner=subprocess_runner,
+              parallel=1, gpus=0, print_fn=print, engine=None) -> dict:
+    """Train every run not finished yet; returns {run name: status}. Never raises for a run's failure.
+    `engine` (engines.py) runs them; default: LocalEngine(parallel, gpus, runner)."""
+    engine = engine or LocalEngine(parallel=parallel, gpus=gpus, runner=runner)
+    (study_dir / "logs").mkdir(parents=True, exist_ok=True)
+    study = Study(study_dir, grid, grid_file, command)
+    launcher = [sys.executable]
+    if engine.gpus_per_run:  # one process per GPU, given its GPU by the engine
+        launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"]
+    statuses, todo = {}, []
+    for run in runs:
+        status = read_status(study_dir / "runs" / run["name"])
+        base = {k: run[k] for k in ("experiment", "experiments", "variant", "lr", "warmup", "seed") if k in run}
+        if status in FINISHED:
+            statuses[run["name"]] = status
+            study.record(run["name"], **base, status=status)
+        else:
+            todo.append(study_job(grid, run, study_dir, extra, launcher, engine))
+            study.record(run["name"], fresh=True, **base, status="pending", command=shlex.join(todo[-1].cmd))
+    print_fn(f"study {grid['name']}: {len(runs)} runs selected, {len(runs) - len(todo)} already finished, "
+             f"{len(todo)} to train -> {study_dir}")
+    counter = iter(range(1, len(todo) + 1))
+    where = {"commit": git_commit(), "machine": machine()}
+
+    def started(job):
+        study.record(job.name, status="running", log=str(job.log.relative_to(study_dir)), **where,
+                     started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+
+    def finished(job, outcome):
+        status = read_status(job.run_dir)
+        if status is None or (outcome.returncode != 0 and status not in FINISHED):
+            status = "failed"
+        fields = dict(status=status, returncode=outcome.returncode, duration_s=outcome.duration_s,
+                      attempts=outcome.attempts, host=outcome.host)
+        if status == "failed":
+            fields["error"] = outcome.error or _tail(job.log)
+        study.record(job.name, **fields)
+        statuses[job.name] = status
+        took = f" in {outcome.duration_s:.0f}s" if outcome.duration_s is not None else ""
+        print_fn(f"[{next(counter)}/{len(todo)}] {job.name}: {status}{took}"
+                 + (f" (exit {outcome.returncode}; see {job.log})" if status == "failed" else ""))
+
+    engine.run_all(todo, started, finished)
+    counts = sorted(Counter(statuses.values()).items())
+    print_fn(f"study {grid['name']} done: " + ", ".join(f"{k} {v}" for k, v in counts))
+    return statuses
+
+
+def machine() -> str:
+    """What study.json records a run ran on: the GPUs, or the CPU's name; and the cores."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, {os.cpu_count()} CPU cores"
+    return f"{cpu_name()}, {os.cpu_count()} CPU cores, no GPU"
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, with "+dirty" when tracked files differ from it (the runs then are not that commit's)."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or None
+    return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False) -> None:
+    """Append this command's commit, machine, wall time and CPU time to study.json: of the runs it started, or
+    (in_process: E1, which trains nothing) its own."""
+    path = study_dir / "study.json"
+    data = read_json(path)
+    times = os.times()
+    cpu = times.user + times.system if in_process else times.children_user + times.children_system
+    data.setdefault("invocations", []).append({
+        "command": command, "commit": git_commit(), "machine": machine(), "started": time.strftime(
+            "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 1),
+        "cpu_s": round(cpu, 1)})
+    atomic_write_json(path, data, indent=1)
+
+
+def provenance() -> dict:
+    """What every record carries about where it was made: commit, machine, start time."""
+    return {"commit": git_commit(), "machine": machine(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def wants_e1(grid: dict, only: dict) -> bool:
+    """E1 (normlab/study/init_exp.py) runs when the study has an `init` block and --only narrows nothing or names
+    e1 among its experiments; `e1` is then taken out of the experiment filter (it has no training runs)."""
+    if not grid.get("init"):
+        return False
+    if "experiment" not in only:
+        return not only
+    if "e1" not in only["experiment"]:
+        return False
+    only["experiment"].discard("e1")
+    return True
+
+
+def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool, shards: int = 1) -> None:
+    """E1, then the per-run records (scores of every final model, in `shards` processes), then the report: each a
+    script of its own. A study file without a `score` block gets neither records nor report (the report reads only
+    the records)."""
+    scripts = REPO_ROOT / "scripts"
+    if run_e1:
+        subprocess.run([sys.executable, str(scripts / "init_study.py"), str(study_dir)], cwd=REPO_ROOT, check=True)
+    if not score:
+        return
+    score_study(study_dir, shards)
+    if report:
+        subprocess.run([sys.executable, str(scripts / "report.py"), str(study_dir)], cwd=REPO_ROOT)
+
+
+def score_study(study_dir: Path, shards: int) -> None:
+    """STUDY/runs.jsonl, scored by `shards` processes at once (the cores training used), in run-name order: the
+    same file one process writes."""
+    command = [sys.executable, str(REPO_ROOT / "scripts" / "score_runs.py"), str(study_dir)]
+    if shards <= 1:
+        subprocess.run(command, cwd=REPO_ROOT, check=True)
+        return
+    parts = [study_dir / f"runs.part{k}.jsonl" for k in range(shards)]
+    procs = [subprocess.Popen(command + ["--shard", f"{k}/{shards}", "--out", str(part)], cwd=REPO_ROOT)
+             for k, part in enumerate(parts)]
+    failed = [p.args for p in procs if p.wait() != 0]
+    if failed:
+        raise subprocess.CalledProcessError(1, failed[0])
+    rows = sorted((line for part in parts for line in part.read_text().splitlines()),
+                  key=lambda line: json.loads(line)["name"])
+    atomic_write_text(study_dir / "runs.jsonl", "".join(row + "\n" for row in rows))
+    for part in parts:
+        part.unlink()
+
+
+def study_selection(grid, study_dir: Path) -> dict:
+    """STUDY/selection.json; for a study whose LRs another study chose (`selection_from`, e.g. long_v4 takes
+    quick_v4's), that study's file until this one has its own copy."""
+    selection = read_json(study_dir / "selection.json", {}) or {}
+    source = grid.get("selection_from")
+    if selection or not source:
+        return selection
+    path = Path(source) if Path(source).is_absolute() else REPO_ROOT / source
+    if not path.is_file():
+        raise StudyError(f"selection_from: {path} not found; run the study that chooses these LRs first "
+                         f"(or copy its selection.json to {study_dir})")
+    selection = read_json(path)
+    missing = pending_selections(grid, selection)
+    if missing:
+        raise StudyError(f"selection_from: {path} has no choice for {', '.join(sorted(missing))}; this study "
+                         f"cannot choose them (its sweeps are named, not trained)")
+    return selection
+
+
+def selected_runs(grid, only: dict, selection: dict) -> list[dict]:
+    """The runs --only asks for among those whose LR is known; a value that names nothing is an error only once
+    every chosen-LR experiment can expand (before that, it may name a run the selection will create)."""
+    if only.get("experiment", {None}) == set():  # only e1 was asked for
+        return []
+    return narrow(expand(grid, selection), only, strict=not pending_selections(grid, selection))
+
+
+def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str, engine) -> None:
+    """Train what can be trained; when an LR sweep has finished, choose its LRs on dev and train what they
+    unlock; repeat until nothing more can run (a narrowed study may leave choices for a later invocation)."""
+    from normlab.study.selection import select
+
+    selection = study_selection(grid, study_dir)
+    if selection and not (study_dir / "selection.json").is_file():  # taken from selection_from: keep the copy
+        study_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(study_dir / "selection.json", selection, indent=1)
+    while True:
+        runs = selected_runs(grid, only, selection)
+        sweeps = {experiment for experiment, _, _ in pending_selections(grid, selection).values()}
+        first = [r for r in runs if sweeps & set(r["experiments"])]  # the sweeps that choose LRs go first
+        run_study(grid, grid_file, study_dir, first or runs, extra, command=command, engine=engine)
+        ready = {}
+        for key, (experiment, variant, warmup) in pending_selections(grid, selection).items():
+            sweep = [r for r in expand(grid, selection) if experiment in r["experiments"]
+                     and r["variant"] == variant and r["warmup"] == warmup]
+            if all(read_status(study_dir / "runs" / r["name"]) in FINISHED for r in sweep):
+                ready[key] = {}
+                for r in sweep:
+                    ready[key].setdefault(r["lr"], []).append(r["name"])
+        if ready:
+            print(f"choosing the LR of {len(ready)} arm(s) on the dev split")
+            selection = select(study_dir, ready, grid["score"])
+            continue
+        if first:  # a narrowed sweep left choices open: train the rest that can run
+            run_study(grid, grid_file, study_dir, [r for r in runs if r not in first], extra, command=command,
+                      engine=engine)
+        return
+
+
+def dry_run(grid, runs, study_dir: Path, overrides) -> int:
+    """Print each run's command, what its config sets beyond configs/default.yaml, and whether a rerun would
+    train or skip it; write nothing."""
+    from normlab.config.loader import flatten_config, load_config
+
+    default = flatten_config(load_config())
+    statuses = [read_status(study_dir / "runs" / run["name"]) for run in runs]
+    for run, status in zip(runs, statuses):
+        action = f"skip ({status})" if status in FINISHED else "train"
+        cfg = flatten_config(run_config(grid, run, study_dir, overrides))
+        command = shlex.join([sys.executable, str(TRAIN), "--config", str(RunDir(cfg["output_dir"]).config_file)])
+        settings = " ".join(f"{k}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}"
+                            for k, v in cfg.items() if v != default.get(k))
+        print(f"{action:18s} {command}    # {settings}")
+    print(f"{len(runs)} runs ({sum(s not in FINISHED for s in statuses)} to train) in {study_dir}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (docs/studies.md).",
+        usage="study.py --preset quick|full|FILE.yaml [--only key=value,...] [--study-dir DIR] [--dry-run] "
+              "[--engine local|ray [--address A] [--max-retries N]] [key=value ...]")
+    parser.add_argument("--preset", required=True, help="quick, full (configs/study/<name>.yaml) or a study YAML file")
+    parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="narrow by experiment (e1 too), variant, lr, warmup (on/off), seed: variant=a,b,seed=0")
+    parser.add_argument("--study-dir", type=Path, default=None, help="default: studies/<study name>")
+    parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
+    parser.add_argument("--parallel", type=int, default=None,
+                        help="runs at once (default: one per visible GPU, else 1; CPU runs split the cores)")
+    parser.add_argument("--engine", choices=("local", "ray"), default="local",
+                        help="local: this machine (default); ray: every run a Ray task, here or at --address")
+    parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
+                        help="--engine ray: an existing Ray cluster (auto: the one `ray start` runs on this node)")
+    parser.add_argument("--max-retries", type=int, default=None,
+                        help="--engine ray: retries of a run whose worker or train.py was killed (default 2)")
+    parser.add_argument("--process-per-run", action="store_true",
+                        help="local engine: a fresh process per run instead of warm workers (slower, same numbers)")
+    parser.add_argument("--no-report", action="store_true", help="do not run scripts/report.py at the end")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py overrides for every run")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    command = shlex.join(["python", "scripts/study.py", *(argv if argv is not None else sys.argv[1:])])
+    try:
+        bad = [o for o in args.overrides if "=" not in o]
+        if bad:
+            raise StudyError(f"unexpected argument {bad[0]!r}: extra train.py overrides are key=value")
+        grid_file = resolve_preset(args.preset)
+        grid = load_grid(grid_file)
+        only = parse_only(args.only)
+        run_e1 = wants_e1(grid, only)
+        study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
+        runs = selected_runs(grid, only, study_selection(grid, study_dir))
+        validate_commands(grid, runs, study_dir, args.overrides)
+        if args.dry_run:
+            return dry_run(grid, runs, study_dir, args.overrides)
+        started = time.time()
+        engine = make_engine(args.engine, parallel=args.parallel, address=args.address,
+                             max_retries=args.max_retries, warm=not args.process_per_run)
+        print(engine.describe())
+        with engine:
+            run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine)
+    except StudyError as err:
+        print(f"study.py: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nstudy interrupted; run the same command again to continue (finished runs are skipped, "
+              "interrupted ones resume from their last checkpoint)", file=sys.stderr)
+        return 130
+    record_invocation(study_dir, command, started)
+    after_training(study_dir, run_e1, bool(grid["score"]), not args.no_report, shards=args.parallel or 1)
+    return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed

@@ -1,0 +1,212 @@
+"""Score every finished run of a study and write the compact per-run records the report reads (scripts/score_runs.py;
+docs/studies.md, "The records": which splits, batchings and statistics each run is scored with, what a record holds).
+"""
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model import NormLabForMaskedLM, NormLabForSequenceClassification
+from model.norms import real_token_mask, uses_batch_statistics
+from normlab.data.batching import MLM_PROBABILITY, encode_rows, row_batches
+from normlab.data.sources import resolve_dataset
+from normlab.files.formats import atomic_write_json, read_json, read_jsonl, write_jsonl
+from normlab.run_dir import RunDir
+from normlab.train.evaluation import evaluate, in_row_order, score_batches
+
+# sorted: length-sorted batches padded to their longest; shuffled: one fixed random order, padded to the batch's
+# longest; fixed: the sorted batches padded to data.max_length
+BATCHINGS = ("sorted", "shuffled", "fixed")
+SHUFFLE_SEED = 1234  # one order for every model, so their shuffled batches hold the same sentences
+MLM_SEED = 1234  # the masks of every MLM model's scoring: one draw, shared
+SCORE_DEFAULTS = {"dev_rows": 2000, "batch_size": 32}  # a study file's `score` block overrides them
+
+
+def _sig(x, digits=5):
+    return None if x is None or not np.isfinite(x) else float(f"{x:.{digits}g}")
+
+
+def curves(metrics: list[dict]) -> dict:
+    """Per-step series the report plots; layer-wise keys reduced to one number per step."""
+    steps = [r for r in metrics if "train/loss" in r]
+    out = {"step": [r["step"] for r in steps], "loss": [_sig(r["train/loss"]) for r in steps],
+           "grad_norm": [_sig(r.get("train/grad_norm")) for r in steps]}
+    logit = [[v for k, v in r.items() if k.endswith("/attn_logit_max")] for r in steps]
+    if any(logit):
+        out["attn_logit_max"] = [_sig(max(v)) if v else None for v in logit]
+    drift = [[v for k, v in r.items() if k.startswith("bn/") and k.endswith("/stat_drift")] for r in steps]
+    if any(drift):
+        out["stat_drift"] = [_sig(float(np.mean(v))) if v else None for v in drift]
+    out["eval"] = [{"step": r["step"], "loss": _sig(r["eval/loss"]), "accuracy": _sig(r["eval/accuracy"])}
+                   for r in metrics if "eval/loss" in r]
+    return out
+
+
+def predict(model, rows: list[dict], how: str, batch_size: int, max_length: int, pad_id: int,
+            batch_stats: bool = False) -> dict:
+    """Mean loss, accuracy and the predicted class of every example (in dataset order) under one batching of
+    encode_rows' rows (BATCHINGS), with running statistics or (batch_stats) each batch's own."""
+    order = "shuffled" if how == "shuffled" else "sorted"
+    batches = row_batches(rows, batch_size, pad_id, order=order, width=max_length if how == "fixed" else None,
+                          seed=SHUFFLE_SEED)
+    scores = in_row_order(score_batches(None, model, batches, batch_stats=batch_stats), ("loss", "prediction", "label"))
+    losses, preds = scores["loss"].numpy().astype(np.float64), scores["prediction"].numpy()
+    return {"loss": _sig(losses.mean()), "accuracy": _sig(float((preds == scores["label"].numpy()).mean())),
+            "pred": "".join(map(str, preds.tolist()))}
+
+
+@torch.no_grad()
+def running_stat_gap(model, rows: list[dict], batch_size: int, pad_id: int) -> dict | None:
+    """Per norm layer with running statistics (in model order), in the eval the report states (running statistics,
+    sorted batches): the mean over features of |running mean - real mean| / real std, and of
+    |log(running var / real var)|, where "real" is over the real (non-pad) tokens entering that layer on the
+    validation split. Both are 0 when the running statistics are those of the real tokens. None: no such layer."""
+    # the mean/variance ones: PowerNorm keeps a running quadratic mean instead
+    norms = [m for m in model.batch_statistics_norms().values() if hasattr(m, "running_mean")]
+    if not norms:
+        return None
+    sums = {id(m): torch.zeros(3, m.num_features, dtype=torch.float64) for m in norms}  # count, sum x, sum x^2
+
+    def record(module, args, kwargs):
+        x, mask = args[0], (args[1] if len(args) > 1 else kwargs.get("mask"))
+        real = real_token_mask(x, mask)  # (N,) bool
+        xr = x.reshape(-1, module.num_features)[real].double()  # (n_real, D)
+        sums[id(module)] += torch.stack([torch.full_like(xr[0], len(xr)), xr.sum(0), (xr ** 2).sum(0)])
+
+    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in norms]
+    try:
+        score_batches(None, model, row_batches(rows, batch_size, pad_id, order="sorted"))
+    finally:
+        for h in hooks:
+            h.remove()
+    mean_gap, log_var_ratio = [], []
+    for m in norms:
+        count, total, squares = sums[id(m)]
+        mean = total / count
+        var = (squares / count - mean ** 2).clamp(min=1e-12)
+        mean_gap.append(_sig(((m.running_mean.double() - mean).abs() / var.sqrt()).mean().item(), 4))
+        log_var_ratio.append(_sig((m.running_var.double() / var).log().abs().mean().item(), 4))
+    return {"mean_gap": mean_gap, "log_var_ratio": log_var_ratio}
+
+
+def score_sets(cfg, dev_rows: int) -> dict:
+    """{"dev": (texts, labels), "val": (texts, labels)} from the run's own config (a RunConfig)."""
+    data = dataclasses.replace(cfg.data, max_train_samples=None, max_eval_samples=None)
+    dsd = resolve_dataset(data, with_labels=cfg.task == "classification")
+    train, val = dsd[data.train_split], dsd[data.eval_split]
+    start = len(train) - dev_rows
+    if start < (cfg.data.max_train_samples or len(train)):
+        raise SystemExit(f"score_runs.py: the last {dev_rows} training rows overlap the rows the runs train on")
+    dev = train.select(range(start, len(train)))
+    col, lab = data.text_column, data.label_column
+    return {"dev": (dev[col], dev[lab]), "val": (val[col], val[lab])}
+
+
+def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) -> tuple[dict, dict | None]:
+    """({split/batching/statistics: predict()}, running_stat_gap() on the validation split, if `sets` has it)"""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # quietly: a study loads hundreds of models
+    run = RunDir(run_dir)
+    cfg = run.read_config()
+    if cfg.task == "mlm":
+        return score_mlm(run, cfg, sets, batch_size), None
+    model = NormLabForSequenceClassification.from_pretrained(run.final).eval()
+    tokenizer = AutoTokenizer.from_pretrained(run.final)
+    max_length = cfg.data.max_length
+    out, rows = {}, {}
+    for split, (texts, labels) in sets.items():
+        rows[split] = encode_rows(tokenizer, texts, max_length, labels)
+        full = full_batchings and split == "val"
+        hows = BATCHINGS if full else ("sorted",)
+        modes = ("running", "batch") if (full and model.batch_statistics_norms()) else ("running",)
+        for mode in modes:
+            for how in hows:
+                out[f"{split}/{how}/{mode}"] = predict(model, rows[split], how, batch_size, max_length,
+                                                       tokenizer.pad_token_id, batch_stats=mode == "batch")
+    gap = running_stat_gap(model, rows["val"], batch_size, tokenizer.pad_token_id) if "val" in rows else None
+    return out, gap
+
+
+def score_mlm(run: RunDir, cfg, sets: dict, batch_size: int) -> dict:
+    """An MLM run's final model: mean masked-token loss and accuracy per split (length-sorted batches), with the
+    same masks for every model (15% of the tokens, drawn under MLM_SEED), so that arms are compared on one task."""
+    from transformers import AutoTokenizer, DataCollatorForLanguageModeling
+
+    model = NormLabForMaskedLM.from_pretrained(run.final).eval()
+    tokenizer = AutoTokenizer.from_pretrained(run.final)
+    max_length = cfg.data.max_length
+    collate = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=MLM_PROBABILITY)
+    out = {}
+    for split, (texts, _) in sets.items():
+        enc = tokenizer(list(texts), truncation=True, max_length=max_length, return_special_tokens_mask=True)
+        rows = [{"input_ids": i, "special_tokens_mask": m}
+                for i, m in zip(enc["input_ids"], enc["special_tokens_mask"])]
+        loader = row_batches(rows, batch_size, tokenizer.pad_token_id, order="sorted", collate=collate)
+        metrics = evaluate(None, model, loader, "mlm", seed=MLM_SEED)
+        out[f"{split}/sorted/running"] = {"loss": _sig(metrics["eval/loss"]),
+                                          "accuracy": _sig(metrics["eval/accuracy"])}
+    return out
+
+
+def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> dict:
+    run = RunDir(study_dir / "runs" / name)
+    cfg = run.read_config()  # None: the run never started
+    summary = run.read_summary() or {}
+    rec = {k: entry.get(k) for k in ("experiment", "variant", "lr", "warmup", "seed")}
+    model_cfg = cfg.model.given() if cfg is not None else {}
+    rec.update(name=name, status=summary.get("status", entry.get("status")),
+               task=cfg.task if cfg is not None else "classification",
+               norm=model_cfg.get("norm"), placement=model_cfg.get("norm_placement"),
+               qk_norm=bool(model_cfg.get("qk_norm")),
+               grouped=bool(cfg is not None and cfg.data.group_by_length), duration_s=entry.get("duration_s"),
+               loss_spikes=summary.get("loss_spikes"), wandb_run_id=summary.get("wandb_run_id"))
+    if run.metrics_file.is_file():
+        rec["curves"] = curves(read_jsonl(run.metrics_file))
+    if rec["status"] == "completed" and run.has_final():
+        full = rec["experiment"] == "e3" or uses_batch_statistics(rec["norm"])
+        rec["scores"], gap = score_run(run.path, sets, full, batch_size)
+        if gap is not None:
+            rec["running_stats"] = gap
+    return rec
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Score a study's final models; write its per-run records.")
+    parser.add_argument("study_dir", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="default: STUDY/runs.jsonl")
+    parser.add_argument("--shard", default="0/1", metavar="K/N",
+                        help="score every N-th run from the K-th (0-based) into OUT: N processes share the cores; "
+                             "concatenate their OUT files afterwards")
+    args = parser.parse_args(argv)
+    k, n = (int(x) for x in args.shard.split("/"))
+    study = read_json(args.study_dir / "study.json")
+    score = {**SCORE_DEFAULTS, **(study.get("score") or {})}
+    torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
+    sets, out = None, args.out or args.study_dir / "runs.jsonl"
+    rows = []
+    sweeps = {e["best_of"] for e in (study.get("experiments") or {}).values() if e.get("best_of")}
+    for name, entry in sorted(study["runs"].items())[k::n]:
+        cfg = RunDir(args.study_dir / "runs" / name).read_config() if sets is None else None
+        if cfg is not None:
+            sets = score_sets(cfg, score["dev_rows"])
+        # the dev rows choose LRs: a study with LR sweeps scores them for its sweeps' runs only
+        needs_dev = not sweeps or bool(sweeps & set(entry.get("experiments", [entry.get("experiment")])))
+        run_sets = sets if needs_dev or sets is None else {k: v for k, v in sets.items() if k != "dev"}
+        rows.append(record(args.study_dir, name, entry, run_sets, score["batch_size"]))
+        print(f"scored {name}: {rows[-1]['status']}", flush=True)
+    write_jsonl(out, rows)
+    if sets is not None:  # the gold labels, once: the report scores the saved predictions against them
+        labels = {split: "".join(str(int(y)) for y in ys) for split, (_, ys) in sets.items()}
+        atomic_write_json(out.parent / "labels.json", labels, indent=None)
+    print(f"{len(rows)} records -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

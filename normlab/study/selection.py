@@ -1,0 +1,65 @@
+"""Each arm at its own best learning rate, chosen on the dev split (never on the split the study reports): the
+lowest mean dev loss over the sweep's seeds; a diverged or crashed run counts as infinitely bad. The choice is
+written once to STUDY/selection.json and reused by every later invocation (docs/studies.md).
+"""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from normlab.files.formats import atomic_write_json, read_json
+from normlab.run_dir import RunDir
+from normlab.study.engines import read_status
+from normlab.study.rules import choose_lrs
+from normlab.study.scoring import SCORE_DEFAULTS, score_run, score_sets
+
+
+def dev_loss(run_dir: Path, dev, batch_size: int) -> float:
+    """Mean cross-entropy of the run's final model on the dev rows (length-sorted batches, running statistics)."""
+    if read_status(run_dir) != "completed" or not RunDir(run_dir).has_final():
+        return math.inf
+    loss = score_run(run_dir, {"dev": dev}, False, batch_size)[0]["dev/sorted/running"]["loss"]
+    return float(loss) if loss is not None else math.inf  # the loss is None when it is not finite
+
+
+def best_lr(dev_loss_by_lr: dict) -> float:
+    """The LR with the lowest mean dev loss over seeds ({lr: [loss per seed]}); ties go to the smaller LR."""
+    return min(sorted(dev_loss_by_lr), key=lambda lr: float(np.mean(dev_loss_by_lr[lr])))
+
+
+def choice(losses: dict) -> dict:
+    """{lr: [dev loss per seed]} -> the record selection.json keeps: the best LR and the mean dev loss per LR; with
+    two LRs or more also the runner-up, the gap between them, the per-seed SD and whether they are a near tie
+    (rules.choose_lrs), and every seed's loss (LRs stay floats, as runs are named by them)."""
+    out = {"lr": best_lr(losses), "dev_loss": {f"{k:g}": round(float(np.mean(v)), 5) for k, v in losses.items()}}
+    if len(losses) >= 2:
+        picked = choose_lrs(losses)
+        out.update({k: picked[k] for k in ("runner_up", "near_tie")})
+        # a diverged seed makes the gap or the SD infinite or undefined: null in JSON
+        out.update({k: round(picked[k], 5) if math.isfinite(picked[k]) else None for k in ("gap", "seed_sd")})
+        out["dev_loss_by_seed"] = {f"{k:g}": [round(float(x), 5) if math.isfinite(x) else None for x in v]
+                                   for k, v in losses.items()}
+    return out
+
+
+def select(study_dir: Path, candidates: dict, score: dict) -> dict:
+    """{key: {lr: [run names]}} -> {key: {"lr": best, "dev_loss": {lr: mean}}}, for the keys not chosen before;
+    merged into STUDY/selection.json (earlier choices are kept as they are)."""
+    path = study_dir / "selection.json"
+    chosen = read_json(path, {}) or {}
+    score = {**SCORE_DEFAULTS, **score}
+    todo = {k: v for k, v in candidates.items() if k not in chosen}
+    if todo:
+        first = next(n for runs in todo.values() for names in runs.values() for n in names)
+        cfg = RunDir(study_dir / "runs" / first).read_config()
+        dev = score_sets(cfg, score["dev_rows"])["dev"]
+        torch.set_num_threads(1)
+        for key, by_lr in todo.items():
+            losses = {lr: [dev_loss(study_dir / "runs" / n, dev, score["batch_size"]) for n in names]
+                      for lr, names in by_lr.items()}
+            chosen[key] = choice(losses)
+            chosen[key]["runs"] = {f"{k:g}": names for k, names in by_lr.items()}
+        atomic_write_json(path, chosen, indent=1)
+    return chosen

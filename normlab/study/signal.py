@@ -1,0 +1,114 @@
+"""Study v4's mechanism measurement (docs/study-v4/predictions.md, M1): how alike the classifier's inputs are for
+different sentences, at initialization and over the first Adam steps. The pooled vector ([CLS], or the mean over
+real tokens) is all the classifier reads; if it is nearly the same for every sentence, the gradient cannot tell
+the classes apart and the loss sits on the ln 2 plateau.
+
+    python -m normlab.study.signal --preset quick_v4 --out STUDY/signal.jsonl --selection STUDY/selection.json
+"""
+
+import argparse
+import itertools
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from model import NormLabForSequenceClassification
+from model.modeling_normlab import _pool
+from normlab.config.loader import load_config, model_config_from
+from normlab.files.formats import read_json, read_yaml, write_jsonl
+from normlab.study.grid import REPO_ROOT, resolve_preset
+from normlab.study.init_exp import fixed_batches
+from normlab.study.runner import provenance, record_invocation
+
+
+def pooled_cosine(model, batch: dict) -> float:
+    """Mean cosine similarity between the pooled vectors of different sentences of `batch` (off the diagonal):
+    1 = the classifier sees the same vector for every sentence. Measured in the model's current mode (train mode
+    for the BN family: the statistics its training steps use), without gradients."""
+    with torch.no_grad():
+        hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])[0]
+        z = F.normalize(_pool(hidden, batch["attention_mask"], model.config.pooling).float(), dim=-1)  # (B, D)
+    n = z.shape[0]
+    sim = z @ z.T
+    return float((sim.sum() - sim.diagonal().sum()) / (n * (n - 1)))
+
+
+def cosine_over_steps(model, train: list[dict], probe: dict, lr: float) -> list[float]:
+    """pooled_cosine on `probe` at initialization and after each Adam step on `train` (no warmup, no clipping;
+    the BN family's running statistics move as in training)."""
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-8)
+    out = [pooled_cosine(model, probe)]
+    for batch in train:
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        out.append(pooled_cosine(model, probe))
+    return out
+
+
+def build_arm(variant: dict, overrides: dict, vocab: int, seed: int):
+    """The model a study arm trains (its configs/ file, the study's overrides and its own), initialized under
+    `seed`."""
+    cfg = load_config(str(REPO_ROOT / variant["config"]) if variant.get("config") else None,
+                      layers=[({**overrides, **(variant.get("overrides") or {})}, "in the study's signal block")])
+    torch.manual_seed(seed)
+    return NormLabForSequenceClassification(model_config_from(cfg, vocab_size=vocab, num_labels=2, pad_token_id=0))
+
+
+def arm_lr(selection: dict, name: str, variant: dict, default: float) -> float:
+    """The arm's best LR from a study's selection.json (its `tune` arm's, for an intervention), else `default`."""
+    chosen = selection.get(f"tune/{variant.get('tune', name)}/wuon")
+    return float(chosen["lr"]) if chosen else default
+
+
+def run(preset: Path, out: Path, selection: dict | None = None) -> list[dict]:
+    """Every (arm, seed) of the preset's `signal` block: {variant, seed, lr, cosine: [init, step 1, ...]}; each
+    arm at the signal block's LR, or at its best LR when a study's `selection` is given."""
+    study = read_yaml(preset)
+    sig = study["signal"]
+    overrides = study["overrides"]
+    init = {**sig, "adam_steps": sig["steps"]}
+    train, probe, vocab = fixed_batches(init, study["overrides"]["model.vocab_size"],
+                                        study["overrides"]["data.max_train_samples"])
+    rows = []
+    for (name, variant), seed in itertools.product(sig["variants"].items(), sig["seeds"]):
+        model = build_arm(variant, overrides, vocab, seed)
+        lr = arm_lr(selection or {}, name, variant, sig["lr"])
+        cos = cosine_over_steps(model, train[1:], probe, lr)
+        rows.append({"variant": name, "seed": seed, "lr": lr, "cosine": [round(c, 6) for c in cos],
+                     **provenance()})
+        print(f"signal {name} seed {seed}: pooled cosine at init {cos[0]:.3f}, after {len(cos) - 1} steps "
+              f"{cos[-1]:.3f}", flush=True)
+    write_jsonl(out, rows)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Pooled-vector similarity across sentences, at init and early.")
+    parser.add_argument("--preset", default="quick_v4", help="a study preset with a `signal` block")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--selection", type=Path, default=None,
+                        help="a study's selection.json: each arm at its best LR (default: the block's one LR)")
+    args = parser.parse_args(argv)
+    preset = resolve_preset(args.preset)
+    if "signal" not in read_yaml(preset):
+        print(f"signal.py: error: {preset} has no `signal` block (variants, seeds, steps, lr, batch_size, "
+              f"max_length)", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    started = time.time()
+    run(preset, args.out, read_json(args.selection) if args.selection else None)
+    if (args.out.parent / "study.json").is_file():  # written into a study: meta.json lists this invocation
+        record_invocation(args.out.parent, shlex.join(["python", "-m", "normlab.study.signal",
+                                                       *(argv if argv is not None else sys.argv[1:])]),
+                          started, in_process=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

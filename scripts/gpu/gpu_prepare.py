@@ -1,0 +1,229 @@
+"""Prepare what the GPU check (scripts/gpu/gpu_check.sh) needs on the lent GPU machine, which reaches no package registry:
+
+    python scripts/gpu/gpu_prepare.py              # wheels into .whl/, SST-2 and the source record into .gpudata/
+    python scripts/gpu/gpu_prepare.py --plan       # only print what would be downloaded, as JSON
+    python3 scripts/gpu/gpu_prepare.py --source .gpudata   # (gpu_check.sh, on the device) one line: the commit checked
+
+Wheels: every distribution the check imports (CHECK_NEEDS and what they require, at the versions installed here,
+where the test suite runs) that the GPU image lacks (docs/gpu_image_packages.txt), one version each, built for the
+image's Python (3.12, CPython, x86_64 manylinux). pip installs them there without resolving dependencies, and one
+wheel it rejects stops the whole install: hence one file per distribution, and for the image's Python.
+Data: a copy of SST-2 (train.py looks in $NORMLAB_DATA_DIR/sst2; gpu_check.sh points it at .gpudata).
+Source: .gpudata/source.json names the commit, whether the tree differed from it, and a digest of the files the
+device copies (.git does not travel), so the report can say what it checked.
+Both travel with the device call's `carry` (64 MiB together with the working tree): the total is checked here.
+Needs only the standard library and `packaging` (and, for the data, this checkout on sys.path): it runs from a plain
+checkout, without NormLab installed.
+"""
+
+import argparse
+import hashlib
+import importlib.metadata as md
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE_PACKAGES = REPO / "docs" / "gpu_image_packages.txt"
+# what gpu_check.sh runs imports: train.py, scripts/bench.py, scripts/gpu/ln_bench.py, the Triton tests
+CHECK_NEEDS = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "omegaconf", "pyyaml",
+               "numpy", "triton", "pytest")
+# datasets bounds these (datasets 5.2: pyarrow >= 24, fsspec <= 2026.9.0) and the image's versions of them are unknown
+# (docs/gpu_image_packages.txt has their names only): the versions installed here, which meet those bounds, travel
+CARRY_ANYWAY = ("pyarrow", "fsspec")
+# a carried version other than the one installed here: pyarrow's lowest that datasets allows, whose wheel is 6 MiB
+# under 26.0.1's and keeps the carry under the device's 64 MiB (docs/gpu.md says how it was checked)
+CARRY_VERSIONS = {"pyarrow": "24.0.0"}
+IMAGE_PYTHON = "3.12"
+# the image's side of every environment marker: CPython 3.12 on Linux x86_64, no extras requested
+IMAGE_MARKER_ENV = {"python_version": IMAGE_PYTHON, "python_full_version": f"{IMAGE_PYTHON}.0",
+                    "implementation_name": "cpython", "platform_python_implementation": "CPython",
+                    "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+                    "os_name": "posix", "extra": ""}
+# pip matches manylinux tags exactly: name every tag a current wheel may carry
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64")
+CARRY_LIMIT_MIB = 64  # the device call's working tree, carried paths included
+CARRY_MARGIN_MIB = 1  # what the tree may grow by between preparing and calling
+SOURCE = "source.json"  # in the data folder
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def image_packages(path: Path = IMAGE_PACKAGES) -> set[str]:
+    lines = path.read_text().splitlines()
+    return {normalize(x) for x in (line.strip() for line in lines) if x and not x.startswith("#")}
+
+
+def requirement_closure(roots, stop_at=frozenset(), missing: list | None = None) -> dict[str, str]:
+    """{distribution: version installed here} for `roots` and everything they require, not descending into the
+    distributions in `stop_at` (the image has its own versions of those, with their own needs met) nor into extras
+    (the wheels are installed without dependency resolution: an optional dependency never comes along). What is
+    needed but not installed here goes to `missing`, as "name (needed by whom)"."""
+    found, stack = {}, [(r, "the check") for r in roots]
+    while stack:
+        name, needed_by = stack.pop()
+        name = normalize(name)
+        if name in found or name in stop_at:
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            if missing is not None:
+                missing.append(f"{name} (needed by {needed_by})")
+            continue
+        found[name] = dist.version
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate(IMAGE_MARKER_ENV):
+                stack.append((req.name, name))
+    return found
+
+
+def plan(image: set[str] | None = None) -> dict[str, str]:
+    """{distribution: version} to carry: what the check imports that the image lacks, with its own needs, and
+    CARRY_ANYWAY. A needed distribution that is neither on the image nor installed here stops it (one line)."""
+    image = image_packages() if image is None else image
+    missing = []
+    pins = requirement_closure((*CHECK_NEEDS, *CARRY_ANYWAY), stop_at=image - set(CARRY_ANYWAY), missing=missing)
+    if missing:
+        raise SystemExit(f"error: neither on the GPU image nor installed here: {', '.join(sorted(missing))}; "
+                         f"install them here first (pip install -r requirements.txt)")
+    pins.update({name: version for name, version in CARRY_VERSIONS.items() if name in pins})
+    return dict(sorted(pins.items()))
+
+
+def pip_download_command(pins: dict[str, str], dest: Path) -> list[str]:
+    platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+            IMAGE_PYTHON, "--implementation", "cp", *platforms, "-d", str(dest),
+            *(f"{k}=={v}" for k, v in pins.items())]
+
+
+def wheel_distribution(path: Path) -> str:
+    return normalize(path.name.split("-")[0])
+
+
+def download(pins: dict[str, str], dest: Path) -> list[Path]:
+    """The wheels of `pins` in `dest`, and nothing else there (an older version left over would stop the install).
+    Downloaded into a folder beside it first: the wheels already in `dest` go only once all of their replacements
+    are there."""
+    if not pins:
+        raise SystemExit(f"error: nothing to carry (an empty plan); {dest} left as it was")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}-new-") as tmp:
+        new = Path(tmp)
+        if subprocess.run(pip_download_command(pins, new)).returncode != 0:
+            raise SystemExit(f"error: pip download failed (its message is above); {dest} left as it was")
+        got = sorted(wheel_distribution(w) for w in new.glob("*.whl"))
+        if got != sorted(pins):
+            raise SystemExit(f"error: downloaded wheels {got} do not match the plan {sorted(pins)}; {dest} left as "
+                             f"it was")
+        for old in dest.glob("*.whl"):
+            old.unlink()
+        for wheel in new.glob("*.whl"):
+            shutil.move(str(wheel), dest / wheel.name)
+    return sorted(dest.glob("*.whl"))
+
+
+def copy_data(dest: Path) -> Path:
+    """SST-2 from where train.py finds it here (normlab/data/sources.py's lookup) into dest/sst2."""
+    if str(REPO) not in sys.path:  # as gpu_check.sh does: NormLab's packages from this checkout, installed or not
+        sys.path.insert(0, str(REPO))
+    from normlab.data.sources import mirror_candidates
+
+    src = next((p for p in mirror_candidates("sst2") if p.is_dir()), None)
+    if src is None:
+        raise SystemExit("error: no local copy of SST-2 (../shared/datasets/sst2 or $NORMLAB_DATA_DIR/sst2)")
+    target = dest / "sst2"
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for f in src.iterdir():  # files only, without the source's read-only modes
+        if f.is_file() and f.suffix != ".md":
+            shutil.copyfile(f, target / f.name)
+    return target
+
+
+def tree_digest(root: Path, files) -> str:
+    """sha256 over the paths and contents of `files` (relative to root); a missing file counts as empty."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        path = root / name
+        h.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"") + b"\0")
+    return h.hexdigest()
+
+
+def _git(*args) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+
+def source_record() -> dict:
+    """The commit checked out here, the changes beside it (`git status`), and the files the device copies
+    (tracked and untracked, not ignored) with their digest."""
+    files = [f for f in _git("ls-files", "-co", "--exclude-standard", "-z").split("\0") if f]
+    changed = _git("status", "--porcelain").splitlines()
+    return {"commit": _git("rev-parse", "HEAD").strip(), "dirty": bool(changed), "changed": changed,
+            "prepared_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files,
+            "tree_sha256": tree_digest(REPO, files)}
+
+
+def describe_source(record: dict | None, root: Path = REPO) -> str:
+    """One line for the report: the commit, clean or dirty, and whether the tree here is the one prepared."""
+    if record is None:
+        try:
+            record = {**source_record(), "here": True}
+        except (OSError, subprocess.CalledProcessError):
+            return "commit unknown (no source record and no git)"
+    state = f"dirty: {len(record['changed'])} changed" if record["dirty"] else "clean"
+    if record.get("here"):
+        return f"commit {record['commit']} ({state}; read from git here)"
+    same = tree_digest(root, record["files"]) == record["tree_sha256"]
+    return (f"commit {record['commit']} ({state}; prepared {record['prepared_utc']}; "
+            f"{'tree as prepared' if same else 'TREE CHANGED since it was prepared'})")
+
+
+def mib(paths) -> float:
+    return sum(f.stat().st_size for p in paths for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()) / 2**20
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plan", action="store_true", help="print the wheels to download (JSON) and stop")
+    ap.add_argument("--wheels", default=str(REPO / ".whl"))
+    ap.add_argument("--data", default=str(REPO / ".gpudata"))
+    ap.add_argument("--source", metavar="DATA_DIR", help="print the commit the source record there names, and stop")
+    args = ap.parse_args(argv)
+    if args.source:
+        path = Path(args.source) / SOURCE
+        print(describe_source(json.loads(path.read_text()) if path.is_file() else None))
+        return 0
+    pins = plan()
+    if args.plan:
+        print(json.dumps({"python": IMAGE_PYTHON, "wheels": pins, "carried_anyway": CARRY_ANYWAY,
+                          "command": pip_download_command(pins, Path(args.wheels))[1:]}))
+        return 0
+    record = source_record()  # first: without git there is no commit to name, and nothing is touched yet
+    wheels = download(pins, Path(args.wheels))
+    data = copy_data(Path(args.data))
+    (Path(args.data) / SOURCE).write_text(json.dumps(record, indent=1))
+    tree = mib(REPO / f for f in record["files"] if (REPO / f).is_file())
+    size = mib([*wheels, data, Path(args.data) / SOURCE])
+    print(f"{len(wheels)} wheels in {args.wheels}, SST-2 in {data}: {size:.1f} MiB to carry, {tree:.1f} MiB of "
+          f"working tree; {describe_source(record)}")
+    if size + tree > CARRY_LIMIT_MIB - CARRY_MARGIN_MIB:
+        raise SystemExit(f"error: {size:.1f} MiB carried + {tree:.1f} MiB of working tree is over the device's "
+                         f"{CARRY_LIMIT_MIB} MiB less {CARRY_MARGIN_MIB} MiB of margin")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
