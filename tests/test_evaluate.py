@@ -12,10 +12,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-EVALUATE = REPO_ROOT / "scripts" / "evaluate.py"
 from normlab.cli import evaluate
 from train_utils import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EVALUATE = REPO_ROOT / "scripts" / "evaluate.py"  # the shim: the documented command
 
 EVAL_ROWS = 96
 TINY = ["model.hidden_size=32", "model.num_hidden_layers=2", "model.num_attention_heads=2",

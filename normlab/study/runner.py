@@ -245,22 +245,21 @@ def wants_e1(grid: dict, only: dict) -> bool:
 
 def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool, shards: int = 1) -> None:
     """E1, then the per-run records (scores of every final model, in `shards` processes), then the report: each a
-    script of its own. A study file without a `score` block gets neither records nor report (the report reads only
+    process of its own (python -m normlab.cli.<name>). A study file without a `score` block gets neither records nor report (the report reads only
     the records)."""
-    scripts = REPO_ROOT / "scripts"
     if run_e1:
-        subprocess.run([sys.executable, str(scripts / "init_study.py"), str(study_dir)], cwd=REPO_ROOT, check=True)
+        subprocess.run([sys.executable, "-m", "normlab.cli.init_study", str(study_dir)], cwd=REPO_ROOT, check=True)
     if not score:
         return
     score_study(study_dir, shards)
     if report:
-        subprocess.run([sys.executable, str(scripts / "report.py"), str(study_dir)], cwd=REPO_ROOT)
+        subprocess.run([sys.executable, "-m", "normlab.cli.report", str(study_dir)], cwd=REPO_ROOT)
 
 
 def score_study(study_dir: Path, shards: int) -> None:
     """STUDY/runs.jsonl, scored by `shards` processes at once (the cores training used), in run-name order: the
     same file one process writes."""
-    command = [sys.executable, str(REPO_ROOT / "scripts" / "score_runs.py"), str(study_dir)]
+    command = [sys.executable, "-m", "normlab.cli.score_runs", str(study_dir)]
     if shards <= 1:
         subprocess.run(command, cwd=REPO_ROOT, check=True)
         return
