@@ -31,6 +31,7 @@ from normlab.bench.models import TaskShape, contestant_models  # noqa: E402
 from normlab.bench.padding import bench_padding  # noqa: E402
 from normlab.bench.report import print_report  # noqa: E402
 from normlab.bench.throughput import WIDE, bench_throughput  # noqa: E402
+from normlab.command import command_parser
 from normlab.files.formats import atomic_write_json  # noqa: E402
 from normlab.train.machine import load_average, machine_info  # noqa: E402
 
@@ -39,7 +40,7 @@ LN_ONLY_BATCH = 32  # --layernorm-only: configs/default.yaml's train.batch_size,
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = command_parser(__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (tests); numbers not meaningful")
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available, else cpu")

@@ -8,18 +8,18 @@ machine: it waits for the load average to settle before each phase (up to --sett
 it.
 """
 
-import argparse
 import shlex
 import sys
 import tempfile
 from pathlib import Path
 
 from normlab.bench.shared_cpu import bench_shared_cpu, print_shared_cpu
+from normlab.command import command_parser
 from normlab.files.formats import atomic_write_json
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = command_parser(__doc__)
     ap.add_argument("--steps", type=int, default=400, help="optimizer steps of each run (default 400)")
     ap.add_argument("--settle-s", type=float, default=180,
                     help="wait up to this long before each phase for the 1-minute load average to fall under 0.5")

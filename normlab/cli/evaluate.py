@@ -13,13 +13,13 @@ Bad input (missing checkpoint or columns, unknown labels, a tokenizer larger tha
 line on stderr and exit code 2.
 """
 
-import argparse
 import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 
+from normlab.command import command_parser, error_exit
 from normlab.files.formats import read_json
 from normlab.run_dir import MODEL_DIR_CONFIG, RunDir, model_dir_config
 from normlab.tracking.wandb_run import keep_offline_files_in, resolve_mode
@@ -383,7 +383,7 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_parser(__doc__)
     parser.add_argument("checkpoint", help="a run directory (uses its final/) or an HF model directory")
     parser.add_argument("--split", default=None, help="split of the run's dataset (default: validation)")
     parser.add_argument("--data", default=None, help="evaluate a parquet/csv/tsv/jsonl file instead")
@@ -409,8 +409,7 @@ def main(argv=None) -> int:
         mode = resolve_mode(args.wandb_mode) if args.wandb else "disabled"
         result, accelerator, examples = evaluate(args)
     except ValueError as err:  # EvalError, and normlab.data.sources's DataError / ConfigError
-        print(f"evaluate.py: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
+        return error_exit("evaluate.py", err)
     if accelerator.is_main_process:
         if mode != "disabled":
             result["wandb"] = log_to_wandb(result, examples, mode)

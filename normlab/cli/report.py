@@ -14,11 +14,12 @@ import os
 import sys
 from pathlib import Path
 
+from normlab.command import command_parser, error_exit
 from normlab.study.report import make_report
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_parser(__doc__)
     parser.add_argument("source", type=Path, help="a scored study directory, or a folder of committed records")
     parser.add_argument("--out", type=Path, default=None, help="write the report (and copy the records) here")
     parser.add_argument("--wandb", action="store_true", help="also log the report as a W&B run")
@@ -36,8 +37,7 @@ def main(argv=None) -> int:
     try:
         report = make_report(args.source, args.out, mode, wandb_dir)
     except FileNotFoundError as err:
-        print(f"report.py: error: {err}", file=sys.stderr)
-        return 2
+        return error_exit("report.py", err)
     print(f"wrote {report} and its figures")
     return 0
 

@@ -5,7 +5,6 @@ run logged offline (RUN_DIR/wandb): one row per run, one panel per `depth/*` cha
     python scripts/wandb_charts.py runs/default --out default.png --linear
 """
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
+from normlab.command import command_parser, error_exit
 from normlab.run_dir import RunDir  # noqa: E402
 from normlab.tracking.wandb_records import RecordsError, offline_runs  # noqa: E402
 from normlab.tracking.wandb_run import DEPTH_CHARTS  # noqa: E402
@@ -82,7 +82,7 @@ def draw(runs, out: Path, log_y: bool = True) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_parser(__doc__)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="train.py output directories (with wandb/)")
     parser.add_argument("--out", type=Path, default=Path("depth-charts.png"),
                         help="the PNG to write (default: depth-charts.png)")
@@ -91,8 +91,7 @@ def main(argv=None) -> int:
     try:
         runs = [training_run(d) for d in args.run_dirs]
     except RecordsError as err:
-        print(f"wandb_charts.py: error: {err}", file=sys.stderr)
-        return 2
+        return error_exit("wandb_charts.py", err)
     draw(runs, args.out, log_y=not args.linear)
     print(f"wrote {args.out}")
     return 0

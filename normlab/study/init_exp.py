@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from model import NormLabConfig, NormLabForSequenceClassification
+from normlab.command import error_exit
 from normlab.config.loader import load_config
 from normlab.data.batching import encode_rows, row_batches
 from normlab.data.sources import resolve_dataset
@@ -95,14 +96,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     source = read_yaml(args.preset) if args.preset else read_json(args.study_dir / "study.json")
     if not source.get("init"):
-        print("init_study.py: error: the study has no `init` block (E1 settings)", file=sys.stderr)
-        return 2
+        return error_exit("init_study.py", "the study has no `init` block (E1 settings)")
     # a preset names them `overrides`, study.json `common_overrides`: {run config key: value}
     overrides = source.get("common_overrides", source.get("overrides")) or {}
     if not isinstance(overrides, dict):  # a study.json of an older study.py: key=value strings
-        print("init_study.py: error: the study's overrides are not a mapping (a study.json written by an older "
-              "study.py); give the study file with --preset", file=sys.stderr)
-        return 2
+        return error_exit("init_study.py", "the study's overrides are not a mapping (a study.json written by an older "
+                                           "study.py); give the study file with --preset")
     torch.set_num_threads(1)  # tiny models: one thread is as fast and leaves the other core to the study
     started = time.time()
     run(source["init"], args.study_dir / "e1.jsonl", int(overrides.get("data.max_train_samples", 5120)),

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from normlab.command import error_exit
 from normlab.files.formats import atomic_write_json, atomic_write_text, read_json
 from normlab.run_dir import RunDir, saved_config_raw
 from normlab.study.engines import Job, LocalEngine, make_engine, read_status, subprocess_runner
@@ -401,8 +402,7 @@ def main(argv=None) -> int:
         with engine:
             run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine)
     except StudyError as err:
-        print(f"study.py: error: {err}", file=sys.stderr)
-        return 2
+        return error_exit("study.py", err)
     except KeyboardInterrupt:
         print("\nstudy interrupted; run the same command again to continue (finished runs are skipped, "
               "interrupted ones resume from their last checkpoint)", file=sys.stderr)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from model import NormLabForSequenceClassification
 from model.modeling_normlab import _pool
+from normlab.command import error_exit
 from normlab.config.loader import load_config, model_config_from
 from normlab.files.formats import read_json, read_yaml, write_jsonl
 from normlab.study.grid import REPO_ROOT, resolve_preset
@@ -97,9 +98,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     preset = resolve_preset(args.preset)
     if "signal" not in read_yaml(preset):
-        print(f"signal.py: error: {preset} has no `signal` block (variants, seeds, steps, lr, batch_size, "
-              f"max_length)", file=sys.stderr)
-        return 2
+        return error_exit("signal.py", f"{preset} has no `signal` block (variants, seeds, steps, lr, batch_size, "
+                                       f"max_length)")
     torch.set_num_threads(1)
     started = time.time()
     run(preset, args.out, read_json(args.selection) if args.selection else None)
