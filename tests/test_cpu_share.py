@@ -21,7 +21,7 @@ def machine(monkeypatch):
     import psutil
 
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 8 if logical else 4)
-    allow = lambda cpus: monkeypatch.setattr(accelerator.os, "sched_getaffinity",  # noqa: E731
+    allow = lambda cpus: monkeypatch.setattr(accelerator.os, "sched_getaffinity",  # noqa: E731 - a one-line local helper
                                              lambda pid: set(range(cpus)), raising=False)
     allow(8)
     return allow

@@ -137,7 +137,7 @@ REMOTE_SCRIPT = textwrap.dedent("""
     # fresh environment has no such finder
     sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
     try:
-        import model  # noqa: F401
+        import model  # noqa: F401 - the test is whether it imports
     except ModuleNotFoundError:
         pass
     else:

@@ -220,7 +220,7 @@ def test_naive_std_layernorm_is_wrong_on_low_variance_input():
     torch.manual_seed(0)
     ref, ours = nn.LayerNorm(64, elementwise_affine=False), CustomLayerNorm(64, elementwise_affine=False)
     x = 0.01 + 1e-3 * torch.randn(8, 64)  # std ~1e-3: eps=1e-5 on the variance is 10x the variance itself
-    rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
+    rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731 - a one-line local helper
     assert rel(naive(x), ref(x)) > 1.0  # more than 100% off (about 3.3x too large)
     assert rel(ours(x), ref(x)) < 1e-5
     # Even at unit variance the unbiased std leaves a systematic ~1/(2M) relative error.

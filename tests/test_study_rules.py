@@ -65,7 +65,7 @@ def test_sign_flip_interval_is_the_inverted_test():
     d = np.array([0.03, 0.01, 0.04, -0.005, 0.02, 0.025, 0.015, 0.035, 0.01, 0.02])
     lo, hi = rules.sign_flip_interval(d)
     assert lo < d.mean() < hi
-    p = lambda delta: paired_test(d - delta, "permutation").p  # noqa: E731
+    p = lambda delta: paired_test(d - delta, "permutation").p  # noqa: E731 - a one-line local helper
     assert p(lo + 1e-4) >= 0.05 > p(lo - 1e-3) and p(hi - 1e-4) >= 0.05 > p(hi + 1e-3)
     est = rules.estimate(d, "permutation")
     assert (est.lo, est.hi) == (lo, hi) and (est.p < 0.05) == (lo > 0)  # the interval excludes 0 iff p < alpha

@@ -22,18 +22,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
+import torch
 
-from normlab.bench.data import load_data, take_batches  # noqa: E402
-from normlab.bench.layernorm import bench_layernorm, ln_shapes  # noqa: E402
-from normlab.bench.memory import bench_memory  # noqa: E402
-from normlab.bench.models import TaskShape, contestant_models  # noqa: E402
-from normlab.bench.padding import bench_padding  # noqa: E402
-from normlab.bench.report import print_report  # noqa: E402
-from normlab.bench.throughput import WIDE, bench_throughput  # noqa: E402
+from normlab.bench.data import load_data, take_batches
+from normlab.bench.layernorm import bench_layernorm, ln_shapes
+from normlab.bench.memory import bench_memory
+from normlab.bench.models import TaskShape, contestant_models
+from normlab.bench.padding import bench_padding
+from normlab.bench.report import print_report
+from normlab.bench.throughput import WIDE, bench_throughput
 from normlab.command import command_parser
-from normlab.files.formats import atomic_write_json  # noqa: E402
-from normlab.train.machine import load_average, machine_info  # noqa: E402
+from normlab.files.formats import atomic_write_json
+from normlab.train.machine import load_average, machine_info
 
 QUICK_TRAIN_SAMPLES = 2000  # --quick: the first N training rows (tokenizer, padding and throughput batches)
 LN_ONLY_BATCH = 32  # --layernorm-only: configs/default.yaml's train.batch_size, without loading the config

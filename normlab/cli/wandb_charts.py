@@ -11,12 +11,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # no display needed
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 from normlab.command import command_parser, error_exit
-from normlab.run_dir import RunDir  # noqa: E402
-from normlab.tracking.wandb_records import RecordsError, offline_runs  # noqa: E402
-from normlab.tracking.wandb_run import DEPTH_CHARTS  # noqa: E402
+from normlab.run_dir import RunDir
+from normlab.tracking.wandb_records import RecordsError, offline_runs
+from normlab.tracking.wandb_run import DEPTH_CHARTS
 
 
 def training_run(run_dir: Path):

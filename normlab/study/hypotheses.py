@@ -68,12 +68,12 @@ def primary(rec: Records, test: str) -> list[Hypothesis]:
 def secondary(rec: Records, test: str) -> list[Hypothesis]:
     acc = {v: board(rec, v) for v in ("ln_pre", "dyt", "rmsnorm", "no_norm", "powernorm", "batchnorm",
                                        "masked_batchnorm")}
-    extra = lambda variant: by_seed(rec.arm("batching", variant), value)  # noqa: E731
+    extra = lambda variant: by_seed(rec.arm("batching", variant), value)  # noqa: E731 - a one-line local helper
     b8 = {n: paired(extra(f"{n}-b8"), acc[n]) for n in ("ln_pre", "batchnorm")}
     b8 = [x - y for x, y in zip(b8["batchnorm"], b8["ln_pre"])]
     grouped = paired(extra("masked_batchnorm-grouped"), extra("batchnorm-grouped"))
     random_ = paired(acc["masked_batchnorm"], acc["batchnorm"])[:len(grouped)]
-    more = lambda v: largest_lr_by_seed(rec, v, "off", "placement_more")  # noqa: E731
+    more = lambda v: largest_lr_by_seed(rec, v, "off", "placement_more")  # noqa: E731 - a one-line local helper
     pre_off, post_off = largest_lr_by_seed(rec, "ln_pre", "off"), largest_lr_by_seed(rec, "ln_post", "off")
     return [
         Hypothesis("S1", "DyT matches LN (Zhu et al. 2025): accuracy, dyt - ln_pre within +-0.02",

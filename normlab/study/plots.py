@@ -6,12 +6,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from normlab.study import outcomes as oc  # noqa: E402
-from normlab.study.analysis import Records, leaderboard, outcome_grid, value  # noqa: E402
-from normlab.study.seedstats import t_interval  # noqa: E402
+from normlab.study import outcomes as oc
+from normlab.study.analysis import Records, leaderboard, outcome_grid, value
+from normlab.study.seedstats import t_interval
 
 LABELS = {"ln_pre": "LayerNorm (pre-LN)", "ln_post": "LayerNorm post-LN", "custom_ln": "hand-written LN", "rmsnorm": "RMSNorm",
           "dyt": "DyT", "batchnorm": "BatchNorm (naive)", "masked_batchnorm": "BatchNorm (masked)",

@@ -53,7 +53,7 @@ def atomic_dir(final: Path, what: str):
     """Yields an empty temporary folder next to `final`, which becomes `final` once the block completes. A
     refused write removes the temporary folder and raises WriteError(what); an older `final` stays as it was."""
     tmp = final.with_name(f".tmp-{final.name}")
-    remove = lambda: shutil.rmtree(tmp, ignore_errors=True)  # noqa: E731
+    remove = lambda: shutil.rmtree(tmp, ignore_errors=True)  # noqa: E731 - used twice below, one line
     with guarded_write(what, final, cleanup=remove):
         remove()  # left by a kill during an earlier write
         tmp.mkdir(parents=True)
