@@ -1,5 +1,5 @@
-"""Code the tests import that is not on sys.path: the GPU check's tools in scripts/gpu/ (not a package) and a downloaded package
-(tests/hf_common.py), imported from their files without putting their folders on sys.path."""
+"""Code the tests import that is not on sys.path: the GPU check's tools in scripts/gpu/ (not a package) and a downloaded
+package (tests/hf_common.py), imported from their files without putting their folders on sys.path."""
 
 import importlib.util
 import sys

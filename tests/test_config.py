@@ -271,7 +271,8 @@ def test_a_resume_restores_the_runs_config_and_states_each_allowed_change(tmp_pa
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["train.lr=2e-3"], ["train.lr=0.002 cannot change", "the run has train.lr=0.001", "train.max_steps, train.epochs"]),
+    (["train.lr=2e-3"], ["train.lr=0.002 cannot change", "the run has train.lr=0.001",
+                         "train.max_steps, train.epochs"]),
     (["model.norm=rmsnorm"], ["model.norm='rmsnorm' cannot change", "a resume may change only"]),
     (["--config", "pre_ln"], ["--config pre_ln differs from the run's own (--config configs/post_ln.yaml",
                               "train.resume=auto"]),

@@ -1,5 +1,5 @@
-"""A CPU run beside other processes (normlab/train/accelerator.py's thread choice, normlab/train/cpu_share.py): the threads
-come from the CPUs this process may use less those others keep busy, OpenMP waits passively, and a starved run
+"""A CPU run beside other processes (normlab/train/accelerator.py's thread choice, normlab/train/cpu_share.py): the
+threads come from the CPUs this process may use less those others keep busy, OpenMP waits passively, and a starved run
 says so once."""
 
 import ast

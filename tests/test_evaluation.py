@@ -1,5 +1,6 @@
-"""The one scorer (normlab.train.evaluation) and the one rows -> padded batches path (normlab.data.sources) against plain loops:
-orders, widths, batch sizes, batch statistics, rows without labels. Tiny models, no training, no kernels."""
+"""The one scorer (normlab.train.evaluation) and the one rows -> padded batches path (normlab.data.sources) against
+plain loops: orders, widths, batch sizes, batch statistics, rows without labels. Tiny models, no training, no
+kernels."""
 
 import numpy as np
 import pytest

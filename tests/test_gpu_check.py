@@ -107,7 +107,8 @@ def test_layernorm_check_passes_the_kernels_and_catches_wrong_ones(restore_cpu_b
 
 def test_prepare_carries_exactly_what_the_image_lacks():
     pins = gpu_prepare.plan()
-    assert set(pins) == CARRIED and pins["pyarrow"] == "24.0.0"  # the smallest wheel datasets allows  # not pandas, python-dateutil, xxhash: the image has them
+    # the smallest pyarrow wheel datasets allows; not pandas, python-dateutil, xxhash: the image has them
+    assert set(pins) == CARRIED and pins["pyarrow"] == "24.0.0"
     assert gpu_prepare.plan(gpu_prepare.image_packages() - {"pandas"}).keys() == CARRIED | {"pandas"}
     cmd = gpu_prepare.pip_download_command(pins, REPO / ".whl")
     assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--only-binary=:all:" in cmd

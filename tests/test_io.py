@@ -1,5 +1,5 @@
-"""normlab/files/formats.py: JSON Lines reading tolerates only the torn last line a killed writer leaves; YAML that a user
-wrote fails with its file and line."""
+"""normlab/files/formats.py: JSON Lines reading tolerates only the torn last line a killed writer leaves; YAML that a
+user wrote fails with its file and line."""
 
 import pytest
 

@@ -19,8 +19,8 @@ from model.layer_norm_op import layer_norm_reference
 from tests.train_utils import REPO
 
 # train.kernels=reference, or auto without a backend: the reference LayerNorm, and the model's own nn.Dropout and SDPA
-REFERENCE = {"normlab::layer_norm": "reference", "normlab::layer_norm_backward": "reference", "normlab::dropout": "torch",
-             "normlab::attention": "torch", "normlab::attention_backward": "torch"}
+REFERENCE = {"normlab::layer_norm": "reference", "normlab::layer_norm_backward": "reference",
+             "normlab::dropout": "torch", "normlab::attention": "torch", "normlab::attention_backward": "torch"}
 
 
 def _args():

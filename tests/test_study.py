@@ -1,5 +1,5 @@
-"""The study runner's (normlab/study/runner.py, grid.py) grid, experiments, narrowing, skipping and failure recording, with a fake runner (no training
-here; tests/test_study_smoke.py trains a tiny study end to end)."""
+"""The study runner's (normlab/study/runner.py, grid.py) grid, experiments, narrowing, skipping and failure recording,
+with a fake runner (no training here; tests/test_study_smoke.py trains a tiny study end to end)."""
 
 import json
 import math
@@ -135,7 +135,8 @@ def test_failed_runs_are_recorded_and_reruns_skip_finished_ones(grid, tmp_path):
     assert statuses["post_ln-lr0.0001-wuon-s0"] == "completed"
 
     # and once it succeeds, nothing is left to do
-    study.run_study(g, grid_file, study_dir, runs, runner=FakeRunner(lambda name: "completed"), print_fn=lambda *a: None)
+    study.run_study(g, grid_file, study_dir, runs, runner=FakeRunner(lambda name: "completed"),
+                    print_fn=lambda *a: None)
     runner = FakeRunner(lambda name: "completed")
     study.run_study(g, grid_file, study_dir, runs, runner=runner, print_fn=lambda *a: None)
     assert runner.calls == []
@@ -215,7 +216,8 @@ def test_presets_hold_the_designed_experiments(preset):
     common = g["overrides"]
     tune, board, aa, placement = (g["experiments"][k] for k in ("tune", "leaderboard", "aa", "placement"))
     assert len(tune["lr"]) >= 4 and math.log10(max(tune["lr"]) / min(tune["lr"])) >= 1.5 - 1e-3
-    norms = {"ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm", "no_norm"}
+    norms = {"ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm",
+             "no_norm"}
     assert set(tune["variants"]) == set(board["variants"]) == norms
     assert board["best_of"] == aa["best_of"] == "tune" and len(board["seeds"]) >= 10
     assert not set(board["seeds"]) & set(tune["seeds"])  # chosen on some seeds, reported on others
@@ -271,7 +273,8 @@ def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, mon
 
     # dev loss: lower for the LR each arm should get
     monkeypatch.setattr("normlab.study.selection.dev_loss",
-                        lambda run_dir, dev, bs: 0.3 if run_dir.name in ("a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100") else 0.6)
+                        lambda run_dir, dev, bs: 0.3 if run_dir.name in ("a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100")
+                        else 0.6)
     monkeypatch.setattr("normlab.study.selection.score_sets", lambda cfg, rows: {"dev": ([], [])})
     monkeypatch.setattr("normlab.study.selection.RunDir.read_config", lambda self: None)
     engine = study.LocalEngine(runner=fake_runner)
@@ -292,7 +295,8 @@ def test_bad_staged_grids_are_refused_in_one_line(tmp_path):
     path.write_text(STAGED.replace("tune: a,", "tune: c,"))
     with pytest.raises(study.StudyError, match="tuned as 'c', which sweep does not train"):
         study.load_grid(path)
-    path.write_text(STAGED.replace("fixed:\n    variants: {a: {config: pre_ln}}", "fixed:\n    variants: {a: {config: dyt}}"))
+    path.write_text(STAGED.replace("fixed:\n    variants: {a: {config: pre_ln}}",
+                                   "fixed:\n    variants: {a: {config: dyt}}"))
     with pytest.raises(study.StudyError, match="share_runs: variant a .* configured differently"):
         study.load_grid(path)
 

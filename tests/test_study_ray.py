@@ -1,8 +1,7 @@
-"""scripts/study.py --engine ray (normlab/study/engines.py's RayEngine) on a real local Ray instance with 2 CPUs and real
-train.py runs of a tiny model on a few hundred SST-2 rows: the study directory it fills has the local engine's
-shape and results, a run whose Ray worker is killed mid-run is retried from its last checkpoint and finishes, a
-finished study run again starts nothing, and a command killed more often than its retries allow fails with the
-reason."""
+"""scripts/study.py --engine ray (normlab/study/engines.py's RayEngine) on a real local Ray instance with 2 CPUs and
+real train.py runs of a tiny model on a few hundred SST-2 rows: the study directory it fills has the local engine's
+shape and results, a run whose Ray worker is killed mid-run is retried from its last checkpoint and finishes, a finished
+study run again starts nothing, and a command killed more often than its retries allow fails with the reason."""
 
 import json
 import os

@@ -113,7 +113,8 @@ def test_accelerate_launch_end_to_end(tmp_path):
     assert torch.allclose(torch.tensor(json.loads(fresh.stdout.strip().splitlines()[-1])), expected, atol=1e-6)
     # every checkpoint carries the tokenizer too, so AutoTokenizer loads from any checkpoint
     for ckpt in sorted((out / "checkpoints").glob("step_*")):
-        assert AutoTokenizer.from_pretrained(ckpt).get_vocab() == AutoTokenizer.from_pretrained(out / "final").get_vocab()
+        final_vocab = AutoTokenizer.from_pretrained(out / "final").get_vocab()
+        assert AutoTokenizer.from_pretrained(ckpt).get_vocab() == final_vocab
     card = (out / "final" / "README.md").read_text()
     assert "custom_layernorm" in card and "eval/accuracy" in card
 

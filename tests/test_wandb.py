@@ -1,6 +1,6 @@
-"""What reaches Weights & Biases, read back from the offline runs' .wandb files (normlab.tracking.wandb_records, wandb's own
-protobuf classes): a training run's x-axis, tags and group, per-layer depth charts against metrics.jsonl, the summary,
-the model and checkpoint artifacts (and evaluate.py loading the model back from them), evaluate.py --wandb's
+"""What reaches Weights & Biases, read back from the offline runs' .wandb files (normlab.tracking.wandb_records, wandb's
+own protobuf classes): a training run's x-axis, tags and group, per-layer depth charts against metrics.jsonl, the
+summary, the model and checkpoint artifacts (and evaluate.py loading the model back from them), evaluate.py --wandb's
 confusion matrix and predictions table, a resumed run continuing its W&B run (and a completed one left alone), a
 diverged run, the study report run, and the other trackers."""
 

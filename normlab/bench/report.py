@@ -66,7 +66,8 @@ def _print_throughput(title: str, tp: dict) -> None:
     if tp["compile_note"]:
         print(f"   compiled NormLab: {tp['compile_note']}")
     p = tp["params"]
-    print(f"   parameters: NormLab {p['normlab']:,}, HF BERT {p['hf_bert']:,} (difference {p['difference_hf_minus_normlab']:,}"
+    print(f"   parameters: NormLab {p['normlab']:,}, HF BERT {p['hf_bert']:,} "
+          f"(difference {p['difference_hf_minus_normlab']:,}"
           f"{', fully explained' if p['explained_exactly'] else ', NOT fully explained'}): {p['explanation']}")
 
 
@@ -86,9 +87,11 @@ def _print_memory(mem: dict) -> None:
     print(f"   method: {mem['method']}")
     for n in ("normlab", "hf_bert"):
         v = mem[n]
-        print(f"   {n:<9} params+AdamW {v['resident_bytes'] / MIB:7.1f} MiB, step peak {v['step_peak_bytes'] / MIB:7.1f} MiB, "
+        print(f"   {n:<9} params+AdamW {v['resident_bytes'] / MIB:7.1f} MiB, "
+              f"step peak {v['step_peak_bytes'] / MIB:7.1f} MiB, "
               f"total {v['total_peak_bytes'] / MIB:7.1f} MiB")
-    print(f"   NormLab / HF: total {mem['ratio_total_normlab_over_hf']:.2f}x, step peak {mem['ratio_step_normlab_over_hf']:.2f}x")
+    print(f"   NormLab / HF: total {mem['ratio_total_normlab_over_hf']:.2f}x, "
+          f"step peak {mem['ratio_step_normlab_over_hf']:.2f}x")
 
 
 def print_report(res: dict) -> None:

@@ -98,7 +98,8 @@ def bench_throughput(models: dict, batches, *, accelerator, cfg, device, repeats
     logging_overhead = (contestants["normlab_eager_logged"]["step_ms_median"]
                         / contestants["normlab_eager"]["step_ms_median"] - 1) if extras else None
     return {
-        "what": "real (non-pad) training tokens per second, full step: forward, backward, clip, AdamW (higher is better)",
+        "what": "real (non-pad) training tokens per second, full step: forward, backward, clip, AdamW "
+                "(higher is better)",
         "goal": f">= {GOAL} (NormLab over HF BERT)",
         "batches": len(batches), "batch_size": cfg.train.batch_size,
         "padded_lengths": [int(b["input_ids"].shape[1]) for b in batches],

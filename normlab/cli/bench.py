@@ -44,8 +44,11 @@ def parse_args(argv=None):
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (tests); numbers not meaningful")
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available, else cpu")
-    ap.add_argument("--repeats", type=int, default=None, help="interleaved repetitions of the throughput pass (default 9; quick 3); LayerNorm gets 5x as many")
-    ap.add_argument("--batches", type=int, default=None, help="SST-2 batches per throughput repetition (default 12; quick 2)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="interleaved repetitions of the throughput pass (default 9; quick 3); LayerNorm gets 5x "
+                         "as many")
+    ap.add_argument("--batches", type=int, default=None,
+                    help="SST-2 batches per throughput repetition (default 12; quick 2)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--compile", dest="compile", action="store_true", default=None,
                     help="also time the compiled NormLab (default on, off with --quick)")

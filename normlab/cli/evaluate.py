@@ -127,8 +127,8 @@ def load_model(checkpoint: Path):
                         f"classifiers (train with task=classification)")
     tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=True)
     if len(tokenizer) > config.vocab_size:
-        raise EvalError(f"vocabulary mismatch: the tokenizer in {checkpoint} has {len(tokenizer)} tokens but the model's "
-                        f"vocab_size is {config.vocab_size}; save the tokenizer the model was trained with")
+        raise EvalError(f"vocabulary mismatch: the tokenizer in {checkpoint} has {len(tokenizer)} tokens but the "
+                        f"model's vocab_size is {config.vocab_size}; save the tokenizer the model was trained with")
     model = AutoModelForSequenceClassification.from_pretrained(checkpoint, trust_remote_code=True)
     return model, tokenizer
 
@@ -261,7 +261,8 @@ def format_table(result: dict) -> str:
         lines.append(name.ljust(width) + "".join(str(x).rjust(width) for x in row))
     lines += ["", "label".ljust(width) + "".join(h.rjust(11) for h in ("precision", "recall", "f1", "support"))]
     for c in result["per_class"]:
-        lines.append(c["label"].ljust(width) + f"{c['precision']:11.4f}{c['recall']:11.4f}{c['f1']:11.4f}{c['support']:11d}")
+        scores = f"{c['precision']:11.4f}{c['recall']:11.4f}{c['f1']:11.4f}{c['support']:11d}"
+        lines.append(c["label"].ljust(width) + scores)
     return "\n".join(lines)
 
 

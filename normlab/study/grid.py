@@ -122,10 +122,12 @@ def _load_variants(where, variants_spec, warmup) -> dict:
                         f"{where}: variant {name}")
         settings = [_on_off(w) for w in (spec.warmup if spec.warmup is not None else list(warmup))]
         if not set(settings) <= set(warmup):
-            raise StudyError(f"{where}: variant {name}: warmup {settings} not among the study's settings {list(warmup)}")
+            raise StudyError(f"{where}: variant {name}: warmup {settings} not among the study's settings "
+                             f"{list(warmup)}")
         config = spec.config
         if config is not None:
-            config_path = Path(config) if str(config).endswith((".yaml", ".yml")) else Path("configs") / f"{config}.yaml"
+            is_file = str(config).endswith((".yaml", ".yml"))
+            config_path = Path(config) if is_file else Path("configs") / f"{config}.yaml"
             if not (REPO_ROOT / config_path).is_file() and not config_path.is_file():
                 raise StudyError(f"{where}: variant {name}: config file {config_path} not found")
             config = str(config_path)
@@ -323,5 +325,6 @@ def narrow(runs: list[dict], only: dict, strict: bool = True) -> list[dict]:
         present = sorted({r[axis] for r in runs}, key=lambda v: (isinstance(v, str), v))
         for w in wanted:
             if not any(_matches(axis, v, w) for v in present):
-                raise StudyError(f"--only {axis}={w}: not in the grid; choose from {', '.join(f'{v:g}' if axis == 'lr' else str(v) for v in present)}")
+                choices = ", ".join(f"{v:g}" if axis == "lr" else str(v) for v in present)
+                raise StudyError(f"--only {axis}={w}: not in the grid; choose from {choices}")
     return [r for r in runs if all(any(_matches(a, r[a], w) for w in ws) for a, ws in only.items())]

@@ -110,7 +110,8 @@ def e1_hypotheses(rec: Records, test: str) -> list[Hypothesis]:
     grad = {p: {s: math.log(r["grad_norm"][-1] / r["grad_norm"][0]) for s, r in rows[p].items()} for p in rows}
     change = {p: {s: math.log(r["output_change"][-1]) for s, r in rows[p].items()} for p in rows}
     return [Hypothesis("E1a", f"at init post-LN's gradients grow toward the output more than pre-LN's (Xiong 2020): "
-                       f"log(g_last / g_first), post - pre, depth {depth}", paired(grad["post"], grad["pre"]), test, +1),
+                       f"log(g_last / g_first), post - pre, depth {depth}", paired(grad["post"], grad["pre"]), test,
+                       +1),
             Hypothesis("E1b", f"post-LN's 10-step output change is larger than DeepNorm's (Wang et al. 2022): "
                        f"log change, post - deepnorm, depth {depth}", paired(change["post"], change["deepnorm"]),
                        test, +1)]

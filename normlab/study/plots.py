@@ -13,9 +13,9 @@ from normlab.study import outcomes as oc
 from normlab.study.analysis import Records, leaderboard, outcome_grid, value
 from normlab.study.seedstats import t_interval
 
-LABELS = {"ln_pre": "LayerNorm (pre-LN)", "ln_post": "LayerNorm post-LN", "custom_ln": "hand-written LN", "rmsnorm": "RMSNorm",
-          "dyt": "DyT", "batchnorm": "BatchNorm (naive)", "masked_batchnorm": "BatchNorm (masked)",
-          "powernorm": "PowerNorm", "no_norm": "no norm"}
+LABELS = {"ln_pre": "LayerNorm (pre-LN)", "ln_post": "LayerNorm post-LN", "custom_ln": "hand-written LN",
+          "rmsnorm": "RMSNorm", "dyt": "DyT", "batchnorm": "BatchNorm (naive)",
+          "masked_batchnorm": "BatchNorm (masked)", "powernorm": "PowerNorm", "no_norm": "no norm"}
 
 
 def plot_answer(rec: Records):

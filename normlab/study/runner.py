@@ -246,8 +246,8 @@ def wants_e1(grid: dict, only: dict) -> bool:
 
 def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool, shards: int = 1) -> None:
     """E1, then the per-run records (scores of every final model, in `shards` processes), then the report: each a
-    process of its own (python -m normlab.cli.<name>). A study file without a `score` block gets neither records nor report (the report reads only
-    the records)."""
+    process of its own (python -m normlab.cli.<name>). A study file without a `score` block gets neither records nor
+    report (the report reads only the records)."""
     if run_e1:
         subprocess.run([sys.executable, "-m", "normlab.cli.init_study", str(study_dir)], cwd=REPO_ROOT, check=True)
     if not score:

@@ -24,7 +24,8 @@ class Paired:
 
     def fmt(self, digits: int = 3) -> str:
         f = f"{{:+.{digits}f}}"
-        return f"{f.format(self.mean)} [{f.format(self.lo)}, {f.format(self.hi)}] (p={self.p:.3g}, n={self.n}, {self.test})"
+        interval = f"[{f.format(self.lo)}, {f.format(self.hi)}]"
+        return f"{f.format(self.mean)} {interval} (p={self.p:.3g}, n={self.n}, {self.test})"
 
 
 def _clean(diffs) -> np.ndarray:

@@ -36,7 +36,8 @@ model = AutoModelForSequenceClassification.from_pretrained("PATH", trust_remote_
 tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=True)
 
 from transformers import pipeline
-pipeline("text-classification", model="PATH", trust_remote_code=True)("a gorgeous film")  # [{{'label': ..., 'score': ...}}]
+classify = pipeline("text-classification", model="PATH", trust_remote_code=True)
+classify("a gorgeous film")  # [{{'label': ..., 'score': ...}}]
 ```
 
 Labels: {labels or "none (masked language model)"}.

@@ -1,4 +1,4 @@
-"""Prepare what the GPU check (scripts/gpu/gpu_check.sh) needs on the lent GPU machine, which reaches no package registry:
+"""Prepare what the GPU check (scripts/gpu/gpu_check.sh) needs on the lent GPU machine, which reaches no registry:
 
     python scripts/gpu/gpu_prepare.py              # wheels into .whl/, SST-2 and the source record into .gpudata/
     python scripts/gpu/gpu_prepare.py --plan       # only print what would be downloaded, as JSON
