@@ -57,7 +57,7 @@ from normlab.train.optim import adamw
 from normlab.train.preflight import preflight, run_config
 from normlab.train.probes import StabilityProbe
 from normlab.train.progress_bars import bars_on
-from normlab.train.run_summary import format_summary
+from normlab.train.run_summary import best_key, format_summary
 from normlab.train.spikes import LossSpikeDetector
 from normlab.train.step import train_step
 from normlab.train.stop_signal import StopSignal
@@ -99,10 +99,12 @@ def train(cfg: RunConfig, record: dict | None = None, notices=()) -> int:
     set_seed(cfg.seed)  # same seed on every process: identical init (DDP also broadcasts it)
     wall_start, run = time.time(), None
     try:
-        tokenizer, dsd, train_loader, eval_loader = build_data(cfg, accelerator)
+        tokenizer, dsd, train_loader, eval_loaders = build_data(cfg, accelerator)
         batch_sampler = train_loader.batch_sampler  # ours (deterministic per (seed, epoch)), before prepare wraps it
         model, optimizer, kernels = build_model(cfg, tokenizer, dsd, accelerator.device)
-        model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+        model, optimizer, train_loader, *prepared = accelerator.prepare(model, optimizer, train_loader,
+                                                                        *eval_loaders.values())
+        eval_loaders = dict(zip(eval_loaders, prepared))
         scheduler, total_steps = build_scheduler(cfg, accelerator, optimizer, len(train_loader))
         state, resume_rng = resume_state(accelerator, resume_path, len(train_loader))
         if resume_path is not None and nothing_to_do(cfg, accelerator, state, total_steps, resume_path):
@@ -113,7 +115,7 @@ def train(cfg: RunConfig, record: dict | None = None, notices=()) -> int:
                         record or {}, total_steps, wall_start)
         batches = micro_batches(accelerator, train_loader, batch_sampler, state, resume_rng)
         with StopSignal().installed() as stop:
-            status, facts = train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loader,
+            status, facts = train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loaders,
                                        state, run, stop, total_steps)
         run.progress.close()
         summary = finish(cfg, accelerator, model, state, run, status,
@@ -132,7 +134,7 @@ def train(cfg: RunConfig, record: dict | None = None, notices=()) -> int:
     return EXIT_OK
 
 
-def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loader, state, run, stop,
+def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loaders, state, run, stop,
                total_steps) -> tuple[str, dict]:
     """One iteration per micro-batch, an optimizer step every grad_accum_steps of them. -> (the run's status:
     completed, diverged (a non-finite loss or gradient) or interrupted (SIGTERM/SIGINT, after a checkpoint); the
@@ -169,7 +171,7 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
         if last and unwrapped.batch_statistics_norms():  # before evaluation, whose forward may re-sync buffers
             facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped)
         if state.step % t.eval_steps == 0 or last:
-            run_eval(cfg, accelerator, model, eval_loader, state, run)
+            run_eval(cfg, accelerator, model, eval_loaders, state, run)
         # a finished run ends with a checkpoint; the rotation keeps the one at the best evaluation's step, if saved
         # (as HF's Trainer, no extra saves: a study evaluating every 32 steps would checkpoint at every gain)
         if state.step % t.save_steps == 0 or last or done.interrupted:
@@ -202,15 +204,20 @@ def log_divergence(accelerator, probe, state, run, grad_norm: float, lr: float) 
                       f"{grad_norm}); stopping, status diverged", file=sys.stderr)
 
 
-def run_eval(cfg, accelerator, model, eval_loader, state, run) -> None:
-    """Evaluate, keep the best, log; the BN family also with the batches' own statistics (its train/eval gap)."""
+def run_eval(cfg, accelerator, model, eval_loaders, state, run) -> None:
+    """Evaluate eval_split (eval/*) and the dev rows if held out (dev/*), keep the best, log; the BN family also
+    with the batches' own statistics (its train/eval gap). With dev rows the best evaluation is chosen on them, so
+    that the best checkpoint's eval/accuracy is not picked on the split it reports."""
     acc, st, task, seed = accelerator, state, cfg.task, cfg.seed
     unwrapped = acc.unwrap_model(model)
-    metrics = evaluate(acc, model, eval_loader, task, seed)
+    metrics = {}
+    for prefix, loader in eval_loaders.items():
+        metrics.update(evaluate(acc, model, loader, task, seed, prefix=prefix))
     if unwrapped.batch_statistics_norms():
-        metrics["eval/accuracy_batch_stats"] = evaluate(acc, model, eval_loader, task, seed,
+        metrics["eval/accuracy_batch_stats"] = evaluate(acc, model, eval_loaders["eval"], task, seed,
                                                         batch_stats=True)["eval/accuracy"]
-    if st.best is None or metrics["eval/accuracy"] > st.best["eval/accuracy"]:
+    key = best_key(metrics)
+    if st.best is None or metrics[key] > st.best[key]:
         st.best = {"step": st.step, **metrics}
     st.last_eval = metrics
     run.log({"step": st.step, "epoch": st.epoch, **metrics})
@@ -342,14 +349,14 @@ def nothing_to_do(cfg: RunConfig, accelerator, state, total_steps: int, resume_p
 
 
 def build_data(cfg: RunConfig, accelerator):
-    """(tokenizer, raw DatasetDict, train loader, eval loader). The main process builds (and caches) the tokenizer
-    and tokenized splits first, then the others load them."""
+    """(tokenizer, raw DatasetDict, train loader, {metric prefix: eval loader}). The main process builds (and
+    caches) the tokenizer and tokenized splits first, then the others load them."""
     with accelerator.main_process_first():
         dsd, tokenizer, tokenized = load_tokenized(cfg)
     low_precision = accelerator.mixed_precision in ("bf16", "fp16")
-    train_loader, eval_loader = build_dataloaders(cfg, tokenizer, tokenized,
-                                                  pad_to_multiple_of=8 if low_precision else None)
-    return tokenizer, dsd, train_loader, eval_loader
+    train_loader, eval_loaders = build_dataloaders(cfg, tokenizer, tokenized,
+                                                   pad_to_multiple_of=8 if low_precision else None)
+    return tokenizer, dsd, train_loader, eval_loaders
 
 
 def build_model(cfg: RunConfig, tokenizer, dsd, device):

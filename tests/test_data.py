@@ -369,7 +369,9 @@ def test_pad_fraction():
 
 def test_build_dataloaders_classification(small):
     cfg, _, tok, tokenized = small
-    train_loader, eval_loader = build_dataloaders(cfg, tok, tokenized, pad_to_multiple_of=8)
+    train_loader, eval_loaders = build_dataloaders(cfg, tok, tokenized, pad_to_multiple_of=8)
+    assert list(eval_loaders) == ["eval"]  # no dev rows held out by default
+    eval_loader = eval_loaders["eval"]
     batches = list(train_loader)
     assert sum(len(b["labels"]) for b in batches) == 300
     for b in batches:
@@ -383,6 +385,28 @@ def test_build_dataloaders_classification(small):
     assert isinstance(unsorted.batch_sampler, RandomBatchSampler)
     assert grouped < np.mean([pad_fraction(b["attention_mask"]) for b in unsorted])
 
+
+
+def test_dev_rows_are_the_last_training_rows_and_never_trained_on(small, sst2_rows):
+    """data.dev_rows holds out the training split's last rows as the `dev` split (evaluated as dev/*): the training
+    rows stay the first data.max_train_samples, and a config whose training rows would reach them is refused."""
+    cfg, dsd, tok, _ = small
+    full = pd.read_parquet(MIRROR / "train.parquet")
+    held = resolve(cfg_with(*SMALL, "data.dev_rows=40"))
+    assert held["train"]["sentence"] == dsd["train"]["sentence"]  # the same 300 training rows as without
+    assert held["dev"]["sentence"] == full["sentence"].iloc[-40:].tolist()
+    assert held["dev"]["label"] == full["label"].iloc[-40:].tolist()
+    assert held["dev"].features["label"] == dsd["train"].features["label"]  # the same ClassLabel
+    c = cfg_with(*SMALL, "data.dev_rows=40")
+    _, loaders = build_dataloaders(c, tok, tokenize_splits(held, tok, c.data, c.task))
+    assert list(loaders) == ["eval", "dev"] and sum(len(b["labels"]) for b in loaders["dev"]) == 40
+    with pytest.raises(DataError, match=r"^data.max_train_samples=67340 overlaps the last data.dev_rows=40 rows.*"
+                                        r"train on at most 67309 rows"):
+        resolve(cfg_with(*SMALL, "data.dev_rows=40", "data.max_train_samples=67340"))
+    with pytest.raises(DataError, match=r"^data.dev_rows=67349 leaves no training rows"):
+        resolve(cfg_with(*SMALL, "data.dev_rows=67349", "data.max_train_samples=null"))
+    rest = resolve(cfg_with(*SMALL, "data.dev_rows=67000", "data.max_train_samples=null"))
+    assert len(rest["train"]) == 349 and len(rest["dev"]) == 67000  # without a limit: every other row trains
 
 def test_pad_rows_collates_as_hf_data_collator_with_padding(small):
     """Training's classification collate: pad_rows gives exactly the tensors of transformers' DataCollatorWithPadding

@@ -14,9 +14,12 @@ import yaml
 
 import normlab.kernels
 from train_utils import (
+    REFERENCE,
     REPO,
     accelerate_cmd,
+    assert_same_weights,
     env,
+    final_weights,
     free_port,
     losses,
     rows,
@@ -139,6 +142,21 @@ def test_two_cpu_processes_keep_the_lr_schedule_and_masked_bn_in_sync(tmp_path):
     assert all(math.isfinite(r[f"bn/{i}/stat_drift"]) for i in range(2))
     assert "eval/accuracy_batch_stats" in s["final"]
 
+
+
+def test_dev_rows_choose_the_best_evaluation_and_leave_training_as_it_was(tmp_path, reference):
+    """data.dev_rows: every evaluation also scores the held-out dev rows (dev/loss, dev/accuracy) and the best
+    evaluation is chosen on them; the training itself (losses, final weights, validation metrics) is bit for bit
+    the run without them."""
+    out = tmp_path / "dev"
+    assert run_here(out, *REFERENCE, "data.dev_rows=64") == 0
+    assert losses(out) == losses(reference)
+    assert_same_weights(final_weights(out), final_weights(reference))
+    evals, before = ([r for r in rows(o) if "eval/loss" in r] for o in (out, reference))
+    assert [{k: v for k, v in r.items() if not k.startswith("dev/")} for r in evals] == before
+    assert all(0 <= r["dev/accuracy"] <= 1 and r["dev/loss"] > 0 for r in evals)
+    best = max(evals, key=lambda r: r["dev/accuracy"])  # the first of a tie, as train.py keeps it
+    assert summary(out)["best"] == {"step": best["step"], **{k: v for k, v in best.items() if "/" in k}}
 
 def test_mlm_task(tmp_path):
     out = tmp_path / "mlm"

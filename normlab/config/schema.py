@@ -110,6 +110,7 @@ class DataSection(Section):
     max_length: int = _key(ge=1)
     max_train_samples: typing.Optional[int] = _key(ge=1)
     max_eval_samples: typing.Optional[int] = _key(ge=1)
+    dev_rows: typing.Optional[int] = _key(ge=1)
     group_by_length: bool = _key()
     tokenizer: typing.Optional[str] = _key()
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from normlab.data.sources import DataError, column
+from normlab.data.sources import DEV_SPLIT, DataError, column
 
 MLM_PROBABILITY = 0.15
 
@@ -175,14 +175,16 @@ def _collator(task: str, tokenizer, pad_to_multiple_of):
 
 
 def build_dataloaders(cfg, tokenizer, tokenized, pad_to_multiple_of: int | None = None):
-    """(train_loader, eval_loader), ready for accelerator.prepare. Train: LengthGroupedBatchSampler
+    """(train_loader, {"eval": eval_split's loader, "dev": the dev rows' (data.dev_rows)}), ready for
+    accelerator.prepare; the keys are the evaluations' metric prefixes. Train: LengthGroupedBatchSampler
     (data.group_by_length) or RandomBatchSampler, seeded by cfg.seed, reshuffled by `set_epoch` (the prepared
     loader's, or an unprepared one's `batch_sampler.set_epoch`). Eval: row_batches sorted by length. Padded per
     batch (to a multiple of pad_to_multiple_of under mixed precision)."""
     d = cfg.data
     bs, seed = cfg.train.batch_size, cfg.seed
     # `length` only serves the samplers; the model must not receive it
-    train, evals = (tokenized[split].remove_columns("length") for split in (d.train_split, d.eval_split))
+    train = tokenized[d.train_split].remove_columns("length")
+    splits = {"eval": d.eval_split, **({"dev": DEV_SPLIT} if d.dev_rows else {})}
     lengths = column(tokenized[d.train_split], "length")
     if d.group_by_length:
         batch_sampler = LengthGroupedBatchSampler(lengths, bs, seed=seed)
@@ -190,5 +192,6 @@ def build_dataloaders(cfg, tokenizer, tokenized, pad_to_multiple_of: int | None 
         batch_sampler = RandomBatchSampler(len(lengths), bs, seed=seed)
     collate = _collator(cfg.task, tokenizer, pad_to_multiple_of)
     train_loader = DataLoader(train, batch_sampler=batch_sampler, collate_fn=collate)
-    eval_loader = row_batches(evals, bs, tokenizer.pad_token_id, order="sorted", collate=collate)
-    return train_loader, eval_loader
+    eval_loaders = {prefix: row_batches(tokenized[split].remove_columns("length"), bs, tokenizer.pad_token_id,
+                                        order="sorted", collate=collate) for prefix, split in splits.items()}
+    return train_loader, eval_loaders

@@ -17,6 +17,7 @@ FORMATS = {".parquet": ("parquet", {}), ".csv": ("csv", {}), ".tsv": ("csv", {"d
            ".jsonl": ("json", {}), ".json": ("json", {})}
 # file-name stems that mean a split (HF's own conventions)
 SPLIT_ALIASES = {"validation": ("validation", "valid", "val", "dev"), "test": ("test", "eval"), "train": ("train",)}
+DEV_SPLIT = "dev"  # the rows data.dev_rows holds out of the training split
 
 
 class DataError(ValueError):
@@ -305,15 +306,37 @@ def resolve_dataset(d, with_labels: bool):
     out = datasets.DatasetDict()
     for split, limit in zip(splits, (d.max_train_samples, d.max_eval_samples)):
         ds = dsd[split]
+        if split == d.train_split and d.dev_rows:
+            ds, out[DEV_SPLIT] = hold_out_dev(ds, d, source)
+            limit = None
         if limit is not None and limit < len(ds):
             ds = ds.select(range(limit))  # the first N rows: reproducible, and cheap (a contiguous slice)
         if len(ds) == 0:
             raise DataError(f"split {split!r} of {source} is empty (0 rows); give data with rows in it")
         _check_text(ds, split, d.text_column, source)
         out[split] = ds
+    splits += [DEV_SPLIT] if d.dev_rows else []
     if with_labels:
         out = _check_labels(out, splits, d.label_column, d.num_labels, source, d.label_names)
     return out
+
+
+def hold_out_dev(train, d, source: str):
+    """(training rows, dev rows) of the training split `train`: its last data.dev_rows rows are the dev split, never
+    trained on (they choose the best evaluation, and a study's LRs); the training rows are the first
+    data.max_train_samples of the others, or all of them."""
+    if DEV_SPLIT in (d.train_split, d.eval_split):
+        raise DataError(f"data.dev_rows holds out a split named {DEV_SPLIT!r}, which data.train_split or "
+                        f"data.eval_split already names; rename that split, or set data.dev_rows=null")
+    start = len(train) - d.dev_rows
+    if start < 1:
+        raise DataError(f"data.dev_rows={d.dev_rows} leaves no training rows: split {d.train_split!r} of {source} "
+                        f"has {len(train)}; give fewer dev rows")
+    if d.max_train_samples is not None and d.max_train_samples > start:
+        raise DataError(f"data.max_train_samples={d.max_train_samples} overlaps the last data.dev_rows={d.dev_rows} "
+                        f"rows of split {d.train_split!r} of {source} ({len(train)} rows); train on at most {start} "
+                        f"rows, or hold out fewer")
+    return train.select(range(d.max_train_samples or start)), train.select(range(start, len(train)))
 
 
 def label_names(dsd, d) -> list[str]:

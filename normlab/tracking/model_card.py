@@ -6,7 +6,8 @@ from normlab.run_dir import MODEL_DIR_CONFIG
 
 
 def best_line(best: dict | None) -> str:
-    """'step 1500: eval/accuracy 0.8100, eval/loss 0.4400' (the evaluation with the best accuracy)."""
+    """'step 1500: eval/accuracy 0.8100, eval/loss 0.4400' (the best evaluation: by dev accuracy where dev rows are
+    held out, else by eval accuracy)."""
     if not best:
         return "no evaluation"
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in best.items() if k != "step" and isinstance(v, float))
@@ -18,6 +19,7 @@ def model_card(cfg, summary: dict, id2label: dict | None = None) -> str:
     class names."""
     m, d = cfg.model, cfg.data
     labels = ", ".join(f"{i} = {name}" for i, name in sorted((id2label or {}).items()))
+    chosen_on = "dev accuracy" if "dev/accuracy" in (summary.get("best") or {}) else "accuracy"
     results = "\n".join(f"| {k} | {v:.4f} |" for k, v in (summary.get("final") or {}).items()
                         if isinstance(v, float))
     return f"""---
@@ -48,7 +50,7 @@ Labels: {labels or "none (masked language model)"}.
 |---|---|
 {results}
 
-Best evaluation (highest accuracy): {best_line(summary.get('best'))}. Loss spikes during training:
+Best evaluation (highest {chosen_on}): {best_line(summary.get('best'))}. Loss spikes during training:
 {summary.get('loss_spikes')}.
 
 ## Config

@@ -73,10 +73,11 @@ def in_row_order(batches: list[dict], keys) -> dict[str, torch.Tensor]:
     return {k: every[k][order] for k in keys}
 
 
-def evaluate(accelerator, model, loader, task: str, seed: int, batch_stats: bool = False) -> dict:
-    """Loss and accuracy over the whole loader (classification: per example; mlm: per masked token)."""
+def evaluate(accelerator, model, loader, task: str, seed: int, batch_stats: bool = False, prefix: str = "eval") -> dict:
+    """Loss and accuracy over the whole loader (classification: per example; mlm: per masked token), named
+    `prefix`/loss and `prefix`/accuracy."""
     totals = torch.zeros(3, dtype=torch.float64)  # loss sum, targets, correct
     for scores in score_batches(accelerator, model, loader, task, seed, batch_stats):
         totals += torch.stack([scores["loss"], scores["count"], scores["correct"]], dim=1).sum(0).double().cpu()
     loss_sum, n, correct = totals.tolist()
-    return {"eval/loss": loss_sum / max(n, 1), "eval/accuracy": correct / max(n, 1)}
+    return {f"{prefix}/loss": loss_sum / max(n, 1), f"{prefix}/accuracy": correct / max(n, 1)}
