@@ -153,6 +153,17 @@ def test_accuracy_at_a_matched_number_of_steps_after_each_runs_own_exit():
     assert math.isnan(rules.matched_step_value(run(400), 10))
 
 
+
+def test_the_best_evaluation_is_read_at_the_best_dev_step_not_at_the_best_validation():
+    r = run(40, evals={32: 0.70, 64: 0.80, 96: 0.75})
+    assert rules.best_evaluation(r) == (0.80, False)  # no dev rows logged: the upper bound, flagged as such
+    for e, dev in zip(r["curves"]["eval"], (0.71, 0.72, 0.78)):
+        e.update(dev_accuracy=dev, dev_loss=1 - dev)
+    assert rules.best_evaluation(r) == (0.75, True)  # validation where dev was best (step 96), not its maximum
+    r["curves"]["eval"][0]["dev_accuracy"] = 0.78  # a tie: the first
+    assert rules.best_evaluation(r) == (0.70, True)
+    assert math.isnan(rules.best_evaluation(run(40))[0])
+
 # --- the A/A control --------------------------------------------------------------------------------------------
 
 def test_aa_on_disjoint_seed_sets_keeps_the_false_positive_rate_and_catches_a_shift():

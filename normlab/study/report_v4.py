@@ -202,7 +202,7 @@ def figure_title(board: dict, name: str) -> str:
 def board_lines(rec: Records) -> list[str]:
     mlm = any(r.get("task") == "mlm" for r in rec.runs)
     arms = [a for a in PRIMARY if choice(rec, a) and runs_at(rec, a, 0)]
-    rows = []
+    rows, on_dev = [], True
     for k, rank in enumerate(rules.RANKS):
         runs = {a: runs_at(rec, a, k) for a in arms}
         runs = {a: v for a, v in runs.items() if v}
@@ -211,11 +211,11 @@ def board_lines(rec: Records) -> list[str]:
         h = rules.horizon(runs, steps_of([r for v in runs.values() for r in v]), "loss" if mlm else "accuracy")
         for a, rs in runs.items():
             c = choice(rec, a)
-            best_eval = [max((e["accuracy"] for e in r["curves"].get("eval", []) if e.get("accuracy") is not None),
-                             default=math.nan) for r in rs]
+            best = [rules.best_evaluation(r) for r in rs]
+            on_dev = on_dev and all(chosen for _, chosen in best)
             rows.append([a, rank, f"{rules.lr_of_rank(c, k):g}" + (" (near tie)" if c.get("near_tie") else ""),
                          md.mean_ci([value(r) for r in rs]), md.mean_ci([value(r, "loss") for r in rs]),
-                         "" if mlm else md.mean_ci(best_eval),
+                         "" if mlm else md.mean_ci([v for v, _ in best]),
                          "" if mlm else md.mean_ci([rules.matched_step_value(r, AFTER_EXIT) for r in rs]),
                          "" if mlm else f"{h[a]['median_exit']:.0f}" + ("" if h[a]["exit_ok"] else " (late)"),
                          "yes" if h[a]["settled"] else "no",
@@ -224,11 +224,13 @@ def board_lines(rec: Records) -> list[str]:
         return []
     return ["## Every arm at its best and at its runner-up LR", "",
             "Validation, mean ± 95% t half-width over seeds: final accuracy and loss; the best logged evaluation "
-            "(validation, every 32 steps: an upper bound, chosen on the split it reports); accuracy "
+            + ("(validation at the evaluation with the best dev accuracy, every 32 steps); " if on_dev else
+               "(validation, every 32 steps: an upper bound, chosen on the split it reports); ") + "accuracy "
             f"{AFTER_EXIT} steps after each run's own plateau exit; median plateau exit (late: past the first third); "
             "whether the arm's rank among all arms held over the last two evaluations; the horizon rule (both). A "
             "claim's own horizon check ranks only the arms it compares (Verdicts).", ""] + \
-        md.table(["arm", "LR rank", "LR", "final accuracy", "final loss", "best logged eval", f"exit + {AFTER_EXIT}",
+        md.table(["arm", "LR rank", "LR", "final accuracy", "final loss",
+                  "best eval, chosen on dev" if on_dev else "best logged eval", f"exit + {AFTER_EXIT}",
                 "median exit", "rank settled", "horizon"], rows)
 
 

@@ -233,6 +233,19 @@ def matched_step_value(run: dict, after_exit: int, field: str = "accuracy") -> f
     return float(later[0][field]) if later else math.nan
 
 
+def best_evaluation(run: dict, field: str = "accuracy") -> tuple[float, bool]:
+    """(the run's best logged evaluation of `field`, whether it was chosen on dev): the evaluation at the step of
+    the best dev accuracy (the first, on a tie) where the run logged its dev rows, else the best validation
+    value itself, an upper bound chosen on the split it reports. NaN for a run without evaluations."""
+    evals = [e for e in run["curves"].get("eval", []) if e.get(field) is not None]
+    on_dev = bool(evals) and all(e.get("dev_accuracy") is not None for e in evals)
+    if not evals:
+        return math.nan, False
+    if on_dev:
+        return float(max(evals, key=lambda e: e["dev_accuracy"])[field]), True
+    return float(max(e[field] for e in evals)), False
+
+
 def spearman_exact(x, y) -> tuple[float, float]:
     """(Spearman's rho between x and y, one-sided p of rho <= observed under exchangeability): exact, over every
     ordering of y (up to 8 values: 40,320 orderings). M1 of predictions.md correlates one number per arm."""

@@ -41,7 +41,9 @@ def curves(metrics: list[dict]) -> dict:
     drift = [[v for k, v in r.items() if k.startswith("bn/") and k.endswith("/stat_drift")] for r in steps]
     if any(drift):
         out["stat_drift"] = [_sig(float(np.mean(v))) if v else None for v in drift]
-    out["eval"] = [{"step": r["step"], "loss": _sig(r["eval/loss"]), "accuracy": _sig(r["eval/accuracy"])}
+    out["eval"] = [{"step": r["step"], "loss": _sig(r["eval/loss"]), "accuracy": _sig(r["eval/accuracy"]),
+                    **({"dev_loss": _sig(r["dev/loss"]), "dev_accuracy": _sig(r["dev/accuracy"])}
+                       if "dev/loss" in r else {})}  # the dev rows (data.dev_rows), where the run held them out
                    for r in metrics if "eval/loss" in r]
     return out
 
