@@ -281,7 +281,8 @@ def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, mon
     study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", engine)
     sel = json.loads((tmp_path / "st" / "selection.json").read_text())
     assert sel["sweep/a/wuon"]["lr"] == 0.01 and sel["sweep/b/wuon"]["lr"] == 0.001
-    assert sel["sweep/a/wuon"]["dev_loss"] == {"0.001": 0.6, "0.01": 0.3}
+    assert [(r["lr"], r["dev_loss"]) for r in sel["sweep/a/wuon"]["by_lr"]] == [(0.001, 0.6), (0.01, 0.3)]
+    assert sel["sweep/a/wuon"]["by_lr"][1]["runs"] == ["a-lr0.01-wuon-s100"]
     trained = json.loads((tmp_path / "st" / "study.json").read_text())["runs"]
     assert set(trained) == set(runs) and all(r["status"] == "completed" for r in trained.values())
     assert all(r["commit"] and r["machine"] and r["started_at"] for r in trained.values())

@@ -5,11 +5,13 @@ records alone."""
 import gzip
 import json
 import math
+import shutil
 import zlib
 
 import numpy as np
 import pytest
 
+from normlab.paths import REPO_ROOT
 from normlab.study import report
 from normlab.study.analysis import Records, aa_calibration, largest_lr_by_seed
 from normlab.study.hypotheses import verdicts
@@ -152,3 +154,14 @@ def test_report_py_writes_only_the_report_unless_asked_for_a_wandb_run(tmp_path,
     assert report_py.main([str(out), "--wandb", "--wandb-dir", str(tmp_path / "elsewhere")]) == 0
     assert {p.name for p in out.iterdir()} - before == added  # still nothing else in the report's folder
     assert list((tmp_path / "elsewhere" / "wandb").glob("offline-run-*"))
+
+
+def test_the_committed_v3_report_regenerates_byte_identical_from_its_records(tmp_path):
+    """docs/study-v3 keeps an older selection.json (per-LR tables keyed by the LR as text): read through
+    read_selection, the report and the sweep figure drawn from those tables come out as committed."""
+    committed = REPO_ROOT / "docs" / "study-v3"
+    out = tmp_path / "v3"
+    shutil.copytree(committed, out, ignore=shutil.ignore_patterns("report.md", "*.png"))
+    report.make_report(out)
+    for name in ("report.md", "sweep.png"):
+        assert (out / name).read_bytes() == (committed / name).read_bytes(), name

@@ -58,7 +58,8 @@ def test_a_coin_flip_tuning_trains_both_lrs_and_is_flagged(tmp_path, monkeypatch
     a, b = sel["tune/a/wuon"], sel["tune/b/wuon"]
     assert (a["lr"], a["runner_up"], a["near_tie"]) == (0.00316, 0.001, True)
     assert (b["lr"], b["runner_up"], b["near_tie"]) == (0.001, 0.00316, False)
-    assert a["dev_loss_by_seed"]["0.001"] == DEV["a-lr0.001"]
+    assert [r["lr"] for r in a["by_lr"]] == [0.001, 0.00316, 0.01]  # sorted, floats
+    assert a["by_lr"][0]["dev_loss_by_seed"] == DEV["a-lr0.001"]
     trained = json.loads((tmp_path / "st" / "study.json").read_text())["runs"]
     board = {n for n, r in trained.items() if "board" in r["experiments"]}
     lrs = {"a": ("0.00316", "0.001"), "b": ("0.001", "0.00316")}
@@ -293,6 +294,6 @@ def test_a_diverged_tuning_seed_gives_no_gap_and_no_near_tie():
 
     picked = choice({1e-3: [0.40, 0.41], 1e-2: [0.41, float("inf")]})
     assert (picked["lr"], picked["runner_up"], picked["gap"], picked["seed_sd"]) == (1e-3, 1e-2, None, None)
-    assert picked["dev_loss_by_seed"]["0.01"] == [0.41, None]
-    assert picked["near_tie"] is False and picked["dev_loss"]["0.01"] == float("inf")  # as v3 wrote it
+    assert picked["by_lr"][1] == {"lr": 0.01, "dev_loss": float("inf"), "dev_loss_by_seed": [0.41, None]}
+    assert picked["near_tie"] is False
     assert "runner_up" not in choice({1e-3: [0.4]})  # a one-LR sweep has no runner-up

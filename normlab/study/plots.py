@@ -1,6 +1,7 @@
 """The studies' figures, from the records alone: v3's (`all_figures`) and v4's board (`v4_figures`). Each
 study's `answer.png` is the one the README opens with."""
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -70,11 +71,12 @@ def plot_sweep(rec: Records):
     """Mean dev loss against the LR in the tuning sweep, per arm: where each arm's LR was chosen."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for key, chosen in sorted(rec.selection.items()):
-        xs = sorted(float(lr) for lr in chosen["dev_loss"])
-        ys = [min(chosen["dev_loss"][f"{x:g}"], 1.0) for x in xs]
+        xs = [row["lr"] for row in chosen["by_lr"]]
+        ys = [min(row["dev_loss"], 1.0) for row in chosen["by_lr"]]
         variant = key.split("/")[1]
         line, = ax.plot(xs, ys, "-o", ms=3, label=LABELS.get(variant, variant))
-        ax.plot([chosen["lr"]], [min(chosen["dev_loss"][f"{chosen['lr']:g}"], 1.0)], "*", ms=12, color=line.get_color())
+        best = next(y for x, y in zip(xs, ys) if math.isclose(x, chosen["lr"]))
+        ax.plot([chosen["lr"]], [best], "*", ms=12, color=line.get_color())
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("mean dev loss (capped at 1; a diverged run is off the chart)")

@@ -28,6 +28,7 @@ from normlab.study.analysis import (
 )
 from normlab.study.hypotheses import flip_table, verdicts
 from normlab.study.seedstats import paired_test
+from normlab.study.selection_file import read_selection
 
 RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
 
@@ -78,7 +79,7 @@ def rerun_matches(folder: Path, rerun: str = "rerun") -> tuple[int, int]:
 
 def load(folder: Path) -> Records:
     folder = Path(folder)
-    selection = read_json(folder / "selection.json", {}) or {}
+    selection = read_selection(folder / "selection.json")
     return Records(read_records(folder / RECORDS), selection, read_jsonl(folder / "e1.jsonl"))
 
 

@@ -144,8 +144,7 @@ def choose_lrs(dev_loss_by_lr: dict) -> dict:
     pair = [np.asarray(dev_loss_by_lr[lr], dtype=float) for lr in (best, second)]
     finite = all(np.isfinite(x).all() and len(x) > 1 for x in pair)
     sd = float(np.sqrt(np.mean([x.var(ddof=1) for x in pair]))) if finite else math.nan
-    return {"lr": best, "runner_up": second, "gap": gap, "seed_sd": sd,
-            "near_tie": bool(finite and gap <= sd), "dev_loss": {f"{lr:g}": round(mean[lr], 5) for lr in sorted(mean)}}
+    return {"lr": best, "runner_up": second, "gap": gap, "seed_sd": sd, "near_tie": bool(finite and gap <= sd)}
 
 
 def lr_of_rank(choice: dict, rank: int) -> float:

@@ -31,6 +31,7 @@ from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid i
     resolve_preset,
     variant_overrides,
 )
+from normlab.study.selection_file import read_selection
 from normlab.train.machine import cpu_name
 
 TRAIN = REPO_ROOT / "train.py"
@@ -280,7 +281,7 @@ def score_study(study_dir: Path, shards: int) -> None:
 def study_selection(grid, study_dir: Path) -> dict:
     """STUDY/selection.json; for a study whose LRs another study chose (`selection_from`, e.g. long_v4 takes
     quick_v4's), that study's file until this one has its own copy."""
-    selection = read_json(study_dir / "selection.json", {}) or {}
+    selection = read_selection(study_dir / "selection.json")
     source = grid.get("selection_from")
     if selection or not source:
         return selection
@@ -288,7 +289,7 @@ def study_selection(grid, study_dir: Path) -> dict:
     if not path.is_file():
         raise StudyError(f"selection_from: {path} not found; run the study that chooses these LRs first "
                          f"(or copy its selection.json to {study_dir})")
-    selection = read_json(path)
+    selection = read_selection(path)
     missing = pending_selections(grid, selection)
     if missing:
         raise StudyError(f"selection_from: {path} has no choice for {', '.join(sorted(missing))}; this study "
@@ -310,7 +311,7 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
     from normlab.study.selection import select
 
     selection = study_selection(grid, study_dir)
-    if selection and not (study_dir / "selection.json").is_file():  # taken from selection_from: keep the copy
+    if selection and not (study_dir / "selection.json").is_file():  # from selection_from: keep a copy, as read
         study_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(study_dir / "selection.json", selection, indent=1)
     while True:

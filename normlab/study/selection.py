@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from normlab.files.formats import atomic_write_json, read_json
+from normlab.files.formats import atomic_write_json
 from normlab.run_dir import RunDir
 from normlab.study.engines import read_status
 from normlab.study.rules import choose_lrs
 from normlab.study.scoring import SCORE_DEFAULTS, score_run, score_sets
+from normlab.study.selection_file import lr_rows, read_selection
 
 
 def dev_loss(run_dir: Path, dev, batch_size: int) -> float:
@@ -29,26 +30,28 @@ def best_lr(dev_loss_by_lr: dict) -> float:
     return min(sorted(dev_loss_by_lr), key=lambda lr: float(np.mean(dev_loss_by_lr[lr])))
 
 
-def choice(losses: dict) -> dict:
-    """{lr: [dev loss per seed]} -> the record selection.json keeps: the best LR and the mean dev loss per LR; with
-    two LRs or more also the runner-up, the gap between them, the per-seed SD and whether they are a near tie
-    (rules.choose_lrs), and every seed's loss (LRs stay floats, as runs are named by them)."""
-    out = {"lr": best_lr(losses), "dev_loss": {f"{k:g}": round(float(np.mean(v)), 5) for k, v in losses.items()}}
+def choice(losses: dict, runs: dict | None = None) -> dict:
+    """{lr: [dev loss per seed]} (and {lr: [run names]}) -> the record selection.json keeps: the best LR; with two
+    LRs or more also the runner-up, the gap between them, the per-seed SD and whether they are a near tie
+    (rules.choose_lrs); and `by_lr`, each LR's mean dev loss, every seed's loss and its runs (selection_file)."""
+    out = {"lr": best_lr(losses)}
     if len(losses) >= 2:
         picked = choose_lrs(losses)
         out.update({k: picked[k] for k in ("runner_up", "near_tie")})
         # a diverged seed makes the gap or the SD infinite or undefined: null in JSON
         out.update({k: round(picked[k], 5) if math.isfinite(picked[k]) else None for k in ("gap", "seed_sd")})
-        out["dev_loss_by_seed"] = {f"{k:g}": [round(float(x), 5) if math.isfinite(x) else None for x in v]
-                                   for k, v in losses.items()}
+    tables = {"dev_loss": {lr: round(float(np.mean(v)), 5) for lr, v in losses.items()},
+              "dev_loss_by_seed": {lr: [round(float(x), 5) if math.isfinite(x) else None for x in v]
+                                   for lr, v in losses.items()}}
+    out["by_lr"] = lr_rows({**tables, **({"runs": runs} if runs else {})})
     return out
 
 
 def select(study_dir: Path, candidates: dict, score: dict) -> dict:
-    """{key: {lr: [run names]}} -> {key: {"lr": best, "dev_loss": {lr: mean}}}, for the keys not chosen before;
-    merged into STUDY/selection.json (earlier choices are kept as they are)."""
+    """{key: {lr: [run names]}} -> {key: choice}, for the keys not chosen before; merged into STUDY/selection.json
+    (earlier choices are kept, in the present format: selection_file)."""
     path = study_dir / "selection.json"
-    chosen = read_json(path, {}) or {}
+    chosen = read_selection(path)
     score = {**SCORE_DEFAULTS, **score}
     todo = {k: v for k, v in candidates.items() if k not in chosen}
     if todo:
@@ -56,10 +59,9 @@ def select(study_dir: Path, candidates: dict, score: dict) -> dict:
         cfg = RunDir(study_dir / "runs" / first).read_config()
         dev = score_sets(cfg, score["dev_rows"])["dev"]
         torch.set_num_threads(1)
-        for key, by_lr in todo.items():
+        for key, runs in todo.items():
             losses = {lr: [dev_loss(study_dir / "runs" / n, dev, score["batch_size"]) for n in names]
-                      for lr, names in by_lr.items()}
-            chosen[key] = choice(losses)
-            chosen[key]["runs"] = {f"{k:g}": names for k, names in by_lr.items()}
+                      for lr, names in runs.items()}
+            chosen[key] = choice(losses, runs)
         atomic_write_json(path, chosen, indent=1)
     return chosen

@@ -20,10 +20,11 @@ from model import NormLabForSequenceClassification
 from model.modeling_normlab import _pool
 from normlab.command import error_exit
 from normlab.config.loader import load_config, model_config_from
-from normlab.files.formats import read_json, read_yaml, write_jsonl
+from normlab.files.formats import read_yaml, write_jsonl
 from normlab.study.grid import REPO_ROOT, resolve_preset
 from normlab.study.init_exp import fixed_batches
 from normlab.study.runner import provenance, record_invocation
+from normlab.study.selection_file import read_selection
 
 
 def pooled_cosine(model, batch: dict) -> float:
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
                                        f"max_length)")
     torch.set_num_threads(1)
     started = time.time()
-    run(preset, args.out, read_json(args.selection) if args.selection else None)
+    run(preset, args.out, read_selection(args.selection) if args.selection else None)
     if (args.out.parent / "study.json").is_file():  # written into a study: meta.json lists this invocation
         record_invocation(args.out.parent, shlex.join(["python", "-m", "normlab.study.signal",
                                                        *(argv if argv is not None else sys.argv[1:])]),
