@@ -45,3 +45,24 @@ def test_norms_without_running_statistics_have_no_record():
                            intermediate_size=16, norm="layernorm", pad_token_id=0)
     model = NormLabForSequenceClassification(config).eval()
     assert score_runs.running_stat_gap(model, ROWS, batch_size=2, pad_id=0) is None
+
+
+def test_the_dev_rows_are_the_last_training_rows_and_must_not_have_been_trained_on(monkeypatch):
+    """The study's dev split is train.py's data.dev_rows split: the training split's last rows; runs that trained on
+    any of them, or held out other rows, are refused with one line."""
+    import pandas as pd
+
+    from normlab.config.loader import REPO_ROOT, load_config
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    last = pd.read_parquet(REPO_ROOT.parent / "shared" / "datasets" / "sst2" / "train.parquet").iloc[-200:]
+    for given in (["data.max_train_samples=300"], ["data.max_train_samples=300", "data.dev_rows=200"]):
+        dev_texts, dev_labels = score_runs.score_sets(load_config(overrides=given), 200)["dev"]
+        assert dev_texts == last["sentence"].tolist() and dev_labels == last["label"].tolist()
+    with pytest.raises(SystemExit, match=r"^score_runs.py: data.max_train_samples=67300 overlaps the last "
+                                         r"data.dev_rows=200 rows"):
+        score_runs.score_sets(load_config(overrides=["data.max_train_samples=67300"]), 200)
+    with pytest.raises(SystemExit, match="held out data.dev_rows=100"):
+        score_runs.score_sets(load_config(overrides=["data.dev_rows=100"]), 200)
+    with pytest.raises(SystemExit, match="trained on every training row"):
+        score_runs.score_sets(load_config(overrides=["data.max_train_samples=null"]), 200)

@@ -13,7 +13,7 @@ import torch
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
 from model.norms import real_token_mask, uses_batch_statistics
 from normlab.data.batching import MLM_PROBABILITY, encode_rows, row_batches
-from normlab.data.sources import resolve_dataset
+from normlab.data.sources import DEV_SPLIT, DataError, resolve_dataset
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl, write_jsonl
 from normlab.run_dir import RunDir
 from normlab.train.evaluation import evaluate, in_row_order, score_batches
@@ -96,15 +96,22 @@ def running_stat_gap(model, rows: list[dict], batch_size: int, pad_id: int) -> d
 
 
 def score_sets(cfg, dev_rows: int) -> dict:
-    """{"dev": (texts, labels), "val": (texts, labels)} from the run's own config (a RunConfig)."""
-    data = dataclasses.replace(cfg.data, max_train_samples=None, max_eval_samples=None)
-    dsd = resolve_dataset(data, with_labels=cfg.task == "classification")
-    train, val = dsd[data.train_split], dsd[data.eval_split]
-    start = len(train) - dev_rows
-    if start < (cfg.data.max_train_samples or len(train)):
-        raise SystemExit(f"score_runs.py: the last {dev_rows} training rows overlap the rows the runs train on")
-    dev = train.select(range(start, len(train)))
-    col, lab = data.text_column, data.label_column
+    """{"dev": (texts, labels), "val": (texts, labels)} from the run's own config (a RunConfig): dev is the training
+    split's last `dev_rows` rows (normlab.data.sources.hold_out_dev, as train.py's data.dev_rows), which the runs
+    must not have trained on."""
+    d = cfg.data
+    if d.dev_rows not in (None, dev_rows):
+        raise SystemExit(f"score_runs.py: the runs held out data.dev_rows={d.dev_rows}, not the {dev_rows} dev rows "
+                         f"asked for; score them with dev_rows: {d.dev_rows}")
+    if d.dev_rows is None and d.max_train_samples is None:
+        raise SystemExit("score_runs.py: the runs trained on every training row; none is left for dev")
+    try:
+        dsd = resolve_dataset(dataclasses.replace(d, dev_rows=dev_rows, max_eval_samples=None),
+                              with_labels=cfg.task == "classification")
+    except DataError as e:  # the dev rows overlap the trained ones
+        raise SystemExit(f"score_runs.py: {e}") from None
+    col, lab = d.text_column, d.label_column
+    dev, val = dsd[DEV_SPLIT], dsd[d.eval_split]
     return {"dev": (dev[col], dev[lab]), "val": (val[col], val[lab])}
 
 
