@@ -165,3 +165,12 @@ def test_the_committed_v3_report_regenerates_byte_identical_from_its_records(tmp
     report.make_report(out)
     for name in ("report.md", "sweep.png"):
         assert (out / name).read_bytes() == (committed / name).read_bytes(), name
+
+
+def test_the_reports_batch_statistics_arms_are_the_models_batch_statistics_norms():
+    """The report names its BN-family arms without importing torch; they must be the norms the model says use
+    batch statistics, run under the same names."""
+    from model.norms import BATCH_STAT_NORMS
+    from normlab.study.analysis import BATCH_STAT, BOARD
+
+    assert set(BATCH_STAT) == set(BATCH_STAT_NORMS) and set(BATCH_STAT) <= set(BOARD)

@@ -15,6 +15,8 @@ ALPHA = 0.05
 HORIZON_FRACTION = 0.75  # an arm must leave the plateau by this share of its steps (median over seeds)
 MAX_NEVER_LEARNED = 0.2  # ... and at most this share of its seeds may never learn
 BOARD = ("ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm", "no_norm")
+# the board's arms (study variants) whose norm uses batch statistics: arm names, not norms, so the report needs no
+# torch; tests/test_study_report.py checks them against model.norms.BATCH_STAT_NORMS
 BATCH_STAT = ("batchnorm", "masked_batchnorm", "powernorm")
 
 
