@@ -171,6 +171,8 @@ def _validate(cfg: RunConfig, resume_given: bool):
     if not d.name and not d.path:
         raise ConfigError("data.name and data.path are both empty; set data.name (Hub id) or data.path "
                           "(local file or folder)")
+    # NormLabConfig's own checks run here too, so a bad model key fails before any data loads; train.py builds the
+    # model's config again once the tokenizer and labels give vocab_size and num_labels
     positions = model_config_from(cfg).max_position_embeddings
     if d.max_length > positions:
         raise ConfigError(f"data.max_length={d.max_length} exceeds model.max_position_embeddings={positions}; "
