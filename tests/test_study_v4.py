@@ -297,3 +297,31 @@ def test_a_diverged_tuning_seed_gives_no_gap_and_no_near_tie():
     assert picked["by_lr"][1] == {"lr": 0.01, "dev_loss": float("inf"), "dev_loss_by_seed": [0.41, None]}
     assert picked["near_tie"] is False
     assert "runner_up" not in choice({1e-3: [0.4]})  # a one-LR sweep has no runner-up
+
+
+def test_the_long_report_says_where_its_answer_differs_from_the_quick_one(tmp_path):
+    import gzip
+
+    from normlab.study.analysis import Records
+    from normlab.study.report import RECORDS, make_report
+
+    quick = synthetic_records()
+    later = [dict(r) for r in quick.runs if r["experiment"] == "board"]  # no A/A: the sign-flip test
+    for r in later:
+        r["curves"] = {**r["curves"], "eval": [{**e, "accuracy": e["accuracy"] + (0.05 if r["variant"] == "dyt" else 0)}
+                                               for e in r["curves"]["eval"]]}
+        r["scores"] = {"val/sorted/running": {k: v + 0.05 if r["variant"] == "dyt" and k == "accuracy" else v
+                                              for k, v in r["scores"]["val/sorted/running"].items()}}
+    for folder, rec in (("quick_v4", quick), ("long_v4", Records(later, quick.selection))):
+        (tmp_path / folder).mkdir()
+        with gzip.open(tmp_path / folder / RECORDS, "wt") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rec.runs)
+        (tmp_path / folder / "selection.json").write_text(json.dumps(rec.selection))
+        (tmp_path / folder / "meta.json").write_text(json.dumps({"name": folder, "invocations": []}))
+    text = make_report(tmp_path / "long_v4", compare=tmp_path / "quick_v4").read_text()
+    section = text[text.index("## Against quick_v4"):text.index("## Every arm")]
+    assert "| H1 |" in section and "depends on the LR" in section  # BN ahead at the best LRs only, in both
+    dyt = [line for line in section.splitlines() if line.startswith("| dyt |")]
+    assert len(dyt) == 2 and all(line.rstrip(" |").endswith("+0.050") and "| 1 |" in line for line in dyt)
+    with pytest.raises(FileNotFoundError, match="--compare"):
+        make_report(tmp_path / "long_v4", compare=tmp_path)

@@ -2,6 +2,7 @@
 
     python scripts/report.py studies/quick --out docs/study-v3    # a scored study; copies its records to --out
     python scripts/report.py docs/study-v3                         # regenerate from the committed records
+    python scripts/report.py STUDY/long_v4 --out docs/study-v4/long --compare docs/study-v4/quick
 
 normlab/study/report.py writes it; the hypotheses are those of predictions.md in the same folder. It writes
 nothing else into the report's folder. With --wandb, a W&B run in the study's group (job_type report; offline
@@ -28,6 +29,9 @@ def main(argv=None) -> int:
     parser.add_argument("--wandb-dir", type=Path, default=None,
                         help="with --wandb: where its files go (DIR/wandb/; default: SOURCE if a study directory, "
                              "else the current directory)")
+    parser.add_argument("--compare", type=Path, default=None,
+                        help="a folder of another v4 study's records (e.g. docs/study-v4/quick for long_v4): the "
+                             "report says where the two answers differ")
     parser.add_argument("--no-wandb", action="store_true", help=argparse.SUPPRESS)  # the default now
     args = parser.parse_args(argv)
     if not args.wandb and (args.wandb_mode or args.wandb_dir):
@@ -35,7 +39,7 @@ def main(argv=None) -> int:
     mode = (args.wandb_mode or os.environ.get("WANDB_MODE") or "offline") if args.wandb else "disabled"
     wandb_dir = args.wandb_dir or (args.source if (args.source / "study.json").is_file() else Path.cwd())
     try:
-        report = make_report(args.source, args.out, mode, wandb_dir)
+        report = make_report(args.source, args.out, mode, wandb_dir, args.compare)
     except FileNotFoundError as err:
         return error_exit("report.py", err)
     print(f"wrote {report} and its figures")

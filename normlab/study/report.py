@@ -252,9 +252,10 @@ def log_to_wandb(rec: Records, out: Path, meta: dict, figures: list[str], mode: 
 
 
 def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabled",
-                wandb_dir: Path | None = None) -> Path:
+                wandb_dir: Path | None = None, compare: Path | None = None) -> Path:
     """report.md and its figures in `out` (default: source); with a wandb_mode, the W&B report run's files go to
-    wandb_dir (default: source), never into `out` unless it is that."""
+    wandb_dir (default: source), never into `out` unless it is that. `compare`: a folder of another v4 study's
+    records (the study whose LRs this one took): the report says where their answers differ."""
     source, out = Path(source), Path(out or source)
     out.mkdir(parents=True, exist_ok=True)
     if (source / "study.json").is_file():
@@ -267,7 +268,13 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabl
     if report_v4.is_v4(rec):  # study v4's presets: its own rules, report and figure (no W&B run yet)
         board = report_v4.board_runs(rec)
         figures = plots.v4_figures(rec, out, board, report_v4.figure_title(board, meta.get("name") or out.name))
-        (out / "report.md").write_text(report_v4.write_markdown(rec, meta, read_jsonl(out / "signal.jsonl"), figures))
+        other = None
+        if compare is not None:
+            if not (Path(compare) / RECORDS).is_file():
+                raise FileNotFoundError(f"--compare {compare}: no {RECORDS} there; give a folder of a study's records")
+            other = (Path(compare).name, load(Path(compare)))
+        (out / "report.md").write_text(report_v4.write_markdown(rec, meta, read_jsonl(out / "signal.jsonl"), figures,
+                                                                compare=other))
         return out / "report.md"
     figures = plots.all_figures(rec, out)
     (out / "report.md").write_text(write_markdown(rec, meta))

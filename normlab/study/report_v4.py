@@ -258,7 +258,46 @@ def provenance_lines(rec: Records, meta: dict) -> list[str]:
                 f"`{c['command']}` at {c['commit']} ({c['wall_s'] / 60:.1f} min)" for c in calls)]
 
 
-def write_markdown(rec: Records, meta: dict, signal: list[dict] = (), figures=()) -> str:
+def test_of(rec: Records) -> str:
+    """The test for continuous quantities: the A/A control's choice where the records hold one, else the exact
+    sign-flip test."""
+    aa = aa_section(rec)
+    return aa["test"] if aa else "permutation"
+
+
+def arm_means(rec: Records, rank: int) -> dict:
+    """{arm: mean final validation accuracy over seeds} at an LR rank, for the arms the records hold there."""
+    seeds = {a: list(per_seed(rec, a, rank, "accuracy").values()) for a in PRIMARY if choice(rec, a)}
+    return {a: float(np.mean(v)) for a, v in seeds.items() if v and np.isfinite(np.mean(v))}
+
+
+def comparison_lines(rec: Records, rows: list[dict], other: Records, other_name: str) -> list[str]:
+    """How this study's answer differs from `other`'s, a study of the same arms at the same LRs (long_v4 against
+    quick_v4, whose LRs it took): each claim's estimate and verdict in both, and each arm's mean final accuracy and
+    rank among the arms at each LR rank."""
+    theirs = {r["id"]: r for r in claim_rows(other, test_of(other))}
+    claims = [[r["id"], r["claim"], theirs[r["id"]]["est"][0].fmt(), theirs[r["id"]]["est"][1].fmt(),
+               f"**{theirs[r['id']]['verdict']}**", r["est"][0].fmt(), r["est"][1].fmt(), f"**{r['verdict']}**",
+               "same" if theirs[r["id"]]["verdict"] == r["verdict"] else "**changed**"]
+              for r in rows if r["id"] in theirs]
+    arms = []
+    for k, rank in enumerate(rules.RANKS):
+        before, now = arm_means(other, k), arm_means(rec, k)
+        order = {name: sorted(m, key=m.get, reverse=True) for name, m in (("before", before), ("now", now))}
+        arms += [[a, rank, f"{before[a]:.3f}", order["before"].index(a) + 1, f"{now[a]:.3f}",
+                  order["now"].index(a) + 1, f"{now[a] - before[a]:+.3f}"] for a in PRIMARY if a in before and a in now]
+    return [f"## Against {other_name}", "",
+            f"The same arms at the same LRs in {other_name}'s records: each claim's estimate (best LRs; runner-up "
+            "LRs) and verdict in both, each with its own study's test.", ""] + \
+        md.table(["id", "claim", f"{other_name}: best", f"{other_name}: runner-up", f"{other_name}: verdict",
+                  "here: best", "here: runner-up", "here: verdict", "verdict"], claims) + \
+        ["", "Each arm's mean final validation accuracy over seeds and its rank among the arms (1 = highest).", ""] + \
+        md.table(["arm", "LR rank", f"{other_name}: accuracy", f"{other_name}: rank", "here: accuracy",
+                  "here: rank", "change"], arms) + [""]
+
+
+def write_markdown(rec: Records, meta: dict, signal: list[dict] = (), figures=(), compare=None) -> str:
+    """report.md of a v4 study; `compare`: (name, Records) of the study whose answer this one re-tests."""
     aa = aa_section(rec)
     test = aa["test"] if aa else "permutation"
     rows = claim_rows(rec, test)
@@ -278,5 +317,6 @@ def write_markdown(rec: Records, meta: dict, signal: list[dict] = (), figures=()
     else:
         lines += ["No A/A control in these records: the exact sign-flip test is used.", ""]
     sections = claim_lines(rows, test) + [dyt_relative_change(rec), ""] if rows else []
-    sections += board_lines(rec) + m1_lines(rec, list(signal)) + p2_lines(rec)
+    sections += (comparison_lines(rec, rows, compare[1], compare[0]) if compare else []) + board_lines(rec) + \
+        m1_lines(rec, list(signal)) + p2_lines(rec)
     return "\n".join(lines + sections) + "\n"
