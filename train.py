@@ -59,7 +59,7 @@ from normlab.train.probes import StabilityProbe
 from normlab.train.progress_bars import bars_on
 from normlab.train.run_summary import best_key, format_summary
 from normlab.train.spikes import LossSpikeDetector
-from normlab.train.step import train_step
+from normlab.train.step import StepClock, train_step
 from normlab.train.stop_signal import StopSignal
 
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT, EXIT_WRITE_FAILED = 0, 1, 2, 3
@@ -237,23 +237,6 @@ def bn_stats_spread(accelerator, model) -> float:
     local = torch.cat(buffers).to(accelerator.device)
     everyone = accelerator.gather(local.unsqueeze(0))  # (P, K)
     return (everyone - everyone[0]).abs().max().item()
-
-
-class StepClock:
-    """summary.json's step_time_s: the mean time from an optimizer step's first micro-batch to its metrics row."""
-
-    def __init__(self):
-        self.total_s, self.steps, self.started = 0.0, 0, None
-
-    def micro_batch(self) -> None:
-        self.started = self.started or time.perf_counter()
-
-    def step_done(self) -> None:
-        self.total_s += time.perf_counter() - self.started
-        self.steps, self.started = self.steps + 1, None
-
-    def mean_s(self) -> float:
-        return round(self.total_s / max(self.steps, 1), 5)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """One training step as train.py's loop takes it (scripts/bench.py times the same): the model's inputs from a
-collated batch, forward, backward, clipping, the all-process non-finite and stop check, the optimizer step."""
+collated batch, forward, backward, clipping, the all-process non-finite and stop check, the optimizer step; and the
+clock of its mean time (summary.json's step_time_s)."""
 
+import time
 from contextlib import nullcontext
 from typing import NamedTuple
 
@@ -60,4 +62,23 @@ def step_flags(accelerator, loss, grad_norm, stop_requested: bool) -> tuple[bool
     return nonfinite, interrupted
 
 
-__all__ = ["MODEL_INPUTS", "model_inputs", "StepResult", "train_step", "step_flags"]
+
+
+class StepClock:
+    """summary.json's step_time_s: the mean time from an optimizer step's first micro-batch to its metrics row."""
+
+    def __init__(self):
+        self.total_s, self.steps, self.started = 0.0, 0, None
+
+    def micro_batch(self) -> None:
+        self.started = self.started or time.perf_counter()
+
+    def step_done(self) -> None:
+        self.total_s += time.perf_counter() - self.started
+        self.steps, self.started = self.steps + 1, None
+
+    def mean_s(self) -> float:
+        return round(self.total_s / max(self.steps, 1), 5)
+
+
+__all__ = ["MODEL_INPUTS", "model_inputs", "StepResult", "train_step", "step_flags", "StepClock"]
