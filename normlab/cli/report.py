@@ -3,11 +3,15 @@
     python scripts/report.py studies/quick --out docs/study-v3    # a scored study; copies its records to --out
     python scripts/report.py docs/study-v3                         # regenerate from the committed records
     python scripts/report.py STUDY/long_v4 --out docs/study-v4/long --compare docs/study-v4/quick
+    python scripts/report.py STUDY/quick_v4 --rerun-of docs/study-v4/quick   # a retrain: did it reproduce them?
 
 normlab/study/report.py writes it; the hypotheses are those of predictions.md in the same folder. It writes
 nothing else into the report's folder. With --wandb, a W&B run in the study's group (job_type report; offline
 unless --wandb-mode or $WANDB_MODE says otherwise; never prompts) gets the figures, the verdicts and every run as a
 table row; its files go to --wandb-dir (default: the study directory when SOURCE is one, else the current one).
+
+--rerun-of writes no report: it compares a retrained study run by run with the committed records it retrains
+(normlab/study/rerun.py), keeps each run's digest and provenance in that folder's rerun/ and exits 1 if any differ.
 """
 
 import argparse
@@ -17,6 +21,7 @@ from pathlib import Path
 
 from normlab.command import command_parser, error_exit
 from normlab.study.report import make_report
+from normlab.study.rerun import RERUN, rerun_matches, write_rerun
 
 
 def main(argv=None) -> int:
@@ -32,10 +37,17 @@ def main(argv=None) -> int:
     parser.add_argument("--compare", type=Path, default=None,
                         help="a folder of another v4 study's records (e.g. docs/study-v4/quick for long_v4): the "
                              "report says where the two answers differ")
+    parser.add_argument("--rerun-of", type=Path, default=None,
+                        help="SOURCE retrains the study whose records are in this folder: write each run's digest to "
+                             f"its {RERUN}/ and say which runs differ (no report)")
     parser.add_argument("--no-wandb", action="store_true", help=argparse.SUPPRESS)  # the default now
     args = parser.parse_args(argv)
     if not args.wandb and (args.wandb_mode or args.wandb_dir):
         parser.error("--wandb-mode and --wandb-dir go with --wandb")
+    if args.rerun_of is not None:
+        if args.out or args.wandb or args.compare:
+            parser.error("--rerun-of writes no report: it goes without --out, --wandb and --compare")
+        return rerun_main(args.source, args.rerun_of)
     mode = (args.wandb_mode or os.environ.get("WANDB_MODE") or "offline") if args.wandb else "disabled"
     wandb_dir = args.wandb_dir or (args.source if (args.source / "study.json").is_file() else Path.cwd())
     try:
@@ -44,6 +56,20 @@ def main(argv=None) -> int:
         return error_exit("report.py", err)
     print(f"wrote {report} and its figures")
     return 0
+
+
+def rerun_main(study_dir: Path, folder: Path) -> int:
+    """Exit 0 when every retrained run reproduced its committed record exactly, else 1 (naming the runs)."""
+    try:
+        differ = write_rerun(study_dir, folder)
+    except FileNotFoundError as err:
+        return error_exit("report.py", err)
+    same, runs = rerun_matches(folder)
+    print(f"{same} of {runs} retrained runs reproduced their committed record exactly (digests: {folder / RERUN})")
+    if differ:
+        print(f"differ or not committed: {', '.join(differ[:10])}" + (f" and {len(differ) - 10} more"
+                                                                         if len(differ) > 10 else ""))
+    return 0 if not differ else 1
 
 
 if __name__ == "__main__":

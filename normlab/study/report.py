@@ -2,7 +2,6 @@
 is the entry point; docs/studies.md says what the report reads and writes)."""
 
 import gzip
-import hashlib
 import json
 import math
 import shutil
@@ -55,26 +54,9 @@ def copy_records(study_dir: Path, out: Path) -> None:
     atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": calls}, indent=1)
 
 
-def record_digest(record: dict) -> str:
-    """A digest of what a run measured (scores without dev predictions, curves, running statistics, status): equal
-    digests mean a retrained run reproduced the committed one exactly."""
-    scores = {key: {f: v for f, v in score.items() if not (key.startswith("dev/") and f == "pred")}
-              for key, score in (record.get("scores") or {}).items()}
-    body = {"scores": scores, "curves": record.get("curves"), "running_stats": record.get("running_stats"),
-            "status": record.get("status")}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def read_records(path: Path) -> list[dict]:
     with gzip.open(path, "rt") as f:
         return [json.loads(line) for line in f]
-
-
-def rerun_matches(folder: Path, rerun: str = "rerun") -> tuple[int, int]:
-    """(runs of FOLDER/RERUN whose record digest equals the committed record's, runs of the rerun)."""
-    committed = {r["name"]: record_digest(r) for r in read_records(Path(folder) / RECORDS)}
-    rows = read_records(Path(folder) / rerun / RECORDS)
-    return sum(committed.get(r["name"]) == r["record_sha256"] for r in rows), len(rows)
 
 
 def load(folder: Path) -> Records:

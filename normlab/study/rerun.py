@@ -1,0 +1,61 @@
+"""Did a retrained study reproduce the committed one? A rerun of a preset (same runs, another time, maybe another
+commit) is compared run by run with the committed records, by a digest of what each run measured; its provenance and
+digests go into the records' folder under rerun/, beside the committed records, which are never rewritten.
+
+    python scripts/report.py STUDY_DIR --rerun-of docs/study-v4/quick    # writes docs/study-v4/quick/rerun/
+"""
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+
+from normlab.files.formats import atomic_write_json, read_json, read_jsonl
+from normlab.study.report import RECORDS, read_records
+
+RERUN = "rerun"  # the folder, inside the committed records' folder, that holds a rerun's digests
+PROVENANCE = ("experiments", "commit", "machine", "started_at", "duration_s")
+
+
+def record_digest(record: dict) -> str:
+    """A digest of what a run measured (scores without dev predictions, curves, running statistics, status): equal
+    digests mean a retrained run reproduced the committed one exactly."""
+    scores = {key: {f: v for f, v in score.items() if not (key.startswith("dev/") and f == "pred")}
+              for key, score in (record.get("scores") or {}).items()}
+    body = {"scores": scores, "curves": record.get("curves"), "running_stats": record.get("running_stats"),
+            "status": record.get("status")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def rerun_matches(folder: Path, rerun: str = RERUN) -> tuple[int, int]:
+    """(runs of FOLDER/RERUN whose record digest equals the committed record's, runs of the rerun)."""
+    committed = {r["name"]: record_digest(r) for r in read_records(Path(folder) / RECORDS)}
+    rows = read_records(Path(folder) / rerun / RECORDS)
+    return sum(committed.get(r["name"]) == r["record_sha256"] for r in rows), len(rows)
+
+
+def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> list[str]:
+    """Each run of the scored study `study_dir` as a row of provenance and record digest, into folder/RERUN/ with the
+    study's invocations (meta.json); returns the names of the runs whose record differs from the committed one, or
+    that the committed records lack."""
+    study_dir, folder = Path(study_dir), Path(folder)
+    for path, what in ((study_dir / "runs.jsonl", "score the study first (python scripts/score_runs.py DIR)"),
+                       (folder / RECORDS, "give the folder of the committed records it retrains")):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: {what}")
+    committed = {r["name"]: record_digest(r) for r in read_records(folder / RECORDS)}
+    study = read_json(study_dir / "study.json")
+    out = folder / rerun
+    out.mkdir(parents=True, exist_ok=True)
+    differ = []
+    with gzip.open(out / RECORDS, "wt") as f:
+        for record in read_jsonl(study_dir / "runs.jsonl"):
+            entry = study["runs"].get(record["name"], {})
+            row = {"name": record["name"], **{k: entry[k] for k in PROVENANCE if k in entry},
+                   "status": record.get("status"), "record_sha256": record_digest(record)}
+            if committed.get(row["name"]) != row["record_sha256"]:
+                differ.append(row["name"])
+            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+    atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": study.get("invocations", [])},
+                      indent=1)
+    return differ
