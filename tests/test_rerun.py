@@ -65,15 +65,6 @@ def test_a_changed_measurement_is_named_and_fails(tmp_path, committed, capsys):
     assert "1 of 3 retrained runs reproduced" in out and "differ or not committed: a-s1, b-s0" in out
 
 
-def test_dev_predictions_do_not_enter_the_digest():
-    # copy_records drops dev predictions from committed records (dev only chooses LRs by its loss)
-    a, b = record("a", 0.7), record("a", 0.7)
-    b["scores"]["dev/acc"]["pred"] = [1, 1]
-    assert record_digest(a) == record_digest(b)
-    b["scores"]["eval/acc"]["pred"] = [1, 1]
-    assert record_digest(a) != record_digest(b)
-
-
 def test_an_unscored_study_is_one_line(tmp_path, committed, capsys):
     (tmp_path / "empty").mkdir()
     assert report_main([str(tmp_path / "empty"), "--rerun-of", str(committed)]) == 2

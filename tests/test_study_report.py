@@ -15,6 +15,7 @@ from normlab.paths import REPO_ROOT
 from normlab.study import report
 from normlab.study.analysis import Records, aa_calibration, largest_lr_by_seed
 from normlab.study.hypotheses import verdicts
+from normlab.study.rerun import record_digest
 
 LN2 = math.log(2)
 STEPS = 320
@@ -131,9 +132,9 @@ def test_a_record_digest_sees_every_measurement_but_not_the_dropped_dev_predicti
     run["scores"]["dev/sorted/running"] = {"loss": 0.5, "accuracy": 0.8, "pred": "0101"}
     kept = json.loads(json.dumps(run))
     kept["scores"]["dev/sorted/running"].pop("pred")  # what the committed records keep of dev
-    assert report.record_digest(run) == report.record_digest(kept)
+    assert record_digest(run) == record_digest(kept)
     kept["curves"]["loss"][-1] += 1e-5
-    assert report.record_digest(run) != report.record_digest(kept)
+    assert record_digest(run) != record_digest(kept)
 
 
 def test_report_py_writes_only_the_report_unless_asked_for_a_wandb_run(tmp_path, monkeypatch):

@@ -168,16 +168,34 @@ class LocalEngine(Engine):
             for job in jobs:
                 one(job)
             return
-        pool, stopping = ThreadPoolExecutor(max_workers=self.parallel), threading.Event()
+        pool, state = ThreadPoolExecutor(max_workers=self.parallel), threading.Condition()
+        running, stopping = [], []  # the jobs running now; [True] once a Ctrl-C came
+
+        def guarded(job):  # starts the run unless stopping; under the lock, so a Ctrl-C sees every started run
+            with state:
+                if stopping:
+                    return
+                running.append(job)
+            try:
+                one(job)
+            finally:
+                with state:
+                    running.remove(job)
+                    state.notify_all()
+
         try:
-            futures = [pool.submit(lambda job: stopping.is_set() or one(job), job) for job in jobs]
+            futures = [pool.submit(guarded, job) for job in jobs]
             while wait(futures, timeout=0.2).not_done:  # short waits: a Ctrl-C is handled at once, not
                 pass  # when a run ends (an untimed wait on a lock need not wake for a signal)
             for future in futures:
                 future.result()  # a callback's error
         except KeyboardInterrupt:
-            # the running runs got the Ctrl-C too and are saving a checkpoint; the queued ones must not start
-            stopping.set()
+            # the running runs got the Ctrl-C too and are saving a checkpoint; the queued ones must not start.
+            # Waited for by our own count: a Ctrl-C during submit can leave a started thread out of the pool's.
+            with state:
+                stopping.append(True)
+                while running:  # short waits again: a second Ctrl-C still ends the driver at once
+                    state.wait(timeout=0.2)
             pool.shutdown(wait=True, cancel_futures=True)
             raise
         pool.shutdown()
