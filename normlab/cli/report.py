@@ -21,7 +21,7 @@ from pathlib import Path
 
 from normlab.command import command_parser, error_exit
 from normlab.study.report import make_report
-from normlab.study.rerun import RERUN, rerun_matches, write_rerun
+from normlab.study.rerun import RERUN, write_rerun
 
 
 def main(argv=None) -> int:
@@ -61,11 +61,11 @@ def main(argv=None) -> int:
 def rerun_main(study_dir: Path, folder: Path) -> int:
     """Exit 0 when every retrained run reproduced its committed record exactly, else 1 (naming the runs)."""
     try:
-        differ = write_rerun(study_dir, folder)
+        differ, runs = write_rerun(study_dir, folder)
     except FileNotFoundError as err:
         return error_exit("report.py", err)
-    same, runs = rerun_matches(folder)
-    print(f"{same} of {runs} retrained runs reproduced their committed record exactly (digests: {folder / RERUN})")
+    print(f"{runs - len(differ)} of {runs} retrained runs reproduced their committed record exactly "
+          f"(digests: {folder / RERUN})")
     if differ:
         print(f"differ or not committed: {', '.join(differ[:10])}" + (f" and {len(differ) - 10} more"
                                                                          if len(differ) > 10 else ""))

@@ -168,12 +168,12 @@ class LocalEngine(Engine):
             for job in jobs:
                 one(job)
             return
-        pool, state = ThreadPoolExecutor(max_workers=self.parallel), threading.Condition()
-        running, stopping = [], []  # the jobs running now; [True] once a Ctrl-C came
+        pool, state, stopping = ThreadPoolExecutor(max_workers=self.parallel), threading.Condition(), threading.Event()
+        running = []  # the jobs running now
 
         def guarded(job):  # starts the run unless stopping; under the lock, so a Ctrl-C sees every started run
             with state:
-                if stopping:
+                if stopping.is_set():
                     return
                 running.append(job)
             try:
@@ -193,7 +193,7 @@ class LocalEngine(Engine):
             # the running runs got the Ctrl-C too and are saving a checkpoint; the queued ones must not start.
             # Waited for by our own count: a Ctrl-C during submit can leave a started thread out of the pool's.
             with state:
-                stopping.append(True)
+                stopping.set()
                 while running:  # short waits again: a second Ctrl-C still ends the driver at once
                     state.wait(timeout=0.2)
             pool.shutdown(wait=True, cancel_futures=True)

@@ -34,10 +34,10 @@ def rerun_matches(folder: Path, rerun: str = RERUN) -> tuple[int, int]:
     return sum(committed.get(r["name"]) == r["record_sha256"] for r in rows), len(rows)
 
 
-def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> list[str]:
+def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> tuple[list[str], int]:
     """Each run of the scored study `study_dir` as a row of provenance and record digest, into folder/RERUN/ with the
-    study's invocations (meta.json); returns the names of the runs whose record differs from the committed one, or
-    that the committed records lack."""
+    study's invocations (meta.json); returns the names of the runs whose record differs from the committed one (or
+    that the committed records lack), and the number of runs."""
     study_dir, folder = Path(study_dir), Path(folder)
     for path, what in ((study_dir / "runs.jsonl", "score the study first (python scripts/score_runs.py DIR)"),
                        (folder / RECORDS, "give the folder of the committed records it retrains")):
@@ -47,7 +47,7 @@ def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> list[str]:
     study = read_json(study_dir / "study.json")
     out = folder / rerun
     out.mkdir(parents=True, exist_ok=True)
-    differ = []
+    differ, runs = [], 0
     with gzip.open(out / RECORDS, "wt") as f:
         for record in read_jsonl(study_dir / "runs.jsonl"):
             entry = study["runs"].get(record["name"], {})
@@ -56,6 +56,7 @@ def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> list[str]:
             if committed.get(row["name"]) != row["record_sha256"]:
                 differ.append(row["name"])
             f.write(json.dumps(row, separators=(",", ":")) + "\n")
+            runs += 1
     atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": study.get("invocations", [])},
                       indent=1)
-    return differ
+    return differ, runs
