@@ -298,8 +298,12 @@ def test_bad_staged_grids_are_refused_in_one_line(tmp_path):
         study.load_grid(path)
     path.write_text(STAGED.replace("fixed:\n    variants: {a: {config: pre_ln}}",
                                    "fixed:\n    variants: {a: {config: dyt}}"))
-    with pytest.raises(study.StudyError, match="share_runs: variant a .* configured differently"):
+    with pytest.raises(study.StudyError, match=r"share_runs: variant a .* configured differently in experiments "
+                                               r"final and fixed, which share seeds \[0\]"):
         study.load_grid(path)
+    path.write_text(STAGED.replace("    seeds: [0]\n", "    seeds: [7]\n").replace(
+        "fixed:\n    variants: {a: {config: pre_ln}}", "fixed:\n    variants: {a: {config: dyt}}"))
+    assert study.load_grid(path)["experiments"]["fixed"]["seeds"] == [7]  # no seed in common: never one run
 
 
 def test_experiments_prefix_run_names_and_narrow_by_experiment(tmp_path):

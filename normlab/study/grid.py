@@ -220,16 +220,21 @@ def variant_overrides(grid: dict, experiment: str, variant: str, warmup: str) ->
 
 
 def _check_shared(path, grid: dict) -> None:
-    """Shared runs are named by variant: a name must mean one configuration in every experiment that uses it."""
+    """Shared runs are named by variant, LR and seed: two experiments that may give a run the same name (the same
+    variant and warmup, a seed in common) must configure it alike. Disjoint seeds never share a run, so they may
+    differ (e.g. an LR sweep that evaluates only at its end)."""
     seen = {}
     for name, exp in grid["experiments"].items():
         for variant, spec in exp["variants"].items():
+            seeds = set(spec["seeds"] or exp["seeds"])
             for warmup in spec["warmup"]:
                 config = variant_overrides(grid, name, variant, warmup)
-                first = seen.setdefault((variant, warmup), (name, config))
-                if first[1] != config:
-                    raise StudyError(f"{path}: share_runs: variant {variant} (warmup {warmup}) is configured "
-                                     f"differently in experiments {first[0]} and {name}; give one of them another name")
+                for other, other_config, other_seeds in seen.setdefault((variant, warmup), []):
+                    if other_config != config and seeds & other_seeds:
+                        raise StudyError(f"{path}: share_runs: variant {variant} (warmup {warmup}) is configured "
+                                         f"differently in experiments {other} and {name}, which share seeds "
+                                         f"{sorted(seeds & other_seeds)}; give one of them another name")
+                seen[(variant, warmup)].append((name, config, seeds))
 
 
 def run_name(variant, lr, warmup, seed, experiment="") -> str:
