@@ -65,6 +65,25 @@ def test_a_changed_measurement_is_named_and_fails(tmp_path, committed, capsys):
     assert "1 of 3 retrained runs reproduced" in out and "differ or not committed: a-s1, b-s0" in out
 
 
+def test_a_rerun_that_evaluates_less_often_is_compared_at_its_evaluations(tmp_path, committed, capsys):
+    # a preset changed to evaluate a run only at its end: the committed record at that evaluation must come back
+    twice = record("a-s0", 0.75)
+    twice["curves"]["eval"].append({"step": 64, "accuracy": 0.77})
+    (committed / RECORDS).unlink()
+    with gzip.open(committed / RECORDS, "wt") as f:
+        f.write(json.dumps(twice) + "\n")
+    once = record("a-s0", 0.75)
+    once["curves"]["eval"] = [{"step": 64, "accuracy": 0.77}]
+    assert report_main([str(retrained(tmp_path, [once])), "--rerun-of", str(committed)]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 1 retrained runs reproduced" in out and "1 of them evaluated at other steps" in out
+    assert rerun_matches(committed) == (1, 1)
+    once["curves"]["eval"][0]["accuracy"] = 0.7700001
+    assert report_main([str(retrained(tmp_path, [once])), "--rerun-of", str(committed)]) == 1
+    assert "differ or not committed: a-s0" in capsys.readouterr().out
+    assert rerun_matches(committed) == (0, 1)
+
+
 def test_an_unscored_study_is_one_line(tmp_path, committed, capsys):
     (tmp_path / "empty").mkdir()
     assert report_main([str(tmp_path / "empty"), "--rerun-of", str(committed)]) == 2

@@ -27,36 +27,59 @@ def record_digest(record: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def eval_steps(record: dict) -> list[int]:
+    return [e["step"] for e in (record.get("curves") or {}).get("eval", [])]
+
+
+def at_steps(record: dict, steps) -> dict:
+    """`record` with only its evaluations at `steps`: what a rerun that evaluates less often (a preset changed to
+    evaluate a run only at its end, say) must still reproduce, evaluating having left training as it was."""
+    curves = record.get("curves") or {}
+    return {**record, "curves": {**curves, "eval": [e for e in curves.get("eval", []) if e["step"] in set(steps)]}}
+
+
+def committed_digest(committed: dict | None, row: dict) -> str | None:
+    """The committed record's digest as a rerun row compares with it: at the row's `eval_steps` if it has them."""
+    if committed is None:
+        return None
+    return record_digest(at_steps(committed, row["eval_steps"]) if "eval_steps" in row else committed)
+
+
 def rerun_matches(folder: Path, rerun: str = RERUN) -> tuple[int, int]:
     """(runs of FOLDER/RERUN whose record digest equals the committed record's, runs of the rerun)."""
-    committed = {r["name"]: record_digest(r) for r in read_records(Path(folder) / RECORDS)}
+    committed = {r["name"]: r for r in read_records(Path(folder) / RECORDS)}
     rows = read_records(Path(folder) / rerun / RECORDS)
-    return sum(committed.get(r["name"]) == r["record_sha256"] for r in rows), len(rows)
+    return sum(committed_digest(committed.get(r["name"]), r) == r["record_sha256"] for r in rows), len(rows)
 
 
-def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> tuple[list[str], int]:
+def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> tuple[list[str], int, int]:
     """Each run of the scored study `study_dir` as a row of provenance and record digest, into folder/RERUN/ with the
     study's invocations (meta.json); returns the names of the runs whose record differs from the committed one (or
-    that the committed records lack), and the number of runs."""
+    that the committed records lack), the number of runs, and how many of them evaluated at fewer steps than their
+    committed record (compared at those steps; the row keeps them as `eval_steps`)."""
     study_dir, folder = Path(study_dir), Path(folder)
     for path, what in ((study_dir / "runs.jsonl", "score the study first (python scripts/score_runs.py DIR)"),
                        (folder / RECORDS, "give the folder of the committed records it retrains")):
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: {what}")
-    committed = {r["name"]: record_digest(r) for r in read_records(folder / RECORDS)}
+    committed = {r["name"]: r for r in read_records(folder / RECORDS)}
     study = read_json(study_dir / "study.json")
     out = folder / rerun
     out.mkdir(parents=True, exist_ok=True)
-    differ, runs = [], 0
+    differ, runs, fewer = [], 0, 0
     with gzip.open(out / RECORDS, "wt") as f:
         for record in read_jsonl(study_dir / "runs.jsonl"):
             entry = study["runs"].get(record["name"], {})
             row = {"name": record["name"], **{k: entry[k] for k in PROVENANCE if k in entry},
                    "status": record.get("status"), "record_sha256": record_digest(record)}
-            if committed.get(row["name"]) != row["record_sha256"]:
+            base = committed.get(row["name"])
+            if base is not None and eval_steps(record) != eval_steps(base):
+                row["eval_steps"] = eval_steps(record)
+                fewer += 1
+            if committed_digest(base, row) != row["record_sha256"]:
                 differ.append(row["name"])
             f.write(json.dumps(row, separators=(",", ":")) + "\n")
             runs += 1
     atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": study.get("invocations", [])},
                       indent=1)
-    return differ, runs
+    return differ, runs, fewer
