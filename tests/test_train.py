@@ -158,6 +158,22 @@ def test_dev_rows_choose_the_best_evaluation_and_leave_training_as_it_was(tmp_pa
     best = max(evals, key=lambda r: r["dev/accuracy"])  # the first of a tie, as train.py keeps it
     assert summary(out)["best"] == {"step": best["step"], **{k: v for k, v in best.items() if "/" in k}}
 
+def test_evaluating_more_often_leaves_training_as_it_was(tmp_path):
+    """Evaluation runs in eval mode under a forked RNG and touches no weight or statistic, so how often a run
+    evaluates changes only its eval rows: the study's LR sweeps evaluate once, at the end, on that promise. Naive
+    BN: running statistics, and an extra evaluation with the batches' own statistics."""
+    steps = ["model.norm=batchnorm", "train.max_steps=12", "train.save_steps=12"]
+    often, once = tmp_path / "often", tmp_path / "once"
+    assert run_here(often, *steps, "train.eval_steps=2") == 0
+    assert run_here(once, *steps, "train.eval_steps=12") == 0
+    assert train_rows(often) == [{**r, "train/tokens_per_s": o["train/tokens_per_s"]}
+                                 for r, o in zip(train_rows(once), train_rows(often))]  # all but the timing
+    assert_same_weights(final_weights(often), final_weights(once))
+    evals = [[r for r in rows(o) if "eval/loss" in r] for o in (often, once)]
+    assert [r["step"] for r in evals[0]] == [2, 4, 6, 8, 10, 12] and evals[0][-1] == evals[1][0]
+    assert "eval/accuracy_batch_stats" in evals[1][0]
+
+
 def test_mlm_task(tmp_path):
     out = tmp_path / "mlm"
     assert run_here(out, "task=mlm", "train.max_steps=6", "train.eval_steps=100") == 0
