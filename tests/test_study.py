@@ -345,7 +345,7 @@ experiments:
 """
 
 
-def test_e1_reads_the_study_overrides_from_study_json_and_from_the_preset(tmp_path, monkeypatch):
+def test_e1_reads_the_study_overrides_from_study_json_and_from_the_preset(tmp_path, monkeypatch, capsys):
     """E1 (init_exp.main) sizes its tokenizer data and vocabulary from the study's own overrides, whether it is
     given the study.json that the runner wrote or the preset file."""
     from normlab.study import init_exp
@@ -361,6 +361,9 @@ def test_e1_reads_the_study_overrides_from_study_json_and_from_the_preset(tmp_pa
     assert init_exp.main([str(tmp_path / "st")]) == 0
     assert init_exp.main([str(tmp_path / "st"), "--preset", str(preset)]) == 0
     assert seen == [(64, 300), (64, 300)]
+    assert init_exp.main([str(tmp_path / "nowhere")]) == 2  # not a study directory: one line, no traceback
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nowhere/study.json not found" in err[0] and "--preset" in err[0]
 
 
 @pytest.mark.parametrize("change, words", [

@@ -3,7 +3,6 @@ norm at initialization and the encoder output's relative change over the first A
 batches for every model. Writes STUDY/e1.jsonl, one record per (placement, depth, seed) (scripts/init_study.py).
 """
 
-import argparse
 import itertools
 import shlex
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import torch
 
 from model import NormLabConfig, NormLabForSequenceClassification
-from normlab.command import error_exit
+from normlab.command import command_parser, error_exit
 from normlab.config.loader import load_config
 from normlab.data.batching import encode_rows, row_batches
 from normlab.data.sources import resolve_dataset
@@ -90,11 +89,14 @@ def run(init: dict, out: Path, tokenizer_rows: int, vocab_size: int) -> list[dic
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="E1: per-layer gradient norms at init and early Adam updates.")
+    parser = command_parser(__doc__)
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--preset", type=Path, default=None, help="a study YAML (default: STUDY/study.json)")
     args = parser.parse_args(argv)
     source = read_yaml(args.preset) if args.preset else read_json(args.study_dir / "study.json")
+    if source is None:
+        return error_exit("init_study.py", f"{args.study_dir / 'study.json'} not found: give a study directory that "
+                                           f"scripts/study.py wrote, or the study file with --preset")
     if not source.get("init"):
         return error_exit("init_study.py", "the study has no `init` block (E1 settings)")
     # a preset names them `overrides`, study.json `common_overrides`: {run config key: value}

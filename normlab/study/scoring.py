@@ -2,7 +2,6 @@
 docs/studies.md, "The records": which splits, batchings and statistics each run is scored with, what a record holds).
 """
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import torch
 
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
 from model.norms import real_token_mask, uses_batch_statistics
+from normlab.command import command_parser
 from normlab.data.batching import MLM_PROBABILITY, encode_rows, row_batches
 from normlab.data.sources import DEV_SPLIT, DataError, resolve_dataset
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl, write_jsonl
@@ -186,7 +186,7 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Score a study's final models; write its per-run records.")
+    parser = command_parser(__doc__)
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="default: STUDY/runs.jsonl")
     parser.add_argument("--shard", default="0/1", metavar="K/N",

@@ -6,7 +6,6 @@ the classes apart and the loss sits on the ln 2 plateau.
     python -m normlab.study.signal --preset quick_v4 --out STUDY/signal.jsonl --selection STUDY/selection.json
 """
 
-import argparse
 import itertools
 import shlex
 import sys
@@ -18,7 +17,7 @@ import torch.nn.functional as F
 
 from model import NormLabForSequenceClassification
 from model.modeling_normlab import _pool
-from normlab.command import error_exit
+from normlab.command import command_parser, error_exit
 from normlab.config.loader import load_config, model_config_from
 from normlab.files.formats import read_yaml, write_jsonl
 from normlab.study.grid import REPO_ROOT, resolve_preset
@@ -91,7 +90,7 @@ def run(preset: Path, out: Path, selection: dict | None = None) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Pooled-vector similarity across sentences, at init and early.")
+    parser = command_parser(__doc__)
     parser.add_argument("--preset", default="quick_v4", help="a study preset with a `signal` block")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--selection", type=Path, default=None,
