@@ -357,7 +357,7 @@ def test_e1_reads_the_study_overrides_from_study_json_and_from_the_preset(tmp_pa
     (tmp_path / "st").mkdir()
     study.Study(tmp_path / "st", g, preset, "study.py").record("any", status="completed")
     seen = []
-    monkeypatch.setattr(init_exp, "run", lambda init, out, rows, vocab: seen.append((rows, vocab)))
+    monkeypatch.setattr(init_exp, "run", lambda init, out, rows, vocab, shard: seen.append((rows, vocab)))
     assert init_exp.main([str(tmp_path / "st")]) == 0
     assert init_exp.main([str(tmp_path / "st"), "--preset", str(preset)]) == 0
     assert seen == [(64, 300), (64, 300)]

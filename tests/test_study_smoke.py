@@ -81,8 +81,20 @@ def test_tiny_study_trains_scores_and_reports(tmp_path):
     assert not any("running_stats" in r for r in runs if r["norm"] != "batchnorm")
     # with running statistics nothing depends on the batch: the three batchings predict alike
     assert len({bn["scores"][f"val/{h}/running"]["pred"] for h in ("sorted", "shuffled", "fixed")}) == 1
+    # the LR choice scored the sweeps on dev in two processes: the losses the records' own scoring finds
+    by_name = {r["name"]: r for r in runs}
+    for choice in selection.values():
+        for row in choice["by_lr"]:
+            for name, loss in zip(row["runs"], row["dev_loss_by_seed"]):
+                assert loss == pytest.approx(by_name[name]["scores"]["dev/sorted/running"]["loss"], abs=1e-5)
     e1 = [json.loads(x) for x in (study_dir / "e1.jsonl").read_text().splitlines()]
     assert len(e1) == 3 * 2 and {len(r["output_change"]) for r in e1} == {2}
+    # measured in two processes, merged in the order one process writes: placement, then depth, then seed
+    assert [(r["placement"], r["depth"]) for r in e1] == [(p, d) for p in ("post", "pre", "deepnorm") for d in (2, 3)]
+    assert not list(study_dir.glob("e1.part*"))
+    calls = json.loads((study_dir / "study.json").read_text())["invocations"]
+    (e1_call,) = [c for c in calls if "init_study.py" in c["command"]]  # one, however many processes
+    assert "in 2 processes" in e1_call["command"] and e1_call["cpu_s"] > 0
     text = (study_dir / "report.md").read_text()
     assert "## Calibration: the A/A control" in text and "| P4 |" in text and "| E1a (secondary) |" in text
     assert (study_dir / "answer.png").is_file() and (study_dir / "runs.jsonl.gz").is_file()

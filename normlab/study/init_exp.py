@@ -76,10 +76,13 @@ def measure(placement: str, depth: int, seed: int, init: dict, train, probe, voc
             "grad_norm": [float(f"{g:.5g}") for g in grad_norms], "output_change": [float(f"{c:.5g}") for c in changes]}
 
 
-def run(init: dict, out: Path, tokenizer_rows: int, vocab_size: int) -> list[dict]:
+def run(init: dict, out: Path, tokenizer_rows: int, vocab_size: int, shard: tuple[int, int] = (0, 1)) -> list[dict]:
+    """Every (placement, depth, seed) of `init` in that order, or every N-th of them from the K-th (`shard` (K, N):
+    N processes share the cores, their files merged afterwards), into `out`."""
     train, probe, vocab = fixed_batches(init, vocab_size, tokenizer_rows)
     rows = []
-    for placement, depth, seed in itertools.product(init["placements"], init["depths"], init["seeds"]):
+    k, n = shard
+    for placement, depth, seed in list(itertools.product(init["placements"], init["depths"], init["seeds"]))[k::n]:
         rows.append({**measure(placement, depth, seed, init, train, probe, vocab), **provenance()})
         r = rows[-1]
         print(f"e1 {placement} depth {depth} seed {seed}: grad last/first "
@@ -92,6 +95,10 @@ def main(argv=None) -> int:
     parser = command_parser(__doc__)
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--preset", type=Path, default=None, help="a study YAML (default: STUDY/study.json)")
+    parser.add_argument("--out", type=Path, default=None, help="default: STUDY/e1.jsonl")
+    parser.add_argument("--shard", default="0/1", metavar="K/N",
+                        help="measure every N-th model from the K-th (0-based) into OUT: N processes share the cores; "
+                             "merge their OUT files afterwards (scripts/study.py does)")
     args = parser.parse_args(argv)
     source = read_yaml(args.preset) if args.preset else read_json(args.study_dir / "study.json")
     if source is None:
@@ -106,9 +113,10 @@ def main(argv=None) -> int:
                                            "study.py); give the study file with --preset")
     torch.set_num_threads(1)  # tiny models: one thread is as fast and leaves the other core to the study
     started = time.time()
-    run(source["init"], args.study_dir / "e1.jsonl", int(overrides.get("data.max_train_samples", 5120)),
-        int(overrides.get("model.vocab_size", 4000)))
-    if (args.study_dir / "study.json").is_file():  # meta.json lists every invocation, E1's too
+    run(source["init"], args.out or args.study_dir / "e1.jsonl", int(overrides.get("data.max_train_samples", 5120)),
+        int(overrides.get("model.vocab_size", 4000)), shard=tuple(int(x) for x in args.shard.split("/")))
+    # meta.json lists every invocation, E1's too; a shard's is recorded by the study that started it, as one
+    if (args.study_dir / "study.json").is_file() and args.shard == "0/1":
         record_invocation(args.study_dir, shlex.join(["python", "scripts/init_study.py",
                                                       *(argv if argv is not None else sys.argv[1:])]),
                           started, in_process=True)

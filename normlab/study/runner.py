@@ -4,6 +4,7 @@ the report. STUDY/study.json records the grid, the commands and every run's stat
 """
 
 import argparse
+import itertools
 import json
 import os
 import shlex
@@ -213,13 +214,15 @@ def git_commit() -> str | None:
     return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False) -> None:
-    """Append this command's commit, machine, wall time and CPU time to study.json: of the runs it started, or
-    (in_process: E1, which trains nothing) its own."""
+def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False,
+                      children_before=None) -> None:
+    """Append this command's commit, machine, wall time and CPU time to study.json: of the processes it started
+    (since `children_before`, an earlier os.times()), or (in_process: E1 in one process) its own."""
     path = study_dir / "study.json"
     data = read_json(path)
     times = os.times()
-    cpu = times.user + times.system if in_process else times.children_user + times.children_system
+    before = (children_before.children_user + children_before.children_system) if children_before else 0.0
+    cpu = times.user + times.system if in_process else times.children_user + times.children_system - before
     data.setdefault("invocations", []).append({
         "command": command, "commit": git_commit(), "machine": machine(), "started": time.strftime(
             "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 1),
@@ -246,34 +249,42 @@ def wants_e1(grid: dict, only: dict) -> bool:
 
 
 def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool, shards: int = 1) -> None:
-    """E1, then the per-run records (scores of every final model, in `shards` processes), then the report: each a
-    process of its own (python -m normlab.cli.<name>). A study file without a `score` block gets neither records nor
-    report (the report reads only the records)."""
+    """E1, then the per-run records (scores of every final model), each in `shards` processes, then the report:
+    each a process of its own (python -m normlab.cli.<name>). A study file without a `score` block gets neither
+    records nor report (the report reads only the records)."""
     if run_e1:
-        subprocess.run([sys.executable, "-m", "normlab.cli.init_study", str(study_dir)], cwd=REPO_ROOT, check=True)
+        init = read_json(study_dir / "study.json")["init"]
+        order = {key: i for i, key in enumerate(itertools.product(init["placements"], init["depths"], init["seeds"]))}
+        started, before = time.time(), os.times()
+        run_sharded("init_study", study_dir, "e1.jsonl", shards,
+                    key=lambda row: order[row["placement"], row["depth"], row["seed"]])
+        if shards > 1:  # the shards do not write study.json at once: their invocation is recorded here, as one
+            record_invocation(study_dir, f"python scripts/init_study.py {study_dir} (in {shards} processes, "
+                                         f"--shard K/{shards})", started, children_before=before)
     if not score:
         return
-    score_study(study_dir, shards)
+    run_sharded("score_runs", study_dir, "runs.jsonl", shards, key=lambda row: row["name"])
     if report:
         subprocess.run([sys.executable, "-m", "normlab.cli.report", str(study_dir)], cwd=REPO_ROOT)
 
 
-def score_study(study_dir: Path, shards: int) -> None:
-    """STUDY/runs.jsonl, scored by `shards` processes at once (the cores training used), in run-name order: the
-    same file one process writes."""
-    command = [sys.executable, "-m", "normlab.cli.score_runs", str(study_dir)]
+def run_sharded(cli: str, study_dir: Path, out: str, shards: int, key) -> None:
+    """`python -m normlab.cli.<cli> STUDY` in `shards` processes at once (the cores training used), each on every
+    shards-th item (--shard K/N) into a part file; the parts merged into STUDY/<out>, sorted by `key` of a row: the
+    file one process writes."""
+    command = [sys.executable, "-m", f"normlab.cli.{cli}", str(study_dir)]
     if shards <= 1:
         subprocess.run(command, cwd=REPO_ROOT, check=True)
         return
-    parts = [study_dir / f"runs.part{k}.jsonl" for k in range(shards)]
+    stem = Path(out).stem
+    parts = [study_dir / f"{stem}.part{k}.jsonl" for k in range(shards)]
     procs = [subprocess.Popen(command + ["--shard", f"{k}/{shards}", "--out", str(part)], cwd=REPO_ROOT)
              for k, part in enumerate(parts)]
     failed = [p.args for p in procs if p.wait() != 0]
     if failed:
         raise subprocess.CalledProcessError(1, failed[0])
-    rows = sorted((line for part in parts for line in part.read_text().splitlines()),
-                  key=lambda line: json.loads(line)["name"])
-    atomic_write_text(study_dir / "runs.jsonl", "".join(row + "\n" for row in rows))
+    rows = sorted((line for part in parts for line in part.read_text().splitlines()), key=lambda r: key(json.loads(r)))
+    atomic_write_text(study_dir / out, "".join(row + "\n" for row in rows))
     for part in parts:
         part.unlink()
 
@@ -305,9 +316,10 @@ def selected_runs(grid, only: dict, selection: dict) -> list[dict]:
     return narrow(expand(grid, selection), only, strict=not pending_selections(grid, selection))
 
 
-def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str, engine) -> None:
+def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str, engine, shards: int = 1) -> None:
     """Train what can be trained; when an LR sweep has finished, choose its LRs on dev and train what they
-    unlock; repeat until nothing more can run (a narrowed study may leave choices for a later invocation)."""
+    unlock; repeat until nothing more can run (a narrowed study may leave choices for a later invocation). The
+    choices score the sweeps on dev in `shards` processes."""
     from normlab.study.selection import select
 
     selection = study_selection(grid, study_dir)
@@ -329,7 +341,7 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
                     ready[key].setdefault(r["lr"], []).append(r["name"])
         if ready:
             print(f"choosing the LR of {len(ready)} arm(s) on the dev split")
-            selection = select(study_dir, ready, grid["score"])
+            selection = select(study_dir, ready, grid["score"], processes=shards)
             continue
         if first:  # a narrowed sweep left choices open: train the rest that can run
             run_study(grid, grid_file, study_dir, [r for r in runs if r not in first], extra, command=command,
@@ -401,7 +413,7 @@ def main(argv=None) -> int:
                              max_retries=args.max_retries, warm=not args.process_per_run)
         print(engine.describe())
         with engine:
-            run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine)
+            run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine, shards=args.parallel or 1)
     except StudyError as err:
         return error_exit("study.py", err)
     except KeyboardInterrupt:

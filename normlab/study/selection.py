@@ -4,6 +4,9 @@ written once to STUDY/selection.json and reused by every later invocation (docs/
 """
 
 import math
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -47,21 +50,32 @@ def choice(losses: dict, runs: dict | None = None) -> dict:
     return out
 
 
-def select(study_dir: Path, candidates: dict, score: dict) -> dict:
+def dev_losses(run_dirs: list[Path], dev, batch_size: int, processes: int = 1) -> list[float]:
+    """dev_loss of each run, in `processes` processes at once (one thread each, the cores the training used; each
+    loss is computed alone, so how many processes changes nothing but the time)."""
+    if processes <= 1 or len(run_dirs) <= 1:
+        torch.set_num_threads(1)
+        return [dev_loss(d, dev, batch_size) for d in run_dirs]
+    dev = tuple(list(column) for column in dev)  # plain lists: sent to every process
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        return list(pool.map(dev_loss, run_dirs, repeat(dev), repeat(batch_size)))
+
+
+def select(study_dir: Path, candidates: dict, score: dict, processes: int = 1) -> dict:
     """{key: {lr: [run names]}} -> {key: choice}, for the keys not chosen before; merged into STUDY/selection.json
-    (earlier choices are kept, in the present format: selection_file)."""
+    (earlier choices are kept, in the present format: selection_file). The dev losses in `processes` processes."""
     path = study_dir / "selection.json"
     chosen = read_selection(path)
     score = {**SCORE_DEFAULTS, **score}
     todo = {k: v for k, v in candidates.items() if k not in chosen}
     if todo:
-        first = next(n for runs in todo.values() for names in runs.values() for n in names)
-        cfg = RunDir(study_dir / "runs" / first).read_config()
+        names = [n for runs in todo.values() for names in runs.values() for n in names]
+        cfg = RunDir(study_dir / "runs" / names[0]).read_config()
         dev = score_sets(cfg, score["dev_rows"])["dev"]
-        torch.set_num_threads(1)
+        loss_of = dict(zip(names, dev_losses([study_dir / "runs" / n for n in names], dev, score["batch_size"],
+                                             processes)))
         for key, runs in todo.items():
-            losses = {lr: [dev_loss(study_dir / "runs" / n, dev, score["batch_size"]) for n in names]
-                      for lr, names in runs.items()}
-            chosen[key] = choice(losses, runs)
+            chosen[key] = choice({lr: [loss_of[n] for n in names] for lr, names in runs.items()}, runs)
         atomic_write_json(path, chosen, indent=1)
     return chosen
