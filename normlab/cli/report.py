@@ -61,13 +61,13 @@ def main(argv=None) -> int:
 def rerun_main(study_dir: Path, folder: Path) -> int:
     """Exit 0 when every retrained run reproduced its committed record exactly, else 1 (naming the runs)."""
     try:
-        differ, runs, fewer = write_rerun(study_dir, folder)
+        differ, runs, other_steps = write_rerun(study_dir, folder)
     except FileNotFoundError as err:
         return error_exit("report.py", err)
     print(f"{runs - len(differ)} of {runs} retrained runs reproduced their committed record exactly "
           f"(digests: {folder / RERUN})")
-    if fewer:
-        print(f"{fewer} of them evaluated at other steps than their committed record and were compared at the "
+    if other_steps:
+        print(f"{other_steps} of them evaluated at other steps than their committed record and were compared at the "
               f"steps they evaluated")
     if differ:
         print(f"differ or not committed: {', '.join(differ[:10])}" + (f" and {len(differ) - 10} more"
