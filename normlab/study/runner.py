@@ -378,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--study-dir", type=Path, default=None, help="default: studies/<study name>")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
     parser.add_argument("--parallel", type=int, default=None,
-                        help="runs at once (default: one per visible GPU, else 1; CPU runs split the cores)")
+                        help="runs at once (default: one per visible GPU, else 1; CPU runs split the cores); "
+                             "also the processes that choose the LRs, run E1 and score the runs")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this machine (default); ray: every run a Ray task, here or at --address")
     parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
