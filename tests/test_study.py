@@ -272,11 +272,8 @@ def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, mon
         return 0
 
     # dev loss: lower for the LR each arm should get
-    monkeypatch.setattr("normlab.study.selection.dev_loss",
-                        lambda run_dir, dev, bs: 0.3 if run_dir.name in ("a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100")
-                        else 0.6)
-    monkeypatch.setattr("normlab.study.selection.score_sets", lambda cfg, rows: {"dev": ([], [])})
-    monkeypatch.setattr("normlab.study.selection.RunDir.read_config", lambda self: None)
+    monkeypatch.setattr("normlab.study.selection.dev_losses", lambda study_dir, names, score, processes: {
+        n: 0.3 if n in ("a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100") else 0.6 for n in names})
     engine = study.LocalEngine(runner=fake_runner)
     study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", engine)
     sel = json.loads((tmp_path / "st" / "selection.json").read_text())

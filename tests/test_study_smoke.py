@@ -87,6 +87,7 @@ def test_tiny_study_trains_scores_and_reports(tmp_path):
         for row in choice["by_lr"]:
             for name, loss in zip(row["runs"], row["dev_loss_by_seed"]):
                 assert loss == pytest.approx(by_name[name]["scores"]["dev/sorted/running"]["loss"], abs=1e-5)
+    assert not list(study_dir.glob("dev_losses*"))  # passed through, then removed: selection.json keeps them
     e1 = [json.loads(x) for x in (study_dir / "e1.jsonl").read_text().splitlines()]
     assert len(e1) == 3 * 2 and {len(r["output_change"]) for r in e1} == {2}
     # measured in two processes, merged in the order one process writes: placement, then depth, then seed

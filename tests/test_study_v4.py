@@ -46,13 +46,12 @@ def test_a_coin_flip_tuning_trains_both_lrs_and_is_flagged(tmp_path, monkeypatch
     path.write_text(TWO_LRS)
     g = study.load_grid(path)
 
-    def dev_loss(run_dir, dev, bs):
-        arm, seed = run_dir.name.rsplit("-wuon-s", 1)
+    def dev_loss(name):
+        arm, seed = name.rsplit("-wuon-s", 1)
         return DEV[arm][int(seed) - 100]
 
-    monkeypatch.setattr("normlab.study.selection.dev_loss", dev_loss)
-    monkeypatch.setattr("normlab.study.selection.score_sets", lambda cfg, rows: {"dev": ([], [])})
-    monkeypatch.setattr("normlab.study.selection.RunDir.read_config", lambda self: None)
+    monkeypatch.setattr("normlab.study.selection.dev_losses",
+                        lambda study_dir, names, score, processes: {n: dev_loss(n) for n in names})
     study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", study.LocalEngine(runner=fake_runner))
     sel = json.loads((tmp_path / "st" / "selection.json").read_text())
     a, b = sel["tune/a/wuon"], sel["tune/b/wuon"]

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from normlab.command import error_exit
-from normlab.files.formats import atomic_write_json, atomic_write_text, read_json
+from normlab.files.formats import atomic_write_json, read_json
 from normlab.run_dir import RunDir, saved_config_raw
 from normlab.study.engines import Job, LocalEngine, make_engine, read_status, subprocess_runner
 from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
@@ -33,6 +33,7 @@ from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid i
     variant_overrides,
 )
 from normlab.study.selection_file import read_selection
+from normlab.study.sharded import run_sharded
 from normlab.train.machine import cpu_name
 
 TRAIN = REPO_ROOT / "train.py"
@@ -266,27 +267,6 @@ def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool, sha
     run_sharded("score_runs", study_dir, "runs.jsonl", shards, key=lambda row: row["name"])
     if report:
         subprocess.run([sys.executable, "-m", "normlab.cli.report", str(study_dir)], cwd=REPO_ROOT)
-
-
-def run_sharded(cli: str, study_dir: Path, out: str, shards: int, key) -> None:
-    """`python -m normlab.cli.<cli> STUDY` in `shards` processes at once (the cores training used), each on every
-    shards-th item (--shard K/N) into a part file; the parts merged into STUDY/<out>, sorted by `key` of a row: the
-    file one process writes."""
-    command = [sys.executable, "-m", f"normlab.cli.{cli}", str(study_dir)]
-    if shards <= 1:
-        subprocess.run(command, cwd=REPO_ROOT, check=True)
-        return
-    stem = Path(out).stem
-    parts = [study_dir / f"{stem}.part{k}.jsonl" for k in range(shards)]
-    procs = [subprocess.Popen(command + ["--shard", f"{k}/{shards}", "--out", str(part)], cwd=REPO_ROOT)
-             for k, part in enumerate(parts)]
-    failed = [p.args for p in procs if p.wait() != 0]
-    if failed:
-        raise subprocess.CalledProcessError(1, failed[0])
-    rows = sorted((line for part in parts for line in part.read_text().splitlines()), key=lambda r: key(json.loads(r)))
-    atomic_write_text(study_dir / out, "".join(row + "\n" for row in rows))
-    for part in parts:
-        part.unlink()
 
 
 def study_selection(grid, study_dir: Path) -> dict:

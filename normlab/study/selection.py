@@ -4,20 +4,22 @@ written once to STUDY/selection.json and reused by every later invocation (docs/
 """
 
 import math
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from itertools import repeat
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from normlab.files.formats import atomic_write_json
+from normlab.command import command_parser
+from normlab.files.formats import atomic_write_json, read_jsonl, write_jsonl
 from normlab.run_dir import RunDir
 from normlab.study.engines import read_status
 from normlab.study.rules import choose_lrs
 from normlab.study.scoring import SCORE_DEFAULTS, score_run, score_sets
 from normlab.study.selection_file import lr_rows, read_selection
+from normlab.study.sharded import run_sharded
+
+DEV_LOSSES = "dev_losses.jsonl"
 
 
 def dev_loss(run_dir: Path, dev, batch_size: int) -> float:
@@ -50,16 +52,16 @@ def choice(losses: dict, runs: dict | None = None) -> dict:
     return out
 
 
-def dev_losses(run_dirs: list[Path], dev, batch_size: int, processes: int = 1) -> list[float]:
-    """dev_loss of each run, in `processes` processes at once (one thread each, the cores the training used; each
-    loss is computed alone, so how many processes changes nothing but the time)."""
-    if processes <= 1 or len(run_dirs) <= 1:
-        torch.set_num_threads(1)
-        return [dev_loss(d, dev, batch_size) for d in run_dirs]
-    dev = tuple(list(column) for column in dev)  # plain lists: sent to every process
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=torch.set_num_threads, initargs=(1,)) as pool:
-        return list(pool.map(dev_loss, run_dirs, repeat(dev), repeat(batch_size)))
+def dev_losses(study_dir: Path, names: list[str], score: dict, processes: int = 1) -> dict:
+    """{run name: dev_loss}, in `processes` processes (run_sharded; each loss is computed alone, so how many
+    processes changes nothing but the time). The rows pass through STUDY/dev_losses.jsonl, removed once read:
+    selection.json keeps the losses."""
+    args = ("--runs", ",".join(names), "--dev-rows", str(score["dev_rows"]), "--batch-size", str(score["batch_size"]))
+    run_sharded("dev_losses", study_dir, DEV_LOSSES, processes, key=lambda row: row["name"], args=args)
+    path = study_dir / DEV_LOSSES
+    rows = read_jsonl(path)
+    path.unlink()
+    return {row["name"]: math.inf if row["dev_loss"] is None else row["dev_loss"] for row in rows}
 
 
 def select(study_dir: Path, candidates: dict, score: dict, processes: int = 1) -> dict:
@@ -70,12 +72,39 @@ def select(study_dir: Path, candidates: dict, score: dict, processes: int = 1) -
     score = {**SCORE_DEFAULTS, **score}
     todo = {k: v for k, v in candidates.items() if k not in chosen}
     if todo:
-        names = [n for runs in todo.values() for names in runs.values() for n in names]
-        cfg = RunDir(study_dir / "runs" / names[0]).read_config()
-        dev = score_sets(cfg, score["dev_rows"])["dev"]
-        loss_of = dict(zip(names, dev_losses([study_dir / "runs" / n for n in names], dev, score["batch_size"],
-                                             processes)))
+        names = sorted({n for runs in todo.values() for lr_runs in runs.values() for n in lr_runs})
+        loss_of = dev_losses(study_dir, names, score, processes)
         for key, runs in todo.items():
-            chosen[key] = choice({lr: [loss_of[n] for n in names] for lr, names in runs.items()}, runs)
+            chosen[key] = choice({lr: [loss_of[n] for n in lr_runs] for lr, lr_runs in runs.items()}, runs)
         atomic_write_json(path, chosen, indent=1)
     return chosen
+
+
+def main(argv=None) -> int:
+    """The dev loss of each named run's final model (what the LR choice compares), one JSON row per run.
+
+    python -m normlab.cli.dev_losses STUDY --runs NAME,NAME,...   # -> STUDY/dev_losses.jsonl
+    """
+    parser = command_parser(main.__doc__)
+    parser.add_argument("study_dir", type=Path)
+    parser.add_argument("--runs", required=True, help="comma-separated run names under STUDY/runs")
+    parser.add_argument("--dev-rows", type=int, default=SCORE_DEFAULTS["dev_rows"])
+    parser.add_argument("--batch-size", type=int, default=SCORE_DEFAULTS["batch_size"])
+    parser.add_argument("--out", type=Path, default=None, help=f"default: STUDY/{DEV_LOSSES}")
+    parser.add_argument("--shard", default="0/1", metavar="K/N", help="every N-th run from the K-th (0-based)")
+    args = parser.parse_args(argv)
+    k, n = (int(x) for x in args.shard.split("/"))
+    names = args.runs.split(",")
+    torch.set_num_threads(1)  # one thread a process: the cores the training used
+    cfg = RunDir(args.study_dir / "runs" / names[0]).read_config()
+    dev = score_sets(cfg, args.dev_rows)["dev"]
+    rows = []
+    for name in names[k::n]:
+        loss = dev_loss(args.study_dir / "runs" / name, dev, args.batch_size)
+        rows.append({"name": name, "dev_loss": loss if math.isfinite(loss) else None})
+    write_jsonl(args.out or args.study_dir / DEV_LOSSES, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
