@@ -142,6 +142,21 @@ def test_e1_rows_and_its_invocation_carry_commit_machine_and_start_time(tmp_path
     assert call["command"].startswith("python scripts/init_study.py") and call["commit"] and call["wall_s"] >= 0
 
 
+def test_a_study_built_in_pieces_keeps_every_invocation(tmp_path):
+    path, st = tmp_path / "two.yaml", tmp_path / "st"
+    path.write_text(TWO_LRS)
+    grid = study.load_grid(path)
+    st.mkdir()
+    for seeds in ("0", "1"):
+        command = f"python scripts/study.py --only seed={seeds}"
+        study.Study(st, grid, path, command).record(f"a-s{seeds}", status="completed")
+        study.record_invocation(st, command, started=0.0)
+    data = json.loads((st / "study.json").read_text())
+    assert [c["command"] for c in data["invocations"]] == data["commands"] == [
+        "python scripts/study.py --only seed=0", "python scripts/study.py --only seed=1"]
+    assert set(data["runs"]) == {"a-s0", "a-s1"}
+
+
 # --- the v4 report on synthetic records --------------------------------------------------------------------------
 
 ARMS = ("ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm", "no_norm")

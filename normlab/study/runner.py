@@ -122,7 +122,9 @@ class Study:
                      "wandb_project": grid["wandb_project"], "command": command,
                      # every invocation that trained into this directory (a study may be built in pieces)
                      "commands": [c for c in old.get("commands", []) if c != command] + [command],
-                     "runs": old.get("runs", {})}
+                     "runs": old.get("runs", {}),
+                     # the earlier invocations' times (record_invocation): a study built in pieces keeps them all
+                     **({"invocations": old["invocations"]} if "invocations" in old else {})}
 
     def record(self, name, fresh=False, **fields):
         """Update a run's entry (fresh: start it over, dropping what an earlier attempt recorded)."""
