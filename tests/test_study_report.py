@@ -168,6 +168,17 @@ def test_the_committed_v3_report_regenerates_byte_identical_from_its_records(tmp
         assert (out / name).read_bytes() == (committed / name).read_bytes(), name
 
 
+def test_committed_v4_records_regenerate_their_report_in_another_folder(tmp_path):
+    """report.py FOLDER --out ELSEWHERE on a folder of committed records (no study.json): the records are copied
+    there and the report comes out as committed, the folder itself untouched."""
+    committed = REPO_ROOT / "docs" / "study-v4" / "quick"
+    before = {p.name: p.stat().st_mtime_ns for p in committed.iterdir()}
+    report.make_report(committed, tmp_path / "out")
+    for name in ("report.md", "answer.png", "meta.json", "selection.json"):
+        assert (tmp_path / "out" / name).read_bytes() == (committed / name).read_bytes(), name
+    assert {p.name: p.stat().st_mtime_ns for p in committed.iterdir()} == before
+
+
 def test_the_reports_batch_statistics_arms_are_the_models_batch_statistics_norms():
     """The report names its BN-family arms without importing torch; they must be the norms the model says use
     batch statistics, run under the same names."""

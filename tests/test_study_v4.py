@@ -212,6 +212,24 @@ def test_the_v4_report_applies_the_robustness_and_horizon_rules(tmp_path):
     assert "DyT's validation loss relative to pre-LN's: " in text and "(arXiv 2604.23434: -27%" in text
 
 
+def test_a_part_trained_study_says_what_its_report_lacks():
+    from normlab.study.analysis import Records
+    from normlab.study.report_v4 import provenance_lines
+
+    rec = synthetic_records()
+
+    def late(r):  # the board's last two seeds: not trained yet
+        return r["experiment"] == "board" and r["seed"] >= 8
+
+    part = Records([{**r, "status": "pending"} if late(r) else r for r in rec.runs], rec.selection)
+    n = sum(map(late, rec.runs))
+    lines = provenance_lines(part, {"invocations": []})
+    assert lines[1] == "- Invocations: none recorded in study.json (the study's own notes give its times)"
+    assert lines[2] == (f"- **Not trained** (the study was stopped before them, or they crashed; left out): {n} of "
+                        f"{len(rec.runs)} runs, by seed: 8 ({n // 2}), 9 ({n // 2})")
+    assert len(provenance_lines(rec, {"invocations": []})) == 2  # all trained: no such line
+
+
 def test_make_report_writes_the_v4_report_for_v4_records_and_keeps_v3s(tmp_path):
     import gzip
 

@@ -30,6 +30,7 @@ from normlab.study.seedstats import paired_test
 from normlab.study.selection_file import read_selection
 
 RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
+COPIED = ("selection.json", "e1.jsonl", "labels.json", "signal.jsonl")  # as the study wrote them
 
 
 def copy_records(study_dir: Path, out: Path) -> None:
@@ -47,7 +48,7 @@ def copy_records(study_dir: Path, out: Path) -> None:
                 if key.startswith("dev/"):
                     score.pop("pred", None)  # dev only chooses LRs, by its loss
             f.write(json.dumps(r, separators=(",", ":")) + "\n")
-    for name in ("selection.json", "e1.jsonl", "labels.json", "signal.jsonl"):
+    for name in COPIED:
         if (study_dir / name).is_file() and study_dir.resolve() != out.resolve():
             shutil.copyfile(study_dir / name, out / name)
     calls = study.get("invocations", [])
@@ -242,6 +243,10 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabl
     out.mkdir(parents=True, exist_ok=True)
     if (source / "study.json").is_file():
         copy_records(source, out)
+    elif (source / RECORDS).is_file() and source.resolve() != out.resolve():  # committed records, regenerated elsewhere
+        for name in (RECORDS, "meta.json", *COPIED):
+            if (source / name).is_file():
+                shutil.copyfile(source / name, out / name)
     if not (out / RECORDS).is_file():
         raise FileNotFoundError(f"{out / RECORDS} not found: give a scored study directory (after "
                                 f"scripts/score_runs.py) or a folder of committed records")

@@ -251,11 +251,18 @@ def provenance_lines(rec: Records, meta: dict) -> list[str]:
     commits = Counter(r.get("commit") or "none recorded" for r in rec.runs + rec.e1)
     machines = Counter(r.get("machine") or "none recorded" for r in rec.runs + rec.e1)
     calls = meta.get("invocations", [])
-    return [f"- {len(rec.runs)} training runs and {len(rec.e1)} E1 rows; their commits: "
-            + ", ".join(f"{c} ({n})" for c, n in commits.most_common()) + "; machines: "
-            + "; ".join(f"{m} ({n})" for m, n in machines.most_common()),
-            f"- Invocations ({len(calls)}): " + " ; ".join(
-                f"`{c['command']}` at {c['commit']} ({c['wall_s'] / 60:.1f} min)" for c in calls)]
+    lines = [f"- {len(rec.runs)} training runs and {len(rec.e1)} E1 rows; their commits: "
+             + ", ".join(f"{c} ({n})" for c, n in commits.most_common()) + "; machines: "
+             + "; ".join(f"{m} ({n})" for m, n in machines.most_common()),
+             f"- Invocations ({len(calls)}): " + " ; ".join(
+                 f"`{c['command']}` at {c['commit']} ({c['wall_s'] / 60:.1f} min)" for c in calls)
+             if calls else "- Invocations: none recorded in study.json (the study's own notes give its times)"]
+    if rec.unfinished:  # a study stopped part-way reports what it has: say what it does not have
+        seeds = Counter(r["seed"] for r in rec.unfinished)
+        lines.append(f"- **Not trained** (the study was stopped before them, or they crashed; left out): "
+                     f"{len(rec.unfinished)} of {len(rec.runs) + len(rec.unfinished)} runs, by seed: "
+                     + ", ".join(f"{seed} ({n})" for seed, n in sorted(seeds.items())))
+    return lines
 
 
 def test_of(rec: Records) -> str:
