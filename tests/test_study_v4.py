@@ -210,6 +210,8 @@ def test_the_v4_report_applies_the_robustness_and_horizon_rules(tmp_path):
     assert "abc1234 (190)" in text and "near tie" in text and "**horizon too short**" in text
     assert "## Calibration: the A/A control" in text and "depends on the LR" in text
     assert "DyT's validation loss relative to pre-LN's: " in text and "(arXiv 2604.23434: -27%" in text
+    # every synthetic run gains 0.001 accuracy per evaluation: the board's "last move" column says so
+    assert report_v4.last_move(rec.runs[:3], "accuracy") == "+0.001" and "| yes | +0.001 | yes |" in text
 
 
 def test_a_part_trained_study_says_what_its_report_lacks():

@@ -208,7 +208,8 @@ def board_lines(rec: Records) -> list[str]:
         runs = {a: v for a, v in runs.items() if v}
         if not runs:
             continue
-        h = rules.horizon(runs, steps_of([r for v in runs.values() for r in v]), "loss" if mlm else "accuracy")
+        field = "loss" if mlm else "accuracy"
+        h = rules.horizon(runs, steps_of([r for v in runs.values() for r in v]), field)
         for a, rs in runs.items():
             c = choice(rec, a)
             best = [rules.best_evaluation(r) for r in rs]
@@ -218,7 +219,7 @@ def board_lines(rec: Records) -> list[str]:
                          "" if mlm else md.mean_ci([v for v, _ in best]),
                          "" if mlm else md.mean_ci([rules.matched_step_value(r, AFTER_EXIT) for r in rs]),
                          "" if mlm else f"{h[a]['median_exit']:.0f}" + ("" if h[a]["exit_ok"] else " (late)"),
-                         "yes" if h[a]["settled"] else "no",
+                         "yes" if h[a]["settled"] else "no", last_move(rs, field),
                          "yes" if h[a]["ok"] or (mlm and h[a]["settled"]) else "**horizon too short**"])
     if not rows:  # a study without a board (p2_v4)
         return []
@@ -227,11 +228,19 @@ def board_lines(rec: Records) -> list[str]:
             + ("(validation at the evaluation with the best dev accuracy, every 32 steps); " if on_dev else
                "(validation, every 32 steps: an upper bound, chosen on the split it reports); ") + "accuracy "
             f"{AFTER_EXIT} steps after each run's own plateau exit; median plateau exit (late: past the first third); "
-            "whether the arm's rank among all arms held over the last two evaluations; the horizon rule (both). A "
-            "claim's own horizon check ranks only the arms it compares (Verdicts).", ""] + \
+            "whether the arm's rank among all arms held over the last two evaluations, and how far its mean "
+            f"{'loss' if mlm else 'accuracy'} moved between them (the size of move that swaps the ranks of arms that "
+            "close); the horizon rule (both). A claim's own horizon check ranks only the arms it compares "
+            "(Verdicts).", ""] + \
         md.table(["arm", "LR rank", "LR", "final accuracy", "final loss",
                   "best eval, chosen on dev" if on_dev else "best logged eval", f"exit + {AFTER_EXIT}",
-                "median exit", "rank settled", "horizon"], rows)
+                "median exit", "rank settled", "last move", "horizon"], rows)
+
+
+def last_move(runs: list[dict], field: str) -> str:
+    """The change of the arm's mean `field` over seeds between its last two evaluations, as text."""
+    means = list(rules.eval_means(runs, field).values())
+    return f"{round(means[-1] - means[-2], 3) + 0.0:+.3f}" if len(means) >= 2 else ""  # + 0.0: no "-0.000"
 
 
 def claim_lines(rows: list[dict], test: str) -> list[str]:
