@@ -218,6 +218,25 @@ def test_resuming_a_completed_run_without_more_steps_changes_nothing(trained, tm
     assert _files(out) == before  # final/, summary.json, config.yaml, the W&B folder: untouched, none added
 
 
+def test_a_run_stopped_before_its_first_checkpoint_starts_over_as_a_new_wandb_run(trained, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(trained[0], out)
+    for folder in ("checkpoints", "final"):  # as if it had stopped at step 2, before its first save
+        shutil.rmtree(out / folder)
+    old_id = summary(out)["wandb_run_id"]
+    (out / "summary.json").write_text(json.dumps({"status": "interrupted", "step": 2, "wandb_run_id": old_id}))
+    capsys.readouterr()
+    assert run_argv(f"output_dir={out}", "train.resume=auto") == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: no checkpoint")]
+    new_id = summary(out)["wandb_run_id"]
+    assert new_id != old_id and summary(out)["status"] == "completed" and summary(out)["step"] == 6
+    assert notes == [f"note: no checkpoint in {out} yet: the run starts again from step 0 (the earlier attempt "
+                     f"stopped at step 2), its metrics.jsonl anew; it is a new W&B run: the earlier attempt's, "
+                     f"{old_id}, stays in {out / 'wandb'}"]
+    assert [r["step"] for r in rows(out) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert {run.id for run in offline_runs(out / "wandb")} >= {old_id, new_id}
+
+
 @pytest.mark.parametrize("argv,words", [
     (["train.lr=1e-4"], ["error: train.lr=0.0001 cannot change when resuming", "train.lr=0.002",
                          "train.max_steps, train.epochs"]),

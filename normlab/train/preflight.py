@@ -158,6 +158,19 @@ def resolve_trackers(w) -> tuple[list[str], str]:
     return names, mode
 
 
+def restart_notice(run_dir: RunDir, wandb_on: bool) -> list[str]:
+    """What train.resume=auto says when the run directory holds an earlier attempt but no checkpoint (it stopped
+    before its first save): the run starts over, and under a new W&B run id, since W&B cannot log a step again."""
+    summary, old_id = run_dir.read_summary(), run_dir.read_run_record().get("wandb_run_id")
+    if summary is None and not run_dir.run_record_file.is_file():
+        return []  # a fresh run directory: nothing to say
+    stopped = f" (the earlier attempt stopped at step {summary['step']})" if summary and "step" in summary else ""
+    w_and_b = (f"; it is a new W&B run: the earlier attempt's, {old_id}, stays in {run_dir.wandb_dir}"
+               if wandb_on and old_id else "")
+    return [f"no checkpoint in {run_dir.path} yet: the run starts again from step 0{stopped}, its metrics.jsonl "
+            f"anew{w_and_b}"]
+
+
 def preflight(cfg: RunConfig) -> tuple[Path | None, list[str], list[str], str]:
     """Before loading anything: the checkpoint to resume from, whether the run directory is ours to write, and
     the trackers. -> (resume path, notices, tracker names, wandb mode)."""
@@ -175,6 +188,8 @@ def preflight(cfg: RunConfig) -> tuple[Path | None, list[str], list[str], str]:
             "and update, which ZeRO partitions and applies inside backward); use configs/accelerate/fsdp.yaml or "
             "multi_gpu.yaml, or configs/accelerate/deepspeed_zero2.yaml with a transformers Trainer script")
     trackers, wandb_mode = resolve_trackers(cfg.wandb)
+    if resume_path is None and t.resume == "auto":
+        notices += restart_notice(run_dir, "wandb" in trackers)
     os.environ.setdefault("WANDB_SILENT", "true")
     if "wandb" in trackers:
         os.environ["WANDB_MODE"] = wandb_mode  # offline: wandb never touches the network
