@@ -205,6 +205,7 @@ def test_the_v4_report_applies_the_robustness_and_horizon_rules(tmp_path):
     assert set(rows) == {"H1", "H2", "H3", "H4"}  # no mechanism runs, no MLM in these records
     assert rows["H1"]["verdicts"] == {0: "refuted", 1: "not separated"} and rows["H1"]["verdict"] == rules.DEPENDS
     assert rows["H3"]["verdict"] == rules.HORIZON_TOO_SHORT  # DyT leaves the plateau at step ~205 of 416
+    assert rows["H3"]["horizon_why"] == "late exit at the best LRs; late exit at the runner-up LRs"
     assert rows["H4"]["verdict"] == "confirmed" and rows["H4"]["horizon"] is None  # slow group exits later
     text = report_v4.write_markdown(rec, {"name": "synthetic", "invocations": []})
     assert "abc1234 (190)" in text and "near tie" in text and "**horizon too short**" in text

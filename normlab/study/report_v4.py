@@ -105,7 +105,7 @@ def claim_rows(rec: Records, test: str) -> list[dict]:
         r["verdicts"] = {k: rules.single_verdict(r["est"][k], r["p"][k], r["sign"]) for k in (0, 1)}
         r["robust"] = rules.robust_verdict({k: (r["est"][k], r["p"][k]) for k in (0, 1)}, r["sign"])
         # a claim about the exits is about leaving the plateau, not about where the arms end: no horizon rule
-        r["horizon"] = None if r["field"] == "exit" else claim_horizon(rec, r, mlm)
+        r["horizon"], r["horizon_why"] = (None, "") if r["field"] == "exit" else claim_horizon(rec, r, mlm)
         r["verdict"] = r["robust"] if r["horizon"] in (None, True) else rules.HORIZON_TOO_SHORT
     return rows
 
@@ -121,17 +121,20 @@ def dyt_relative_change(rec: Records) -> str:
             " (arXiv 2604.23434: -27% for GPT-2 64M on 1M tokens).") if parts else ""
 
 
-def claim_horizon(rec: Records, row: dict, mlm: bool) -> bool:
-    """The horizon rule for the claim's arms at both LR ranks (for MLM only its ranking half)."""
-    ok = True
-    for k in (0, 1):
+def claim_horizon(rec: Records, row: dict, mlm: bool) -> tuple[bool, str]:
+    """The horizon rule for the claim's arms at both LR ranks (for MLM only its ranking half): (ok, why not, e.g.
+    "ranks swapped at the best LRs": the arms' order changed over the last two evaluations)."""
+    failed = []
+    for k, rank in enumerate(rules.RANKS):
         arms = {a: runs_at(rec, a, k) for a in row["arms"]}
         if not all(arms.values()):
-            return False
+            return False, f"no runs at the {rank} LRs"
         field = "loss" if mlm else "accuracy"
         verdict = rules.horizon(arms, steps_of([r for v in arms.values() for r in v]), field)
-        ok &= all(v["settled"] and (mlm or v["exit_ok"]) for v in verdict.values())
-    return ok
+        why = (["ranks swapped"] if not all(v["settled"] for v in verdict.values()) else []) + \
+            (["late exit"] if not mlm and not all(v["exit_ok"] for v in verdict.values()) else [])
+        failed += [f"{w} at the {rank} LRs" for w in why]
+    return not failed, "; ".join(failed)
 
 
 def aa_section(rec: Records) -> dict | None:
@@ -245,7 +248,8 @@ def last_move(runs: list[dict], field: str) -> str:
 
 def claim_lines(rows: list[dict], test: str) -> list[str]:
     table = [[r["id"], r["claim"], r["est"][0].fmt(), f"{r['p'][0]:.3g}", r["verdicts"][0], r["est"][1].fmt(),
-              f"{r['p'][1]:.3g}", r["verdicts"][1], {None: "n/a", True: "yes", False: "no"}[r["horizon"]],
+              f"{r['p'][1]:.3g}", r["verdicts"][1],
+              {None: "n/a", True: "yes", False: f"no: {r['horizon_why']}"}[r["horizon"]],
               f"**{r['verdict']}**"]
              for r in rows]
     return ["## Verdicts", "",
