@@ -105,6 +105,22 @@ def test_layernorm_check_passes_the_kernels_and_catches_wrong_ones(restore_cpu_b
             assert all(r["max_abs_err"]["ours"][quantity] > r["bound"][quantity] for r in rows)
 
 
+def test_loads_back_finds_a_final_model_that_from_pretrained_would_load_wrong(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from model import NormLabConfig, NormLabForSequenceClassification
+
+    config = NormLabConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=32, norm="powernorm", num_labels=2, pad_token_id=0)
+    NormLabForSequenceClassification(config).save_pretrained(tmp_path)
+    assert gpu_check.loads_back(tmp_path) is True
+    tensors = load_file(tmp_path / "model.safetensors")
+    name = next(k for k in tensors if k.endswith("running_psi2"))  # a buffer a sharded save could leave out
+    save_file({k: v for k, v in tensors.items() if k != name}, tmp_path / "model.safetensors", {"format": "pt"})
+    problem = gpu_check.loads_back(tmp_path)
+    assert problem.startswith("from_pretrained: {'missing_keys': ") and name in problem
+
+
 def test_prepare_carries_exactly_what_the_image_lacks():
     pins = gpu_prepare.plan()
     # the smallest pyarrow wheel datasets allows; not pandas, python-dateutil, xxhash: the image has them
@@ -245,6 +261,7 @@ def test_rehearsal_under_the_image_package_set(tmp_path):
     (steps,) = json.loads(report(tmp_path, "steps.json"))
     assert steps["status"] == "completed" and steps["steps"] == 2
     assert steps["running_stats_dtypes"] == ["F32"]  # trained under bf16, saved float32
+    assert steps["loads_back"] is True  # final/ through from_pretrained: every tensor in place, as saved
     (epoch,) = json.loads(report(tmp_path, "default_epoch.json"))
     assert epoch["status"] == "completed" and epoch["wall_time_s"] > 0 and epoch["tokens_per_s_median"] > 0
     triton_log = report(tmp_path, "logs/triton.log")

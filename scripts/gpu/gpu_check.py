@@ -200,7 +200,26 @@ def summarize_run(run: Path) -> dict:
             stats = {f.get_slice(k).get_dtype() for k in f.keys() if k.rsplit(".", 1)[-1] in
                      ("running_mean", "running_var", "running_psi2", "ema_gz")}
         out["running_stats_dtypes"] = sorted(stats) or None
+        out["loads_back"] = loads_back(run_dir.final)
     return out
+
+
+def loads_back(final: Path) -> bool | str:
+    """True when final/ loads as a user loads it (from_pretrained of its own architecture) with every saved tensor
+    in place and equal to the file's: what a launcher that shards the model (FSDP) must gather into it. Else what
+    went wrong, in words."""
+    from safetensors.torch import load_file
+
+    import model as model_module
+
+    arch = json.loads((final / "config.json").read_text())["architectures"][0]
+    loaded, info = getattr(model_module, arch).from_pretrained(final, output_loading_info=True)
+    problems = {k: v for k, v in info.items() if v}
+    if problems:
+        return f"from_pretrained: {problems}"
+    state = loaded.state_dict()
+    differ = [k for k, saved in load_file(final / "model.safetensors").items() if not torch.equal(state[k], saved)]
+    return f"differ from the file: {differ[:5]}" if differ else True
 
 
 def summarize(args) -> int:
@@ -208,7 +227,8 @@ def summarize(args) -> int:
     atomic_write_json(args.out, runs, indent=1)
     for r in runs:
         print(json.dumps(r))
-    bad = [r for r in runs if r["status"] != "completed" or r.get("running_stats_dtypes") not in (None, ["F32"])]
+    bad = [r for r in runs if r["status"] != "completed" or r.get("running_stats_dtypes") not in (None, ["F32"])
+           or r.get("loads_back", True) is not True]
     return 1 if bad else 0
 
 
