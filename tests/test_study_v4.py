@@ -215,6 +215,21 @@ def test_the_v4_report_applies_the_robustness_and_horizon_rules(tmp_path):
     assert report_v4.last_move(rec.runs[:3], "accuracy") == "+0.001" and "| yes | +0.001 | yes |" in text
 
 
+def test_a_claim_the_exact_test_cannot_decide_at_its_seeds_is_said_so_not_not_separated():
+    """4 seeds, sign-flip, Holm over H1-H4: the smallest attainable p is 4 x 2^-3 = 0.5, whatever the data."""
+    from normlab.study.analysis import Records
+    from normlab.study.report_v4 import claim_rows, write_markdown
+
+    rec = synthetic_records()
+    few = Records([r for r in rec.runs if r["seed"] < 4], rec.selection)
+    rows = {r["id"]: r for r in claim_rows(few, "permutation")}
+    assert rows["H2"]["floor"] == {0: 0.5, 1: 0.5}
+    assert rows["H2"]["verdicts"] == {0: "could not decide (p >= 0.5)", 1: "could not decide (p >= 0.5)"}
+    assert rows["H2"]["robust"] == rules.UNDECIDED
+    assert "(no A/A control in these records)" in write_markdown(few, {"invocations": []})
+    assert all(r["floor"] == {0: 0.0, 1: 0.0} for r in claim_rows(rec, "t"))  # a t test has no such floor
+
+
 def test_a_part_trained_study_says_what_its_report_lacks():
     from normlab.study.analysis import Records
     from normlab.study.report_v4 import provenance_lines

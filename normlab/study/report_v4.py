@@ -89,21 +89,30 @@ def claim_rows(rec: Records, test: str) -> list[dict]:
     for c in CLAIMS:
         if (c.id == "MLM1") != mlm:
             continue
-        ests = {k: rules.estimate(paired(per_seed(rec, c.a, k, c.field, c.experiment, c.tune),
-                                         per_seed(rec, c.b, k, c.field)), test) for k in (0, 1)}
+        diffs = {k: paired(per_seed(rec, c.a, k, c.field, c.experiment, c.tune), per_seed(rec, c.b, k, c.field))
+                 for k in (0, 1)}
+        ests = {k: rules.estimate(d, test) for k, d in diffs.items()}
         if all(e.n < 2 for e in ests.values()):
             continue
         rows.append({"id": c.id, "claim": c.text, "family": c.family, "sign": c.sign, "est": ests, "field": c.field,
-                     "arms": _arms(c.a) + _arms(c.b)})
+                     "arms": _arms(c.a) + _arms(c.b),
+                     "nonzero": {k: sum(x != 0 for x in d if np.isfinite(x)) for k, d in diffs.items()}})
     for k in (0, 1):
         for family in {r["family"] for r in rows}:
             adjusted = holm({r["id"]: r["est"][k].p for r in rows if r["family"] == family})
+            size = len(adjusted)
             for r in rows:
                 if r["family"] == family:
                     r.setdefault("p", {})[k] = adjusted[r["id"]]
+                    # an exact test's smallest p, after Holm: at or above alpha, "not separated" would be the
+                    # design's verdict, not the data's (the t test has no such floor)
+                    r.setdefault("floor", {})[k] = (rules.test_floor(r["nonzero"][k], size)
+                                                    if test == "permutation" else 0.0)
     for r in rows:
-        r["verdicts"] = {k: rules.single_verdict(r["est"][k], r["p"][k], r["sign"]) for k in (0, 1)}
-        r["robust"] = rules.robust_verdict({k: (r["est"][k], r["p"][k]) for k in (0, 1)}, r["sign"])
+        r["verdicts"] = {k: f"{rules.UNDECIDED} (p >= {r['floor'][k]:.3g})" if r["floor"][k] >= rules.ALPHA
+                         else rules.single_verdict(r["est"][k], r["p"][k], r["sign"]) for k in (0, 1)}
+        r["robust"] = (rules.UNDECIDED if any(r["floor"][k] >= rules.ALPHA for k in (0, 1)) else
+                       rules.robust_verdict({k: (r["est"][k], r["p"][k]) for k in (0, 1)}, r["sign"]))
         # a claim about the exits is about leaving the plateau, not about where the arms end: no horizon rule
         r["horizon"], r["horizon_why"] = (None, "") if r["field"] == "exit" else claim_horizon(rec, r, mlm)
         r["verdict"] = r["robust"] if r["horizon"] in (None, True) else rules.HORIZON_TOO_SHORT
@@ -246,16 +255,19 @@ def last_move(runs: list[dict], field: str) -> str:
     return f"{round(means[-1] - means[-2], 3) + 0.0:+.3f}" if len(means) >= 2 else ""  # + 0.0: no "-0.000"
 
 
-def claim_lines(rows: list[dict], test: str) -> list[str]:
+def claim_lines(rows: list[dict], test: str, calibrated: bool) -> list[str]:
     table = [[r["id"], r["claim"], r["est"][0].fmt(), f"{r['p'][0]:.3g}", r["verdicts"][0], r["est"][1].fmt(),
               f"{r['p'][1]:.3g}", r["verdicts"][1],
               {None: "n/a", True: "yes", False: f"no: {r['horizon_why']}"}[r["horizon"]],
               f"**{r['verdict']}**"]
              for r in rows]
     return ["## Verdicts", "",
-            f"Test for continuous quantities: **{test}** (the A/A control below). p values Holm-adjusted within each "
-            "family (predictions.md) and LR rank; intervals from the same method as the p values. The robustness "
-            "rule: a claim stands only where both LR ranks agree.", ""] + \
+            f"Test for continuous quantities: **{test}** "
+            + ("(chosen by the A/A control above). " if calibrated else "(no A/A control in these records). ")
+            + "p values Holm-adjusted within each family (predictions.md) and LR rank; intervals from the same method "
+            "as the p values. The robustness rule: a claim stands only where both LR ranks agree. "
+            f"\"{rules.UNDECIDED}\": with this many seeds the exact test's p cannot go below alpha after Holm (its "
+            "floor), so no result could have been significant.", ""] + \
         md.table(["id", "claim", "best LRs: estimate", "p (Holm)", "verdict", "runner-up LRs: estimate", "p (Holm)",
                 "verdict", "horizon ok", "verdict (both LRs)"], table)
 
@@ -336,7 +348,7 @@ def write_markdown(rec: Records, meta: dict, signal: list[dict] = (), figures=()
                   f"{aa['fpr']['permutation']:.1%}. Test used: **{test}**.", ""]
     else:
         lines += ["No A/A control in these records: the exact sign-flip test is used.", ""]
-    sections = claim_lines(rows, test) + [dyt_relative_change(rec), ""] if rows else []
+    sections = claim_lines(rows, test, aa is not None) + [dyt_relative_change(rec), ""] if rows else []
     sections += (comparison_lines(rec, rows, compare[1], compare[0]) if compare else []) + board_lines(rec) + \
         m1_lines(rec, list(signal)) + p2_lines(rec)
     return "\n".join(lines + sections) + "\n"
