@@ -375,3 +375,11 @@ def test_the_long_report_says_where_its_answer_differs_from_the_quick_one(tmp_pa
     assert len(dyt) == 2 and all(line.rstrip(" |").endswith("+0.050") and "| 1 |" in line for line in dyt)
     with pytest.raises(FileNotFoundError, match="--compare"):
         make_report(tmp_path / "long_v4", compare=tmp_path)
+    # stopped after 4 seeds: no claim can be decided there, and the comparison says so rather than "changed"
+    (part := tmp_path / "long_part").mkdir()
+    with gzip.open(part / RECORDS, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in later if r["seed"] < 4)
+    (part / "selection.json").write_text(json.dumps(quick.selection))
+    text = make_report(part, compare=tmp_path / "quick_v4").read_text()
+    section = text[text.index("## Against quick_v4"):text.index("## Every arm")]
+    assert "| **could not decide** | undecided here |" in section and "**changed**" not in section

@@ -310,7 +310,8 @@ def comparison_lines(rec: Records, rows: list[dict], other: Records, other_name:
     theirs = {r["id"]: r for r in claim_rows(other, test_of(other))}
     claims = [[r["id"], r["claim"], theirs[r["id"]]["est"][0].fmt(), theirs[r["id"]]["est"][1].fmt(),
                f"**{theirs[r['id']]['verdict']}**", r["est"][0].fmt(), r["est"][1].fmt(), f"**{r['verdict']}**",
-               "same" if theirs[r["id"]]["verdict"] == r["verdict"] else "**changed**"]
+               "same" if theirs[r["id"]]["verdict"] == r["verdict"] else
+               "undecided here" if r["verdict"] == rules.UNDECIDED else "**changed**"]
               for r in rows if r["id"] in theirs]
     arms = []
     for k, rank in enumerate(rules.RANKS):
