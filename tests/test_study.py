@@ -389,3 +389,22 @@ def test_a_run_directory_left_with_other_settings_is_refused_not_overwritten(gri
     with pytest.raises(study.StudyError, match="holds a run with other settings .*train.batch_size"):
         study.study_job(g, run, tmp_path / "st", ["train.batch_size=8"], ["python"], engine)
     assert "eval_steps: 3" in config.read_text() and "batch_size: 8" not in config.read_text()
+
+
+@pytest.mark.parametrize("text,words", [("1/2", None), ("2/2", "K must be at least 0 and below N"),
+                                        ("half", "is not K/N")])
+def test_the_sharded_commands_read_shard_as_k_of_n(text, words, capsys):
+    """E1, the dev losses and the scoring share one --shard option (normlab/study/sharded.py)."""
+    import argparse
+
+    from normlab.study.sharded import add_shard_options
+
+    parser = argparse.ArgumentParser(prog="score_runs.py")
+    add_shard_options(parser, "score", "runs.jsonl")
+    if words is None:
+        assert parser.parse_args(["--shard", text]).shard == (1, 2) and parser.parse_args([]).shard == (0, 1)
+        return
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--shard", text])
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith("score_runs.py: error: argument --shard: ") and words in line

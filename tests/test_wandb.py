@@ -231,8 +231,8 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_over_as_a_new_wandb_ru
     new_id = summary(out)["wandb_run_id"]
     assert new_id != old_id and summary(out)["status"] == "completed" and summary(out)["step"] == 6
     assert notes == [f"note: no checkpoint in {out} yet: the run starts again from step 0 (the earlier attempt "
-                     f"stopped at step 2), its metrics.jsonl anew; it is a new W&B run: the earlier attempt's, "
-                     f"{old_id}, stays in {out / 'wandb'}"]
+                     f"stopped at step 2) and writes its metrics.jsonl anew; it is a new W&B run: the earlier "
+                     f"attempt's, {old_id}, stays in {out / 'wandb'}"]
     assert [r["step"] for r in rows(out) if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
     assert {run.id for run in offline_runs(out / "wandb")} >= {old_id, new_id}
 

@@ -16,6 +16,7 @@ from normlab.data.batching import MLM_PROBABILITY, encode_rows, row_batches
 from normlab.data.sources import DEV_SPLIT, DataError, resolve_dataset
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl, write_jsonl
 from normlab.run_dir import RunDir
+from normlab.study.sharded import add_shard_options
 from normlab.train.evaluation import evaluate, in_row_order, score_batches
 
 # sorted: length-sorted batches padded to their longest; shuffled: one fixed random order, padded to the batch's
@@ -188,12 +189,9 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
 def main(argv=None) -> int:
     parser = command_parser(__doc__)
     parser.add_argument("study_dir", type=Path)
-    parser.add_argument("--out", type=Path, default=None, help="default: STUDY/runs.jsonl")
-    parser.add_argument("--shard", default="0/1", metavar="K/N",
-                        help="score every N-th run from the K-th (0-based) into OUT: N processes share the cores; "
-                             "concatenate their OUT files afterwards")
+    add_shard_options(parser, "score", "runs.jsonl")
     args = parser.parse_args(argv)
-    k, n = (int(x) for x in args.shard.split("/"))
+    k, n = args.shard
     study = read_json(args.study_dir / "study.json")
     score = {**SCORE_DEFAULTS, **(study.get("score") or {})}
     torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores

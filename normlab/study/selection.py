@@ -17,7 +17,7 @@ from normlab.study.engines import read_status
 from normlab.study.rules import choose_lrs
 from normlab.study.scoring import SCORE_DEFAULTS, score_run, score_sets
 from normlab.study.selection_file import lr_rows, read_selection
-from normlab.study.sharded import run_sharded
+from normlab.study.sharded import add_shard_options, run_sharded
 
 DEV_LOSSES = "dev_losses.jsonl"
 
@@ -90,10 +90,9 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", required=True, help="comma-separated run names under STUDY/runs")
     parser.add_argument("--dev-rows", type=int, default=SCORE_DEFAULTS["dev_rows"])
     parser.add_argument("--batch-size", type=int, default=SCORE_DEFAULTS["batch_size"])
-    parser.add_argument("--out", type=Path, default=None, help=f"default: STUDY/{DEV_LOSSES}")
-    parser.add_argument("--shard", default="0/1", metavar="K/N", help="every N-th run from the K-th (0-based)")
+    add_shard_options(parser, "measure", DEV_LOSSES)
     args = parser.parse_args(argv)
-    k, n = (int(x) for x in args.shard.split("/"))
+    k, n = args.shard
     names = args.runs.split(",")
     torch.set_num_threads(1)  # one thread a process: the cores the training used
     cfg = RunDir(args.study_dir / "runs" / names[0]).read_config()

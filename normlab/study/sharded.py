@@ -2,6 +2,7 @@
 parts merged into one file. E1, the LR choice's dev losses and the records' scoring all run this way, so that they
 use the cores the training used, and so that one process or N write the same file."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -30,3 +31,23 @@ def run_sharded(cli: str, study_dir: Path, out: str, shards: int, key, args: tup
     atomic_write_text(study_dir / out, "".join(row + "\n" for row in rows))
     for part in parts:
         part.unlink()
+
+
+def add_shard_options(parser: argparse.ArgumentParser, what: str, out: str) -> None:
+    """The options run_sharded gives each process: --out (default STUDY/<out>) and --shard K/N, parsed to (K, N);
+    `what` the command does to every N-th item, for the help text."""
+    parser.add_argument("--out", type=Path, default=None, help=f"default: STUDY/{out}")
+    parser.add_argument("--shard", type=shard_spec, default=(0, 1), metavar="K/N",
+                        help=f"{what} every N-th item from the K-th (0-based) into OUT: N processes share the cores; "
+                             "scripts/study.py merges their OUT files")
+
+
+def shard_spec(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N), with 0 <= K < N."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not K/N (e.g. 0/2)") from None
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"{text!r}: K must be at least 0 and below N")
+    return k, n

@@ -167,8 +167,8 @@ def restart_notice(run_dir: RunDir, wandb_on: bool) -> list[str]:
     stopped = f" (the earlier attempt stopped at step {summary['step']})" if summary and "step" in summary else ""
     w_and_b = (f"; it is a new W&B run: the earlier attempt's, {old_id}, stays in {run_dir.wandb_dir}"
                if wandb_on and old_id else "")
-    return [f"no checkpoint in {run_dir.path} yet: the run starts again from step 0{stopped}, its metrics.jsonl "
-            f"anew{w_and_b}"]
+    return [f"no checkpoint in {run_dir.path} yet: the run starts again from step 0{stopped} and writes its "
+            f"metrics.jsonl anew{w_and_b}"]
 
 
 def preflight(cfg: RunConfig) -> tuple[Path | None, list[str], list[str], str]:
