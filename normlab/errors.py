@@ -4,3 +4,7 @@ imports nothing else. Each message is one line naming the problem and what is va
 
 class ConfigError(ValueError):
     """A bad config key or value; the message names the key and what is valid."""
+
+
+class RecordsError(ValueError):
+    """A study's records that cannot join the committed ones in a folder; the message says why and what to do."""

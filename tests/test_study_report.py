@@ -85,17 +85,21 @@ def test_refuted_is_a_result():
     assert v["P4"] == "refuted" and v["P5"] == "refuted"
 
 
-def test_report_regenerates_from_the_copied_records_alone(tmp_path):
-    study = tmp_path / "study"
+def write_study(study, runs, commit="abc1234", selection=SELECTION):
+    """A scored study directory as study.py leaves it: runs.jsonl, selection.json and study.json's provenance."""
     study.mkdir()
-    runs = synthetic_records()
     (study / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
-    (study / "selection.json").write_text(json.dumps(SELECTION))
-    entries = {r["name"]: {"experiments": r["experiments"], "commit": "abc1234", "machine": "test box",
+    (study / "selection.json").write_text(json.dumps(selection))
+    entries = {r["name"]: {"experiments": r["experiments"], "commit": commit, "machine": "test box",
                            "started_at": "2026-12-01T02:00:00"} for r in runs}
-    calls = [{"command": "python scripts/study.py --preset quick", "commit": "abc1234", "machine": "test box",
+    calls = [{"command": "python scripts/study.py --preset quick", "commit": commit, "machine": "test box",
               "wall_s": 60.0, "cpu_s": 100.0}]
     (study / "study.json").write_text(json.dumps({"name": "quick", "runs": entries, "invocations": calls}))
+
+
+def test_report_regenerates_from_the_copied_records_alone(tmp_path):
+    study = tmp_path / "study"
+    write_study(study, synthetic_records())
     out = tmp_path / "docs"
     first = report.make_report(study, out).read_text()
     assert {p.name for p in out.iterdir()} >= {"runs.jsonl.gz", "selection.json", "meta.json", "report.md",
@@ -105,6 +109,40 @@ def test_report_regenerates_from_the_copied_records_alone(tmp_path):
     assert all(r["commit"] == "abc1234" and "pred" not in r["scores"]["dev/sorted/running"] for r in loaded.runs)
     assert report.make_report(out).read_text() == first  # from the committed records alone, the same report
     assert report.make_report(study).read_text() == first  # in place, as study.py writes it
+
+
+def test_a_study_continued_in_a_fresh_folder_joins_its_committed_records_without_overwriting_them(tmp_path, capsys):
+    """Seeds 0-4 committed from one machine, seeds 5-9 trained later in a fresh study folder: reporting the fresh
+    folder into the committed one keeps every committed record as it was and adds the new ones. A run finished in
+    both with other measurements, or runs given other LRs, are refused in one line, and nothing is written."""
+    from normlab.cli import report as report_cli
+
+    runs = synthetic_records()
+
+    def pending(r):
+        return dict(r, status="pending", curves={}, scores={})
+
+    write_study(tmp_path / "first", [r if r["seed"] < 5 else pending(r) for r in runs])
+    out = tmp_path / "docs"
+    report.make_report(tmp_path / "first", out)
+    committed = {r["name"]: r for r in report.read_records(out / report.RECORDS) if r["status"] == "completed"}
+    write_study(tmp_path / "fresh", [r if r["seed"] >= 5 else pending(r) for r in runs], commit="def5678")
+    report.make_report(tmp_path / "fresh", out)
+    joined = report.read_records(out / report.RECORDS)
+    assert [r["name"] for r in joined] == [r["name"] for r in runs] and all(r["status"] == "completed" for r in joined)
+    assert all(r == committed[r["name"]] for r in joined if r["seed"] < 5)  # as committed, provenance included
+    assert {r["commit"] for r in joined if r["seed"] >= 5} == {"def5678"}
+    assert [c["commit"] for c in json.loads((out / "meta.json").read_text())["invocations"]] == ["abc1234", "def5678"]
+    before = (out / report.RECORDS).read_bytes()
+    other = [dict(r, scores={"val/sorted/running": {"accuracy": 0.5, "loss": 0.7}}) if r["seed"] == 0 else pending(r)
+             for r in runs]
+    write_study(tmp_path / "other", other)
+    assert report_cli.main([str(tmp_path / "other"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"run {other[0]['name']} is finished both" in err
+    write_study(tmp_path / "relr", [pending(r) for r in runs], selection={**SELECTION, "x": {"lr": 1.0}})
+    assert report_cli.main([str(tmp_path / "relr"), "--out", str(out)]) == 2
+    assert "other LRs" in capsys.readouterr().err and (out / report.RECORDS).read_bytes() == before
 
 
 def test_runs_that_never_ended_are_left_out_and_counted():

@@ -5,6 +5,9 @@
     python scripts/report.py STUDY/long_v4 --out docs/study-v4/long --compare docs/study-v4/quick
     python scripts/report.py STUDY/quick_v4 --rerun-of docs/study-v4/quick   # a retrain: did it reproduce them?
 
+--out FOLDER where FOLDER already holds this study's committed records (its remaining seeds trained in a fresh
+study folder): the committed records are kept and the study's finished runs join them (normlab/study/records.py).
+
 normlab/study/report.py writes it; the hypotheses are those of predictions.md in the same folder. It writes
 nothing else into the report's folder. With --wandb, a W&B run in the study's group (job_type report; offline
 unless --wandb-mode or $WANDB_MODE says otherwise; never prompts) gets the figures, the verdicts and every run as a
@@ -20,6 +23,7 @@ import sys
 from pathlib import Path
 
 from normlab.command import command_parser, error_exit
+from normlab.errors import RecordsError
 from normlab.study.report import make_report
 from normlab.study.rerun import RERUN, write_rerun
 
@@ -52,7 +56,7 @@ def main(argv=None) -> int:
     wandb_dir = args.wandb_dir or (args.source if (args.source / "study.json").is_file() else Path.cwd())
     try:
         report = make_report(args.source, args.out, mode, wandb_dir, args.compare)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, RecordsError) as err:
         return error_exit("report.py", err)
     print(f"wrote {report} and its figures")
     return 0

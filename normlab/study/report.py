@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from normlab.errors import RecordsError
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl
 from normlab.study import markdown as md
 from normlab.study import outcomes as oc
@@ -26,38 +27,49 @@ from normlab.study.analysis import (
     value,
 )
 from normlab.study.hypotheses import flip_table, verdicts
+from normlab.study.records import RECORDS, keep_committed, read_records
 from normlab.study.seedstats import paired_test
 from normlab.study.selection_file import read_selection
 
-RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
 COPIED = ("selection.json", "e1.jsonl", "labels.json", "signal.jsonl")  # as the study wrote them
 
 
 def copy_records(study_dir: Path, out: Path) -> None:
     """The study's records, each joined with the provenance study.json keeps for its run (the experiments that
-    use it, commit, machine, start time), and the LR selection and E1 rows, into `out`."""
+    use it, commit, machine, start time), and the LR selection and E1 rows, into `out`. Where `out` already holds
+    this study's committed records (its seeds continued in a fresh folder), those are kept and the study's join them
+    (records.keep_committed); so are the invocations meta.json lists."""
     if not (study_dir / "runs.jsonl").is_file():
         raise FileNotFoundError(f"{study_dir}/runs.jsonl not found: score the study first "
                                 f"(python scripts/score_runs.py {study_dir})")
     study = read_json(study_dir / "study.json")
+    rows = []
+    for r in read_jsonl(study_dir / "runs.jsonl"):
+        entry = study["runs"].get(r["name"], {})
+        r.update({k: entry[k] for k in ("experiments", "commit", "machine", "started_at") if k in entry})
+        for key, score in r.get("scores", {}).items():
+            if key.startswith("dev/"):
+                score.pop("pred", None)  # dev only chooses LRs, by its loss
+        rows.append(r)
+    calls = study.get("invocations", [])
+    if (out / RECORDS).is_file() and study_dir.resolve() != out.resolve():
+        check_same_selection(study_dir, out)
+        rows = keep_committed(read_records(out / RECORDS), rows)
+        earlier = (read_json(out / "meta.json", {}) or {}).get("invocations", [])
+        calls = earlier + [c for c in calls if c not in earlier]
     with gzip.open(out / RECORDS, "wt") as f:
-        for r in read_jsonl(study_dir / "runs.jsonl"):
-            entry = study["runs"].get(r["name"], {})
-            r.update({k: entry[k] for k in ("experiments", "commit", "machine", "started_at") if k in entry})
-            for key, score in r.get("scores", {}).items():
-                if key.startswith("dev/"):
-                    score.pop("pred", None)  # dev only chooses LRs, by its loss
-            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+        f.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
     for name in COPIED:
         if (study_dir / name).is_file() and study_dir.resolve() != out.resolve():
             shutil.copyfile(study_dir / name, out / name)
-    calls = study.get("invocations", [])
     atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": calls}, indent=1)
 
 
-def read_records(path: Path) -> list[dict]:
-    with gzip.open(path, "rt") as f:
-        return [json.loads(line) for line in f]
+def check_same_selection(study_dir: Path, out: Path) -> None:
+    """Records join committed ones only when their runs trained at the same LR choice."""
+    if read_selection(study_dir / "selection.json") != read_selection(out / "selection.json"):
+        raise RecordsError(f"{study_dir}/selection.json differs from {out}/selection.json: its runs were given other "
+                           f"LRs than the committed records there, so they cannot join them (give another --out)")
 
 
 def load(folder: Path) -> Records:

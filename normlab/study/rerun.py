@@ -6,25 +6,14 @@ digests go into the records' folder under rerun/, beside the committed records, 
 """
 
 import gzip
-import hashlib
 import json
 from pathlib import Path
 
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl
-from normlab.study.report import RECORDS, read_records
+from normlab.study.records import RECORDS, read_records, record_digest
 
 RERUN = "rerun"  # the folder, inside the committed records' folder, that holds a rerun's digests
 PROVENANCE = ("experiments", "commit", "machine", "started_at", "duration_s")
-
-
-def record_digest(record: dict) -> str:
-    """A digest of what a run measured (scores without dev predictions, curves, running statistics, status): equal
-    digests mean a retrained run reproduced the committed one exactly."""
-    scores = {key: {f: v for f, v in score.items() if not (key.startswith("dev/") and f == "pred")}
-              for key, score in (record.get("scores") or {}).items()}
-    body = {"scores": scores, "curves": record.get("curves"), "running_stats": record.get("running_stats"),
-            "status": record.get("status")}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def eval_steps(record: dict) -> list[int]:

@@ -1,0 +1,46 @@
+"""A study's per-run records as committed (runs.jsonl.gz): reading them, a digest of what a run measured, and
+adding a study's records to a folder that already holds some without overwriting any.
+
+A long study can outlive the machine it ran on: its finished runs are committed, the machine is gone, and the rest
+of its seeds train in a fresh study folder. Reporting that folder into the committed one keeps every committed
+finished record as it is and adds the new ones; a run finished in both must have measured the same thing."""
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+
+from normlab.errors import RecordsError
+from normlab.study.grid import FINISHED
+
+RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
+
+
+def read_records(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+def record_digest(record: dict) -> str:
+    """A digest of what a run measured (scores without dev predictions, curves, running statistics, status): equal
+    digests mean a retrained run reproduced the committed one exactly."""
+    scores = {key: {f: v for f, v in score.items() if not (key.startswith("dev/") and f == "pred")}
+              for key, score in (record.get("scores") or {}).items()}
+    body = {"scores": scores, "curves": record.get("curves"), "running_stats": record.get("running_stats"),
+            "status": record.get("status")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def keep_committed(committed: list[dict], rows: list[dict]) -> list[dict]:
+    """The study's rows in their order, where each run the committed records hold finished keeps its committed
+    record (and provenance); committed runs the study does not list stay at the end. A run finished in both with
+    different measurements is refused: committed raw data is never overwritten (report.py --rerun-of compares)."""
+    kept = {r["name"]: r for r in committed if r["status"] in FINISHED}
+    for r in rows:
+        old = kept.get(r["name"])
+        if old is not None and r["status"] in FINISHED and record_digest(old) != record_digest(r):
+            raise RecordsError(f"run {r['name']} is finished both in the committed records and in the study, and "
+                               f"they measured different things; committed records are never overwritten (compare "
+                               f"the two with report.py STUDY --rerun-of FOLDER)")
+    listed = {r["name"] for r in rows}
+    return [kept.get(r["name"], r) for r in rows] + [r for r in committed if r["name"] not in listed]
