@@ -32,15 +32,16 @@ def record_digest(record: dict) -> str:
 
 
 def keep_committed(committed: list[dict], rows: list[dict]) -> list[dict]:
-    """The study's rows in their order, where each run the committed records hold finished keeps its committed
-    record (and provenance); committed runs the study does not list stay at the end. A run finished in both with
-    different measurements is refused: committed raw data is never overwritten (report.py --rerun-of compares)."""
-    kept = {r["name"]: r for r in committed if r["status"] in FINISHED}
-    for r in rows:
-        old = kept.get(r["name"])
-        if old is not None and r["status"] in FINISHED and record_digest(old) != record_digest(r):
-            raise RecordsError(f"run {r['name']} is finished both in the committed records and in the study, and "
+    """The committed records in their order, each run not finished there taking the study's row, then the study's
+    runs the committed records do not list. A run finished in both with different measurements is refused:
+    committed raw data is never overwritten (report.py --rerun-of compares the two)."""
+    study = {r["name"]: r for r in rows}
+    for old in committed:
+        new = study.get(old["name"])
+        if new and old["status"] in FINISHED and new["status"] in FINISHED and record_digest(old) != record_digest(new):
+            raise RecordsError(f"run {old['name']} is finished both in the committed records and in the study, and "
                                f"they measured different things; committed records are never overwritten (compare "
                                f"the two with report.py STUDY --rerun-of FOLDER)")
-    listed = {r["name"] for r in rows}
-    return [kept.get(r["name"], r) for r in rows] + [r for r in committed if r["name"] not in listed]
+    listed = {r["name"] for r in committed}
+    return [r if r["status"] in FINISHED else study.get(r["name"], r) for r in committed] + \
+        [r for r in rows if r["name"] not in listed]
