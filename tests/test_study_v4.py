@@ -248,6 +248,24 @@ def test_a_part_trained_study_says_what_its_report_lacks():
     assert len(provenance_lines(rec, {"invocations": []})) == 2  # all trained: no such line
 
 
+def test_the_report_counts_runs_that_no_listed_invocation_trained():
+    """meta.json should list every invocation: a run whose start lies in none of them (an invocation whose record
+    was lost) is counted; study.json's older invocation times, written without an offset, are read as UTC."""
+    from normlab.study.analysis import Records
+    from normlab.study.report_v4 import provenance_lines
+
+    rec = synthetic_records()
+    runs = [{**r, "started_at": "2026-12-01T10:30:00+0000" if r["seed"] < 8 else "2026-12-01T13:00:00+0000"}
+            for r in rec.runs]
+    late = sum(r["seed"] >= 8 for r in runs)
+    calls = [{"command": "study.py", "commit": "abc1234", "started": "2026-12-01 10:00:00", "wall_s": 3600.0}]
+    lines = provenance_lines(Records(runs, rec.selection), {"invocations": calls})
+    assert lines[2] == (f"- **{late} of {len(runs)} runs started outside every invocation listed**: meta.json lacks "
+                        f"the invocations that trained them (the study's own notes give their times)")
+    calls.append({**calls[0], "started": "2026-12-01 12:59:00+0000"})
+    assert len(provenance_lines(Records(runs, rec.selection), {"invocations": calls})) == 2
+
+
 def test_make_report_writes_the_v4_report_for_v4_records_and_keeps_v3s(tmp_path):
     import gzip
 

@@ -5,6 +5,7 @@ v3's records keep v3's report."""
 
 import math
 from collections import Counter, namedtuple
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
@@ -282,12 +283,31 @@ def provenance_lines(rec: Records, meta: dict) -> list[str]:
              f"- Invocations ({len(calls)}): " + " ; ".join(
                  f"`{c['command']}` at {c['commit']} ({c['wall_s'] / 60:.1f} min)" for c in calls)
              if calls else "- Invocations: none recorded in study.json (the study's own notes give its times)"]
+    if calls and (outside := started_outside(rec.runs, calls)):
+        lines.append(f"- **{outside} of {len(rec.runs)} runs started outside every invocation listed**: meta.json "
+                     f"lacks the invocations that trained them (the study's own notes give their times)")
     if rec.unfinished:  # a study stopped part-way reports what it has: say what it does not have
         seeds = Counter(r["seed"] for r in rec.unfinished)
         lines.append(f"- **Not trained** (the study was stopped before them, or they crashed; left out): "
                      f"{len(rec.unfinished)} of {len(rec.runs) + len(rec.unfinished)} runs, by seed: "
                      + ", ".join(f"{seed} ({n})" for seed, n in sorted(seeds.items())))
     return lines
+
+
+def moment(text: str) -> datetime:
+    """A time as study.json and the records write it; one without an offset (study.json's invocations before
+    they wrote it) is taken as UTC, the clock of every machine that ran these studies."""
+    t = datetime.fromisoformat(text.replace(" ", "T"))
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def started_outside(runs: list[dict], calls: list[dict]) -> int:
+    """How many runs started in none of the invocations (each from its start for its wall time): meta.json should
+    list every invocation that trained the records (a run without a start time is not counted)."""
+    spans = [(moment(c["started"]), moment(c["started"]) + timedelta(seconds=c["wall_s"])) for c in calls
+             if c.get("started")]
+    return sum(1 for r in runs if r.get("started_at")
+               and not any(a <= moment(r["started_at"]) <= b for a, b in spans))
 
 
 def test_of(rec: Records) -> str:

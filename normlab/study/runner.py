@@ -228,7 +228,7 @@ def record_invocation(study_dir: Path, command: str, started: float, in_process:
     cpu = times.user + times.system if in_process else times.children_user + times.children_system - before
     data.setdefault("invocations", []).append({
         "command": command, "commit": git_commit(), "machine": machine(), "started": time.strftime(
-            "%Y-%m-%d %H:%M:%S", time.localtime(started)), "wall_s": round(time.time() - started, 1),
+            "%Y-%m-%d %H:%M:%S%z", time.localtime(started)), "wall_s": round(time.time() - started, 1),
         "cpu_s": round(cpu, 1)})
     atomic_write_json(path, data, indent=1)
 
