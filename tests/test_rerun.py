@@ -65,6 +65,23 @@ def test_a_changed_measurement_is_named_and_fails(tmp_path, committed, capsys):
     assert "1 of 3 retrained runs reproduced" in out and "differ or not committed: a-s1, b-s0" in out
 
 
+def test_a_run_that_differs_with_another_thread_count_says_so(tmp_path, committed, capsys):
+    """Retrained with 2 CPU threads where the committed run had 1 (another --parallel), a run matches in its final
+    scores but not in the last digits of its curves: the comparison names the thread count as the likely cause."""
+    (committed / RECORDS).unlink()
+    with gzip.open(committed / RECORDS, "wt") as f:
+        f.writelines(json.dumps({**record(n, 0.75), "cpu_threads": 1}) + "\n" for n in ("a-s0", "a-s1"))
+    two = {**record("a-s1", 0.75), "cpu_threads": 2}
+    two["curves"]["eval"][0]["accuracy"] = 0.7500001
+    assert report_main([str(retrained(tmp_path, [{**record("a-s0", 0.75), "cpu_threads": 1}, two])),
+                        "--rerun-of", str(committed)]) == 1
+    out = capsys.readouterr().out
+    assert "1 of 2 retrained runs reproduced" in out and "1 of the runs that differ trained with another CPU thread " \
+        "count than their committed record" in out and "differ or not committed: a-s1" in out
+    with gzip.open(committed / RERUN / RECORDS, "rt") as f:
+        assert [json.loads(line)["cpu_threads"] for line in f] == [1, 2]
+
+
 def test_a_rerun_that_evaluates_less_often_is_compared_at_its_evaluations(tmp_path, committed, capsys):
     # a preset changed to evaluate a run only at its end: the committed record at that evaluation must come back
     twice = record("a-s0", 0.75)

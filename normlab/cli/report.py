@@ -65,7 +65,7 @@ def main(argv=None) -> int:
 def rerun_main(study_dir: Path, folder: Path) -> int:
     """Exit 0 when every retrained run reproduced its committed record exactly, else 1 (naming the runs)."""
     try:
-        differ, runs, other_steps = write_rerun(study_dir, folder)
+        differ, runs, other_steps, other_threads = write_rerun(study_dir, folder)
     except FileNotFoundError as err:
         return error_exit("report.py", err)
     print(f"{runs - len(differ)} of {runs} retrained runs reproduced their committed record exactly "
@@ -73,6 +73,10 @@ def rerun_main(study_dir: Path, folder: Path) -> int:
     if other_steps:
         print(f"{other_steps} of them evaluated at other steps than their committed record and were compared at the "
               f"steps they evaluated")
+    if other_threads:
+        print(f"{other_threads} of the runs that differ trained with another CPU thread count than their committed "
+              f"record, or one of the two does not say: a CPU run's last digits depend on it (retrain with the "
+              f"study's --parallel, or set train.cpu_threads)")
     if differ:
         print(f"differ or not committed: {', '.join(differ[:10])}" + (f" and {len(differ) - 10} more"
                                                                          if len(differ) > 10 else ""))

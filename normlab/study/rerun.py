@@ -41,11 +41,12 @@ def rerun_matches(folder: Path, rerun: str = RERUN) -> tuple[int, int]:
     return sum(committed_digest(committed.get(r["name"]), r) == r["record_sha256"] for r in rows), len(rows)
 
 
-def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> tuple[list[str], int, int]:
+def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> tuple[list[str], int, int, int]:
     """Each run of the scored study `study_dir` as a row of provenance and record digest, into folder/RERUN/ with the
     study's invocations (meta.json); returns the names of the runs whose record differs from the committed one (or
-    that the committed records lack), the number of runs, and how many of them evaluated at other steps than their
-    committed record (compared at the steps they evaluated; the row keeps them as `eval_steps`)."""
+    that the committed records lack), the number of runs, how many of them evaluated at other steps than their
+    committed record (compared at the steps they evaluated; the row keeps them as `eval_steps`), and how many of the
+    differing runs trained with another CPU thread count than their committed record, or where it does not say."""
     study_dir, folder = Path(study_dir), Path(folder)
     for path, what in ((study_dir / "runs.jsonl", "score the study first (python scripts/score_runs.py DIR)"),
                        (folder / RECORDS, "give the folder of the committed records it retrains")):
@@ -55,20 +56,23 @@ def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> tuple[list
     study = read_json(study_dir / "study.json")
     out = folder / rerun
     out.mkdir(parents=True, exist_ok=True)
-    differ, runs, other_steps = [], 0, 0
+    differ, runs, other_steps, other_threads = [], 0, 0, 0
     with gzip.open(out / RECORDS, "wt") as f:
         for record in read_jsonl(study_dir / "runs.jsonl"):
             entry = study["runs"].get(record["name"], {})
             row = {"name": record["name"], **{k: entry[k] for k in PROVENANCE if k in entry},
-                   "status": record.get("status"), "record_sha256": record_digest(record)}
+                   "status": record.get("status"), "record_sha256": record_digest(record),
+                   **({"cpu_threads": record["cpu_threads"]} if record.get("cpu_threads") else {})}
             base = committed.get(row["name"])
             if base is not None and eval_steps(record) != eval_steps(base):
                 row["eval_steps"] = eval_steps(record)
                 other_steps += 1
             if committed_digest(base, row) != row["record_sha256"]:
                 differ.append(row["name"])
+                threads = (base or {}).get("cpu_threads")
+                other_threads += base is not None and (threads is None or threads != record.get("cpu_threads"))
             f.write(json.dumps(row, separators=(",", ":")) + "\n")
             runs += 1
     atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": study.get("invocations", [])},
                       indent=1)
-    return differ, runs, other_steps
+    return differ, runs, other_steps, other_threads

@@ -175,7 +175,8 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
                norm=model_cfg.get("norm"), placement=model_cfg.get("norm_placement"),
                qk_norm=bool(model_cfg.get("qk_norm")),
                grouped=bool(cfg is not None and cfg.data.group_by_length), duration_s=entry.get("duration_s"),
-               loss_spikes=summary.get("loss_spikes"), wandb_run_id=summary.get("wandb_run_id"))
+               loss_spikes=summary.get("loss_spikes"), wandb_run_id=summary.get("wandb_run_id"),
+               cpu_threads=summary.get("cpu_threads"))  # a CPU run's last digits depend on its thread count
     if run.metrics_file.is_file():
         rec["curves"] = curves(read_jsonl(run.metrics_file))
     if rec["status"] == "completed" and run.has_final():
