@@ -6,6 +6,7 @@ import gzip
 import json
 import math
 import shutil
+import time
 import zlib
 
 import numpy as np
@@ -134,6 +135,9 @@ def test_a_study_continued_in_a_fresh_folder_joins_its_committed_records_without
     assert {r["commit"] for r in joined if r["seed"] >= 5} == {"def5678"}
     assert [c["commit"] for c in json.loads((out / "meta.json").read_text())["invocations"]] == ["abc1234", "def5678"]
     before = (out / report.RECORDS).read_bytes()
+    time.sleep(1.1)  # gzip would stamp another second into its header
+    report.make_report(tmp_path / "fresh", out)
+    assert (out / report.RECORDS).read_bytes() == before  # the same records, the same bytes: no diff to commit
     other = [dict(r, scores={"val/sorted/running": {"accuracy": 0.5, "loss": 0.7}}) if r["seed"] == 0 else pending(r)
              for r in runs]
     write_study(tmp_path / "other", other)

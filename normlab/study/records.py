@@ -7,6 +7,7 @@ finished record as it is and adds the new ones; a run finished in both must have
 
 import gzip
 import hashlib
+import io
 import json
 from pathlib import Path
 
@@ -19,6 +20,13 @@ RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and pred
 def read_records(path: Path) -> list[dict]:
     with gzip.open(path, "rt") as f:
         return [json.loads(line) for line in f]
+
+
+def write_records(path: Path, rows) -> None:
+    """Rows as compressed JSON lines, the same bytes for the same rows (no time in the gzip header): a committed
+    file regenerated from the same records does not change."""
+    with gzip.GzipFile(path, "wb", mtime=0) as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
+        f.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
 
 
 def record_digest(record: dict) -> str:

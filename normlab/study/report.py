@@ -1,8 +1,6 @@
 """Study v3's report: report.md and its figures, regenerated from the committed records alone (scripts/report.py
 is the entry point; docs/studies.md says what the report reads and writes)."""
 
-import gzip
-import json
 import math
 import shutil
 from collections import Counter
@@ -27,7 +25,7 @@ from normlab.study.analysis import (
     value,
 )
 from normlab.study.hypotheses import flip_table, verdicts
-from normlab.study.records import RECORDS, keep_committed, read_records
+from normlab.study.records import RECORDS, keep_committed, read_records, write_records
 from normlab.study.seedstats import paired_test
 from normlab.study.selection_file import read_selection
 
@@ -57,8 +55,7 @@ def copy_records(study_dir: Path, out: Path) -> None:
         rows = keep_committed(read_records(out / RECORDS), rows)
         earlier = (read_json(out / "meta.json", {}) or {}).get("invocations", [])
         calls = earlier + [c for c in calls if c not in earlier]
-    with gzip.open(out / RECORDS, "wt") as f:
-        f.writelines(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
+    write_records(out / RECORDS, rows)
     for name in COPIED:
         if (study_dir / name).is_file() and study_dir.resolve() != out.resolve():
             shutil.copyfile(study_dir / name, out / name)

@@ -5,12 +5,10 @@ digests go into the records' folder under rerun/, beside the committed records, 
     python scripts/report.py STUDY_DIR --rerun-of docs/study-v4/quick    # writes docs/study-v4/quick/rerun/
 """
 
-import gzip
-import json
 from pathlib import Path
 
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl
-from normlab.study.records import RECORDS, read_records, record_digest
+from normlab.study.records import RECORDS, read_records, record_digest, write_records
 
 RERUN = "rerun"  # the folder, inside the committed records' folder, that holds a rerun's digests
 PROVENANCE = ("experiments", "commit", "machine", "started_at", "duration_s")
@@ -56,23 +54,23 @@ def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> tuple[list
     study = read_json(study_dir / "study.json")
     out = folder / rerun
     out.mkdir(parents=True, exist_ok=True)
-    differ, runs, other_steps, other_threads = [], 0, 0, 0
-    with gzip.open(out / RECORDS, "wt") as f:
-        for record in read_jsonl(study_dir / "runs.jsonl"):
-            entry = study["runs"].get(record["name"], {})
-            row = {"name": record["name"], **{k: entry[k] for k in PROVENANCE if k in entry},
-                   "status": record.get("status"), "record_sha256": record_digest(record),
-                   **({"cpu_threads": record["cpu_threads"]} if record.get("cpu_threads") else {})}
-            base = committed.get(row["name"])
-            if base is not None and eval_steps(record) != eval_steps(base):
-                row["eval_steps"] = eval_steps(record)
-                other_steps += 1
-            if committed_digest(base, row) != row["record_sha256"]:
-                differ.append(row["name"])
-                threads = (base or {}).get("cpu_threads")
-                other_threads += base is not None and (threads is None or threads != record.get("cpu_threads"))
-            f.write(json.dumps(row, separators=(",", ":")) + "\n")
-            runs += 1
+    differ, other_steps, other_threads = [], 0, 0
+    rows = []
+    for record in read_jsonl(study_dir / "runs.jsonl"):
+        entry = study["runs"].get(record["name"], {})
+        row = {"name": record["name"], **{k: entry[k] for k in PROVENANCE if k in entry},
+               "status": record.get("status"), "record_sha256": record_digest(record),
+               **({"cpu_threads": record["cpu_threads"]} if record.get("cpu_threads") else {})}
+        base = committed.get(row["name"])
+        if base is not None and eval_steps(record) != eval_steps(base):
+            row["eval_steps"] = eval_steps(record)
+            other_steps += 1
+        if committed_digest(base, row) != row["record_sha256"]:
+            differ.append(row["name"])
+            threads = (base or {}).get("cpu_threads")
+            other_threads += base is not None and (threads is None or threads != record.get("cpu_threads"))
+        rows.append(row)
+    write_records(out / RECORDS, rows)
     atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": study.get("invocations", [])},
                       indent=1)
-    return differ, runs, other_steps, other_threads
+    return differ, len(rows), other_steps, other_threads
