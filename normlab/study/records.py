@@ -49,7 +49,8 @@ def keep_committed(committed: list[dict], rows: list[dict]) -> list[dict]:
         if new and old["status"] in FINISHED and new["status"] in FINISHED and record_digest(old) != record_digest(new):
             raise RecordsError(f"run {old['name']} is finished both in the committed records and in the study, and "
                                f"they measured different things; committed records are never overwritten (compare "
-                               f"the two with report.py STUDY --rerun-of FOLDER)")
+                               f"the two with report.py STUDY --rerun-of FOLDER, or remove FOLDER/{RECORDS} to "
+                               f"replace them all)")
     listed = {r["name"] for r in committed}
     return [r if r["status"] in FINISHED else study.get(r["name"], r) for r in committed] + \
         [r for r in rows if r["name"] not in listed]
