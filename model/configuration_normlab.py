@@ -8,6 +8,8 @@ from transformers import PreTrainedConfig
 from .norms import NORM_TYPES, uses_batch_statistics
 
 NORM_PLACEMENTS = ("post", "pre", "sandwich", "deepnorm")
+# Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
+PLACEMENTS_WITH_FINAL_NORM = ("pre", "sandwich")
 POOLINGS = ("cls", "mean")
 HIDDEN_ACTS = ("gelu", "relu", "gelu_new", "silu")
 
@@ -39,13 +41,17 @@ class NormLabConfig(PreTrainedConfig):
             `sandwich` (Peri-LN: x + norm_out(f(norm_in(x)))), `deepnorm` (post with residual scaled by
             (2N)^(1/4) and some projections initialised with gain (8N)^(-1/4); Wang et al. 2022).
         norm_eps: epsilon inside the square root of every norm.
-        embedding_norm: normalize the embedding output. `None` picks the usual choice for the placement:
+        final_norm: the norm after the last block of `pre`/`sandwich`, the one just before pooling and the
+            classifier; a `NORM_TYPES` name. `None` (the default) is `norm`, as every model before this field.
+        embedding_norm: normalize the embedding output (a `norm`). `None` picks the usual choice for the placement:
             yes for `post`/`deepnorm` (BERT), no for `pre`/`sandwich` (GPT-2/Megatron style).
         bn_momentum: running-statistics momentum of the batch-statistics norms (torch convention).
         powernorm_alpha_fwd, powernorm_alpha_bkw, powernorm_warmup_steps: PowerNorm (Shen et al. 2020, Alg. 1).
         dyt_alpha_init: initial scalar alpha of DyT (Zhu et al. 2025).
         qk_norm: normalize queries and keys per head before the dot product (Wortsman et al. 2023).
         pooling: `cls` (first token) or `mean` (over real tokens) for sequence classification.
+        center_pooled: subtract the batch's mean pooled vector before the classifier (`BatchCentering`: no
+            parameters, a running mean in eval).
     """
 
     model_type = "normlab"
@@ -64,6 +70,7 @@ class NormLabConfig(PreTrainedConfig):
     norm: str = "layernorm"
     norm_placement: str = "pre"
     norm_eps: float = 1e-5
+    final_norm: str | None = None
     embedding_norm: bool | None = None
     bn_momentum: float = 0.1
     powernorm_alpha_fwd: float = 0.9
@@ -72,6 +79,7 @@ class NormLabConfig(PreTrainedConfig):
     dyt_alpha_init: float = 0.5
     qk_norm: bool = False
     pooling: str = "cls"
+    center_pooled: bool = False
     classifier_dropout: float | int | None = None
     pad_token_id: int | None = 0
     tie_word_embeddings: bool = True
@@ -80,6 +88,8 @@ class NormLabConfig(PreTrainedConfig):
         self._check_values()
         if self.embedding_norm is None:
             self.embedding_norm = self.norm_placement in ("post", "deepnorm")
+        if self.final_norm is None:
+            self.final_norm = self.norm
         super().__post_init__(**kwargs)
 
     def _check_values(self):
@@ -87,6 +97,13 @@ class NormLabConfig(PreTrainedConfig):
         _check_choice("norm", self.norm, NORM_TYPES)
         _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
         _check_choice("pooling", self.pooling, POOLINGS)
+        if self.final_norm is not None:
+            _check_choice("final_norm", self.final_norm, NORM_TYPES)
+            if self.final_norm != self.norm and self.norm_placement not in PLACEMENTS_WITH_FINAL_NORM:
+                raise ValueError(
+                    f"NormLabConfig.final_norm={self.final_norm!r} needs a placement with a final norm "
+                    f"({', '.join(PLACEMENTS_WITH_FINAL_NORM)}); norm_placement={self.norm_placement!r} has none"
+                )
         _check_choice("hidden_act", self.hidden_act, HIDDEN_ACTS)
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings"):
@@ -107,11 +124,18 @@ class NormLabConfig(PreTrainedConfig):
                 f"NormLabConfig.pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})"
             )
 
+    def norms_used(self) -> tuple[str, ...]:
+        """The `NORM_TYPES` names this model builds: the blocks' (also the embeddings' and the MLM head's), then
+        the final norm where the placement has one."""
+        has_final = self.norm_placement in PLACEMENTS_WITH_FINAL_NORM
+        return (self.norm, self.final_norm or self.norm) if has_final else (self.norm,)
+
     @property
     def uses_batch_statistics(self) -> bool:
-        """True for the BN family: outputs depend on the batch in training and running statistics exist. The
-        question before a model exists; a model lists its norms of that family (`batch_statistics_norms()`)."""
-        return uses_batch_statistics(self.norm)
+        """True when some output depends on the batch in training and running statistics exist: a BN-family norm
+        anywhere, or the pooled vector's batch centring. The question before a model exists; a model lists its
+        modules of that family (`batch_statistics_norms()`)."""
+        return self.center_pooled or any(uses_batch_statistics(n) for n in self.norms_used())
 
 
-__all__ = ["NormLabConfig", "NORM_TYPES", "NORM_PLACEMENTS", "POOLINGS"]
+__all__ = ["NormLabConfig", "NORM_TYPES", "NORM_PLACEMENTS", "PLACEMENTS_WITH_FINAL_NORM", "POOLINGS"]

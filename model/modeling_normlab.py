@@ -24,11 +24,9 @@ from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, Seque
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
-from .configuration_normlab import NormLabConfig
-from .norms import NORM_REGISTRY, Norm, batch_statistics_norms, build_norm, set_batch_stats_in_eval
-
-# Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
-PLACEMENTS_WITH_FINAL_NORM = ("pre", "sandwich")
+from .configuration_normlab import PLACEMENTS_WITH_FINAL_NORM, NormLabConfig
+from .norms import (NORM_REGISTRY, BatchCentering, Norm, batch_statistics_norms, build_norm,
+                    set_batch_stats_in_eval)
 
 
 def deepnorm_alpha(num_layers: int) -> float:
@@ -266,12 +264,15 @@ class NormLabBlock(GradientCheckpointingLayer):
 
 
 class NormLabEncoder(nn.Module):
-    """The stack of blocks (+ a final norm for the placements that leave the residual stream unnormalized)."""
+    """The stack of blocks (+ a final norm for the placements that leave the residual stream unnormalized). The final
+    norm is the last thing the classifier's input passes through, so its type (`config.final_norm`, by default the
+    blocks') may be set on its own: what it does to the pooled vectors can then be told apart from the blocks'."""
 
     def __init__(self, config: NormLabConfig):
         super().__init__()
         self.layers = nn.ModuleList([NormLabBlock(config) for _ in range(config.num_hidden_layers)])
-        self.final_norm = build_norm(config) if config.norm_placement in PLACEMENTS_WITH_FINAL_NORM else None
+        has_final = config.norm_placement in PLACEMENTS_WITH_FINAL_NORM
+        self.final_norm = build_norm(config, norm=config.final_norm) if has_final else None
 
     def forward(self, x, layout: TokenLayout, output_hidden_states=False, output_attentions=False):
         """x (B, L, D) or packed (1, T, D) -> last_hidden_state (B, L, D), hidden_states (the input of every block,
@@ -413,7 +414,8 @@ class NormLabModel(NormLabPreTrainedModel):
         mask = _padding_mask(attention_mask)  # (B, L) bool or None
         packed = (
             self.unpad
-            and not NORM_REGISTRY[c.norm].sees_padding  # the naive BN must see the padding: that is its point
+            # the naive BN must see the padding: that is its point
+            and not any(NORM_REGISTRY[n].sees_padding for n in c.norms_used())
             and not torch.compiler.is_compiling()  # packing has data-dependent shapes
         )
         layout = TokenLayout(mask, packed, attention_dtype(self.embeddings.word_embeddings.weight))
@@ -433,14 +435,16 @@ def _pool(x, attention_mask, pooling):
 
 
 class NormLabForSequenceClassification(NormLabPreTrainedModel):
-    """Encoder -> pool (CLS or mean over real tokens) -> dropout -> linear. No BERT pooler: an un-normalized layer
-    that would blur the comparison of norms (docs/model.md)."""
+    """Encoder -> pool (CLS or mean over real tokens) -> [batch centring] -> dropout -> linear. No BERT pooler: an
+    un-normalized layer that would blur the comparison of norms (docs/model.md). The optional centring subtracts
+    the batch's mean pooled vector (`config.center_pooled`): what batch statistics remove that all sentences share."""
 
     def __init__(self, config: NormLabConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.normlab = NormLabModel(config)
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.center = BatchCentering(config.hidden_size, momentum=config.bn_momentum) if config.center_pooled else None
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -451,6 +455,8 @@ class NormLabForSequenceClassification(NormLabPreTrainedModel):
         out = self.normlab(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            output_attentions, output_hidden_states, return_dict=True)
         pooled = _pool(out.last_hidden_state, attention_mask, self.config.pooling)  # (B, D)
+        if self.center is not None:
+            pooled = self.center(pooled)  # (B, D), each feature's batch mean removed
         logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
         # transformers' problem_type logic (inferred once from num_labels and the labels' dtype): MSE / CE / BCE
         loss = None if labels is None else self.loss_function(labels, logits, self.config)

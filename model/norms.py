@@ -171,6 +171,7 @@ class BatchStatNorm(Norm, nn.Module):
 
     name = "batch_stat_norm"  # each subclass has its registry name, used in error messages
     batch_stats = True
+    affine = True  # a per-feature scale `weight` and shift `bias` after normalizing
 
     @classmethod
     def from_config(cls, config, dim):
@@ -183,8 +184,9 @@ class BatchStatNorm(Norm, nn.Module):
         self.eps = eps
         self.momentum = momentum
         self.use_batch_stats_in_eval = False
-        self.weight = nn.Parameter(torch.ones(num_features))
-        self.bias = nn.Parameter(torch.zeros(num_features))
+        if self.affine:
+            self.weight = nn.Parameter(torch.ones(num_features))
+            self.bias = nn.Parameter(torch.zeros(num_features))
         self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
         # A buffer so it follows .to(device) and from_pretrained materialises it; not saved in checkpoints.
         self.register_buffer("last_stat_drift", torch.zeros((), dtype=torch.float32), persistent=False)
@@ -195,7 +197,8 @@ class BatchStatNorm(Norm, nn.Module):
         self._stat_init[name] = value
 
     def initial_values(self):
-        return {"weight": 1.0, "bias": 0.0, "num_batches_tracked": 0, "last_stat_drift": 0.0, **self._stat_init}
+        affine = {"weight": 1.0, "bias": 0.0} if self.affine else {}
+        return {**affine, "num_batches_tracked": 0, "last_stat_drift": 0.0, **self._stat_init}
 
     def _float32_buffers(self):
         """Half-precision floating buffers back to float32, in place (`.data`): every holder of the buffer object
@@ -287,6 +290,43 @@ class MaskedBatchNorm(_MeanVarBatchNorm):
     as SyncBatchNorm), so neither padding nor the number of processes changes the result; per-feature affine."""
 
     name = "masked_batchnorm"
+
+
+class BatchCentering(BatchStatNorm):
+    """x minus the per-feature mean over the batch's real rows: the part of batch normalization that subtracts what
+    every sentence of a batch shares, with no division and no parameters. Not a block norm (it leaves each
+    feature's scale alone, so it is not in the registry): the classifier's optional step between pooling and the
+    linear layer (`config.center_pooled`), to test whether that subtraction alone is what BN does for the
+    classifier. Running mean, eval and process sync as the other batch-statistics norms."""
+
+    name = "batch_centering"
+    affine = False
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1):
+        super().__init__(num_features, eps, momentum)
+        self._stat_buffer("running_mean", 0.0)
+
+    def forward(self, x, mask=None):
+        self._float32_buffers()
+        x2d = x.reshape(-1, self.num_features).to(compute_dtype(x))  # (N, D)
+        if self._uses_batch_stats():
+            real = real_token_mask(x, mask).unsqueeze(-1)  # (N, 1)
+            xr = torch.where(real, x2d, torch.zeros((), dtype=x2d.dtype, device=x2d.device))
+            stats = _all_reduce_sum(torch.cat([xr.sum(dim=0), real.sum(dim=0).to(x2d.dtype)]), sync=self.training)
+            count = stats[-1].item()
+            self._check_count(count)
+            mean = stats[:-1] / count
+            if self.training and not _recomputing():
+                self._update_running(mean.detach())
+        else:
+            mean = self.running_mean
+        return (x2d - mean).reshape(x.shape).to(x.dtype)
+
+    @torch.no_grad()
+    def _update_running(self, mean):
+        self.last_stat_drift = torch.sqrt(torch.mean((mean - self.running_mean) ** 2))
+        self.running_mean.lerp_(mean.to(self.running_mean.dtype), self.momentum)
+        self.num_batches_tracked += 1
 
 
 class _PowerFunction(torch.autograd.Function):
@@ -437,13 +477,13 @@ def uses_batch_statistics(norm: str) -> bool:
 BATCH_STAT_NORMS = tuple(name for name in NORM_TYPES if uses_batch_statistics(name))  # to enumerate, not to ask
 
 
-def build_norm(config, dim=None) -> nn.Module:
-    """The norm named by config.norm over the last dim `dim` (default config.hidden_size)."""
-    return _norm_class(config.norm).from_config(config, config.hidden_size if dim is None else dim)
+def build_norm(config, dim=None, norm: str | None = None) -> nn.Module:
+    """The norm named `norm` (default config.norm) over the last dim `dim` (default config.hidden_size)."""
+    return _norm_class(norm or config.norm).from_config(config, config.hidden_size if dim is None else dim)
 
 
 __all__ = [
     "NORM_REGISTRY", "NORM_TYPES", "BATCH_STAT_NORMS", "Norm", "build_norm", "BatchStatNorm",
     "uses_batch_statistics", "batch_statistics_norms", "set_batch_stats_in_eval", "real_token_mask", "CustomLayerNorm",
-    "LayerNorm", "RMSNorm", "NaiveBatchNorm", "MaskedBatchNorm", "PowerNorm", "DyT", "Identity",
+    "LayerNorm", "RMSNorm", "NaiveBatchNorm", "MaskedBatchNorm", "PowerNorm", "DyT", "Identity", "BatchCentering",
 ]

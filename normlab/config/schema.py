@@ -82,7 +82,8 @@ def _key(**checks):
 
 def _model_section():
     """Every NormLabConfig field as an optional key (`float | int` read as float), with the model's choices."""
-    choices = {"norm": NORM_TYPES, "norm_placement": NORM_PLACEMENTS, "pooling": POOLINGS, "hidden_act": HIDDEN_ACTS}
+    choices = {"norm": NORM_TYPES, "final_norm": NORM_TYPES, "norm_placement": NORM_PLACEMENTS, "pooling": POOLINGS,
+               "hidden_act": HIDDEN_ACTS}
     fields = []
     for name, annotation in inspect.get_annotations(NormLabConfig).items():
         kinds = typing.get_args(annotation) or (annotation,)

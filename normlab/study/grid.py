@@ -61,6 +61,8 @@ class GridSpec:
     share_runs: bool = False
     signal: typing.Optional[dict] = None  # normlab/study/signal.py's settings
     selection_from: typing.Optional[str] = None
+    reuse: typing.Optional[dict] = None  # cells whose runs committed records hold: {records: FOLDER, cells: {...}}
+    factors: typing.Optional[dict] = None  # a factorial design: each variant's level of each factor (report_v5)
 
 
 def _checked(schema, values, where):

@@ -69,7 +69,7 @@ def running_stat_gap(model, rows: list[dict], batch_size: int, pad_id: int) -> d
     |log(running var / real var)|, where "real" is over the real (non-pad) tokens entering that layer on the
     validation split. Both are 0 when the running statistics are those of the real tokens. None: no such layer."""
     # the mean/variance ones: PowerNorm keeps a running quadratic mean instead
-    norms = [m for m in model.batch_statistics_norms().values() if hasattr(m, "running_mean")]
+    norms = [m for m in model.batch_statistics_norms().values() if hasattr(m, "running_var")]
     if not norms:
         return None
     sums = {id(m): torch.zeros(3, m.num_features, dtype=torch.float64) for m in norms}  # count, sum x, sum x^2

@@ -27,12 +27,16 @@ from normlab.study.selection_file import read_selection
 
 
 def pooled_cosine(model, batch: dict) -> float:
-    """Mean cosine similarity between the pooled vectors of different sentences of `batch` (off the diagonal):
+    """Mean cosine similarity between the classifier's inputs (the pooled vectors, centred where the model centres
+    them) for different sentences of `batch` (off the diagonal):
     1 = the classifier sees the same vector for every sentence. Measured in the model's current mode (train mode
     for the BN family: the statistics its training steps use), without gradients."""
     with torch.no_grad():
         hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])[0]
-        z = F.normalize(_pool(hidden, batch["attention_mask"], model.config.pooling).float(), dim=-1)  # (B, D)
+        pooled = _pool(hidden, batch["attention_mask"], model.config.pooling)  # (B, D)
+        if model.center is not None:  # the classifier reads the centred vector
+            pooled = model.center(pooled)
+        z = F.normalize(pooled.float(), dim=-1)  # (B, D)
     n = z.shape[0]
     sim = z @ z.T
     return float((sim.sum() - sim.diagonal().sum()) / (n * (n - 1)))
