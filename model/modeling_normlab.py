@@ -25,8 +25,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
 from .configuration_normlab import PLACEMENTS_WITH_FINAL_NORM, NormLabConfig
-from .norms import (NORM_REGISTRY, BatchCentering, Norm, batch_statistics_norms, build_norm,
-                    set_batch_stats_in_eval)
+from .norms import NORM_REGISTRY, BatchCentering, Norm, batch_statistics_norms, build_norm, set_batch_stats_in_eval
 
 
 def deepnorm_alpha(num_layers: int) -> float:

@@ -90,14 +90,20 @@ PADDING_CASES = [(norm, placement, "cls", True) for norm in NORM_TYPES if not NO
 PADDING_CASES += [("masked_batchnorm", "pre", "mean", True), ("layernorm", "post", "mean", True)]
 # the padded layout (NormLabModel.unpad = False) must be padding-invariant too: it is what runs without packing
 PADDING_CASES += [(norm, "pre", "mean", False) for norm in ("layernorm", "masked_batchnorm", "powernorm", "dyt")]
+PADDING_CASES = [(*case, {}) for case in PADDING_CASES]
+# a final norm of another type than the blocks', and the pooled vector's batch centring (study v5's arms)
+PADDING_CASES += [("layernorm", "pre", "cls", True, dict(final_norm="masked_batchnorm")),
+                  ("masked_batchnorm", "pre", "cls", True, dict(final_norm="layernorm", embedding_norm=True)),
+                  ("layernorm", "pre", "cls", True, dict(center_pooled=True)),
+                  ("layernorm", "sandwich", "mean", False, dict(final_norm="powernorm"))]
 
 
-@pytest.mark.parametrize("norm,placement,pooling,unpad", PADDING_CASES)
-def test_real_token_outputs_do_not_depend_on_padding(norm, placement, pooling, unpad):
+@pytest.mark.parametrize("norm,placement,pooling,unpad,extra", PADDING_CASES)
+def test_real_token_outputs_do_not_depend_on_padding(norm, placement, pooling, unpad, extra):
     torch.manual_seed(0)
     # powernorm: a 1-step warmup, so step 0 uses batch statistics and step 1 the running ones
     model = NormLabForSequenceClassification(tiny_config(norm=norm, norm_placement=placement, pooling=pooling,
-                                                         powernorm_warmup_steps=1))
+                                                         powernorm_warmup_steps=1, **extra))
     model.normlab.unpad = unpad
     input_ids, attention_mask = padded_batch()
     more_ids, more_mask = repad(input_ids, attention_mask, extra_pad=5)
@@ -261,6 +267,43 @@ def test_unpadded_batch_equals_padded_batch_for_each_sequence():
 # ------------------------------------------------------------------------------------------------------------
 # structure of the placements
 # ------------------------------------------------------------------------------------------------------------
+
+
+def test_final_norm_is_the_blocks_unless_set_and_only_where_a_placement_has_one():
+    assert tiny_config().final_norm == "layernorm"  # None resolves to the block norm: old configs keep their model
+    model = NormLabModel(tiny_config(final_norm="masked_batchnorm"))
+    assert type(model.encoder.final_norm).__name__ == "MaskedBatchNorm"
+    assert type(model.encoder.layers[0].attn_norm).__name__ == "LayerNorm"
+    assert list(model.batch_statistics_norms()) == ["encoder.final_norm"] and model.config.uses_batch_statistics
+    with pytest.raises(ValueError, match="final_norm='rmsnorm' needs a placement with a final norm"):
+        tiny_config(norm_placement="post", final_norm="rmsnorm")
+    with pytest.raises(ValueError, match="final_norm='bn' is not valid; choose one of: layernorm"):
+        tiny_config(final_norm="bn")
+
+
+def test_a_naive_batchnorm_final_norm_keeps_the_padded_layout_and_sees_the_padding():
+    torch.manual_seed(0)
+    model = NormLabForSequenceClassification(tiny_config(final_norm="batchnorm")).train()
+    input_ids, attention_mask = padded_batch()
+    more_ids, more_mask = repad(input_ids, attention_mask, extra_pad=5)
+    _, la = _real_tokens_and_logits(copy.deepcopy(model), input_ids, attention_mask)
+    _, lb = _real_tokens_and_logits(copy.deepcopy(model), more_ids, more_mask)
+    assert (la - lb).abs().max() > 1e-4
+
+
+def test_centred_pooled_vectors_have_a_zero_batch_mean_in_training_and_the_running_mean_removed_in_eval():
+    torch.manual_seed(0)
+    model = NormLabForSequenceClassification(tiny_config(center_pooled=True))
+    assert model.config.uses_batch_statistics and list(model.batch_statistics_norms()) == ["center"]
+    assert not any(n.startswith("center") for n, _ in model.named_parameters())  # parameter-free
+    seen = {}
+    model.classifier.register_forward_pre_hook(lambda mod, args: seen.update(x=args[0].detach()))
+    input_ids, attention_mask = padded_batch()
+    model.train()(input_ids, attention_mask=attention_mask)
+    torch.testing.assert_close(seen["x"].mean(0), torch.zeros(32), atol=1e-6, rtol=0)
+    model.eval()(input_ids, attention_mask=attention_mask)
+    pooled = model.normlab(input_ids, attention_mask=attention_mask).last_hidden_state[:, 0]
+    torch.testing.assert_close(seen["x"], pooled - model.center.running_mean, atol=1e-6, rtol=1e-6)
 
 
 def test_final_norm_only_where_the_residual_stream_is_unnormalized():

@@ -18,6 +18,7 @@ from model.modeling_normlab import _init_norm
 from model.norms import (
     BATCH_STAT_NORMS,
     NORM_REGISTRY,
+    BatchCentering,
     BatchStatNorm,
     CustomLayerNorm,
     MaskedBatchNorm,
@@ -404,6 +405,25 @@ def test_naive_batchnorm_equals_batchnorm1d_over_every_position():
     _assert_close(ours(x, mask).reshape(-1, D), ref(x.reshape(-1, D)), atol=1e-5, rtol=1e-5)
     _assert_close(ours.running_var, ref.running_var, atol=1e-4, rtol=1e-5)
     _assert_close(ours.running_mean, ref.running_mean, atol=1e-5, rtol=1e-5)
+
+
+def test_batch_centering_is_batchnorm1d_times_the_batch_std_and_keeps_its_running_mean():
+    """Centring is BN's first half: x - mean over the real tokens, no division and no parameters; its running mean
+    and eval follow torch's BatchNorm1d (its running variance has no use here)."""
+    torch.manual_seed(0)
+    ours, ref = BatchCentering(D, momentum=0.2), nn.BatchNorm1d(D, momentum=0.2, affine=False)
+    assert list(ours.parameters()) == []
+    for step in range(3):
+        x, mask = _batch(step)
+        real = mask.bool()
+        y = ours(x, mask)[real]
+        std = x[real].var(dim=0, unbiased=False).add(ref.eps).sqrt()
+        _assert_close(y, ref(x[real]) * std, atol=1e-5, rtol=1e-5)
+        _assert_close(ours.running_mean, ref.running_mean, atol=1e-6, rtol=1e-5)
+    ours.eval()
+    x, mask = _batch(9)
+    with torch.no_grad():
+        _assert_close(ours(x, mask), x - ref.running_mean, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", BATCH_STAT_NORMS)

@@ -141,3 +141,33 @@ def v4_figures(rec: Records, out: Path, board: dict, title: str) -> list[str]:
     fig.savefig(out / "answer.png", dpi=110)
     plt.close(fig)
     return ["answer.png"]
+
+
+def plot_factorial(cells: list[dict], title: str):
+    """Study v5: left, each cell's plateau exit, one dot per seed (filled at its best LR, hollow at its
+    runner-up), coloured by the norm right before the classifier; right, the cell's 16-step spread of the
+    classifier's inputs (1 - cosine, log scale: it spans six orders of magnitude). `cells`: {name, final, exits:
+    {0: [...], 1: [...]}, spread}."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.45 * len(cells) + 1.6), sharey=True,
+                                      gridspec_kw={"width_ratios": [1.6, 1]})
+    colour = {"ln": "tab:blue", "mbn": "tab:orange", "centred": "tab:green"}
+    for i, c in enumerate(cells):
+        col = colour[c["final"]]
+        for rank, offset in ((0, -0.12), (1, 0.12)):
+            x = np.asarray(c["exits"].get(rank, []), dtype=float)
+            left.scatter(x, np.full(len(x), i + offset), s=16, color=col, alpha=0.75,
+                         facecolors=col if rank == 0 else "none")
+        if math.isfinite(c["spread"]):
+            right.barh(i, max(c["spread"], 1e-7), color=col, alpha=0.8)
+    left.set_yticks(range(len(cells)), [c["name"] for c in cells])
+    left.set_xlabel("plateau exit step (filled: best LR, hollow: runner-up)")
+    left.invert_yaxis()
+    right.set_xscale("log")
+    right.set_xlabel("1 - cosine of classifier inputs after 16 steps")
+    handles = [plt.Line2D([], [], marker="o", ls="", color=v, label=k) for k, v in
+               (("final norm LN", colour["ln"]), ("final norm masked BN", colour["mbn"]),
+                ("LN + batch centring", colour["centred"]))]
+    left.legend(handles=handles, loc="lower right", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -12,7 +12,7 @@ from normlab.errors import RecordsError
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl
 from normlab.study import markdown as md
 from normlab.study import outcomes as oc
-from normlab.study import plots, report_v4
+from normlab.study import plots, report_v4, report_v5
 from normlab.study.analysis import (
     BATCH_STAT,
     DEV,
@@ -261,6 +261,10 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabl
                                 f"scripts/score_runs.py) or a folder of committed records")
     rec = load(out)
     meta = read_json(out / "meta.json", {}) or {}
+    if (design := report_v5.design_of(meta)) is not None:  # a factorial study (v5): its own contrasts and figure
+        text = report_v5.write_report(rec, meta, design, load, read_jsonl(out / "signal.jsonl"), out)
+        (out / "report.md").write_text(text)
+        return out / "report.md"
     if report_v4.is_v4(rec):  # study v4's presets: its own rules, report and figure (no W&B run yet)
         board = report_v4.board_runs(rec)
         figures = plots.v4_figures(rec, out, board, report_v4.figure_title(board, meta.get("name") or out.name))
