@@ -21,7 +21,8 @@
 # $DEST/gpu_check_report.tar.gz and summary.txt is copied beside it: DEST is $GPU_CHECK_DEST, else the device's
 # returned folder $OUT, else runs/gpu_check-<time>. Two files: the device returns at most eight. summary.txt's first
 # line names the commit checked (scripts/gpu/gpu_prepare.py --source).
-# Time: every section runs under `timeout -k` within its own limit and what is left of $GPU_CHECK_BUDGET_S (default
+# Time: every section runs under `timeout -k` (scripts/gpu/run_section.sh, which then kills whatever it left running)
+# within its own limit and what is left of $GPU_CHECK_BUDGET_S (default
 # 480 s, counted from the start; --cpu 1800); a section not started for lack of time is reported as such. Exit code
 # 0 only when every section passed. --plan prints each section's estimate (s), limit (s) and command, and runs none.
 # Python: $PYTHON, default python3 (the image's; it has no `python`).
@@ -70,9 +71,9 @@ publish() {
         mv "$DEST/gpu_check_report.tar.gz.part" "$DEST/gpu_check_report.tar.gz"
 }
 
-# step NAME ESTIMATE_S LIMIT_S CMD...: run under `timeout -k` within its limit and what is left of the budget, log
-# to report/logs/NAME.log, record ok/FAIL in summary.txt, publish. ESTIMATE_S: the expected time on an H200
-# (docs/gpu.md); --plan prints it.
+# step NAME ESTIMATE_S LIMIT_S CMD...: run within its limit and what is left of the budget (run_section.sh: under
+# `timeout -k`, then whatever it left running killed, torchrun's workers too), log to report/logs/NAME.log, record
+# ok/FAIL in summary.txt, publish. ESTIMATE_S: the expected time on an H200 (docs/gpu.md); --plan prints it.
 step() {
     local name=$1 estimate=$2 limit=$(($3 * SCALE)); shift 3
     if [ $PLAN = 1 ]; then printf '%s\t%s\t%s\t%s\n' "$name" "$estimate" "$limit" "${*@Q}"; return; fi
@@ -83,7 +84,7 @@ step() {
     fi
     [ "$limit" -gt $left ] && limit=$left
     echo "== $name: $*"
-    timeout -k 10 "$limit" "$@" > "$REPORT/logs/$name.log" 2>&1
+    bash scripts/gpu/run_section.sh "$limit" "$@" > "$REPORT/logs/$name.log" 2>&1
     local rc=$?
     local status=ok
     if [ $rc -ne 0 ]; then
