@@ -310,3 +310,27 @@ def test_a_damaged_saved_config_is_named_on_resume(tmp_path):
         run_config(None, [f"output_dir={out}", "train.resume=auto"])
     message = str(err.value)
     assert message.startswith(f"{out / 'config.yaml'} line ") and "it is the run's saved config" in message
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# class names: configs/default.yaml's are SST-2's, and stay with it
+
+
+def test_the_default_class_names_stay_with_sst2(tmp_path):
+    assert load_config().data.label_names == ["negative", "positive"]  # SST-2 by name: its local copy or the Hub
+    assert load_config(overrides=["data.name=stanfordnlp/sst2"]).data.label_names == ["negative", "positive"]
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("data: {path: /data/mine.csv}\n")
+    for other in (load_config(overrides=["data.path=/data/mine.csv"]), load_config(str(mine)),
+                  load_config(overrides=["data.name=someone/reviews"]),
+                  load_config(layers=[({"data.path": "/data/mine.csv"}, "in a program's settings")])):
+        assert other.data.label_names is None  # the data's own names decide, or a one-line refusal (test_data.py)
+    given = load_config(overrides=["data.path=/data/mine.csv", "data.label_names=[bad,good]"])
+    assert given.data.label_names == ["bad", "good"]
+    assert load_config("imdb").data.label_names == ["neg", "pos"]  # a variant that names its own data's classes
+    # a saved run keeps the names it was trained with, whatever its data
+    save_config(given, tmp_path / "run" / "config.yaml")
+    assert load_config(str(tmp_path / "run" / "config.yaml")).data.label_names == ["bad", "good"]
+    older = {**load_config().to_dict(), "data": {**load_config().data, "path": "/data/mine.csv"}}
+    assert load_config(saved=(older, "in a run's config.yaml")).data.label_names == ["negative", "positive"]
+

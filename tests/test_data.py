@@ -23,6 +23,7 @@ from normlab.data.tokenizer import get_tokenizer, tokenize_splits
 
 MIRROR = REPO_ROOT.parent / "shared" / "datasets" / "sst2"
 SMALL = ["data.max_train_samples=300", "data.max_eval_samples=60", "model.vocab_size=400"]
+NAMED = "data.label_names=[negative,positive]"  # SST-2's rows in files of one's own: their names are given
 
 
 @pytest.fixture(autouse=True)
@@ -93,24 +94,114 @@ def test_mirror_found_from_the_repo_location_whatever_the_cwd(small, tmp_path, m
     assert label_names(dsd, cfg.data) == ["negative", "positive"]  # data.label_names: the parquet files name none
 
 
-def test_label_names_from_the_dataset_first_then_the_setting_then_the_ids(tmp_path, sst2_rows):
-    from datasets import ClassLabel, Dataset, DatasetDict
+def named_dataset(names, n=40):
+    """A tiny datasets.Dataset that names its classes (a ClassLabel label column, as Hub datasets do)."""
+    from datasets import ClassLabel, Dataset, Features, Value
 
-    train, validation = sst2_rows
-    path = tmp_path / "sst2.csv"
-    write(pd.concat([train, validation]), path, "csv")
-    plain = [f"data.path={path}", "data.eval_split=train"]
-    assert label_names(resolve(cfg_with(*plain, "data.label_names=null")), cfg_with().data) == ["0", "1"]
-    assert label_names(resolve(cfg_with(*plain, "data.label_names=bad,good")), cfg_with().data) == ["bad", "good"]
-    with pytest.warns(UserWarning, match="data.label_names"):  # names that do not fit: the ids, and a warning
-        assert label_names(resolve(cfg_with(*plain, "data.label_names=a,b,c")), cfg_with().data) == ["0", "1"]
+    features = Features({"sentence": Value("string"), "label": ClassLabel(names=list(names))})
+    return Dataset.from_dict({"sentence": [f"sentence number {i}" for i in range(n)],
+                              "label": [i % len(names) for i in range(n)]}, features=features)
 
-    # a dataset that names its classes (a ClassLabel feature, as on the Hub) keeps its own names
-    named = Dataset.from_pandas(train, preserve_index=False).cast_column("label", ClassLabel(names=["neg", "pos"]))
-    saved = tmp_path / "named"
-    DatasetDict(train=named, validation=named).save_to_disk(saved)
-    got = resolve(cfg_with(f"data.path={saved}"))
-    assert label_names(got, cfg_with().data) == ["neg", "pos"]
+
+def unnamed_csv(path, n=40):
+    """A csv of two classes (0, 1) that names neither."""
+    write(pd.DataFrame({"sentence": [f"sentence number {i}" for i in range(n)], "label": [i % 2 for i in range(n)]}),
+          path, "csv")
+    return path
+
+
+def test_class_names_are_the_settings_else_the_datasets_own(tmp_path):
+    from datasets import DatasetDict
+
+    csv = unnamed_csv(tmp_path / "mine.csv")
+    assert label_names(resolve(cfg_with(f"data.path={csv}", "data.label_names=[bad,good]")), cfg_with().data) == [
+        "bad", "good"]
+    # a dataset that names its classes (a ClassLabel feature), saved to disk or as parquet: its own names
+    named = named_dataset(["neg", "pos"])
+    DatasetDict(train=named, validation=named).save_to_disk(tmp_path / "saved")
+    (tmp_path / "pq").mkdir()
+    named.to_parquet(tmp_path / "pq" / "train.parquet")
+    named.to_parquet(tmp_path / "pq" / "validation.parquet")
+    for folder in ("saved", "pq"):
+        assert label_names(resolve(cfg_with(f"data.path={tmp_path / folder}")), cfg_with().data) == ["neg", "pos"]
+    given = cfg_with(f"data.path={tmp_path / 'pq'}", "data.label_names=[bad,good]")  # a setting renames them
+    assert label_names(resolve(given), cfg_with().data) == ["bad", "good"]
+
+
+@pytest.mark.parametrize("variant,hub_names", [("imdb", ["neg", "pos"]),
+                                                ("ag_news", ["World", "Sports", "Business", "Sci/Tech"])])
+def test_hub_variants_keep_their_datasets_names_offline(tmp_path, monkeypatch, variant, hub_names):
+    """configs/imdb.yaml and ag_news.yaml name the classes as their Hub datasets do; a local copy of the dataset
+    (found by its name, as the Hub's would be) gives the same names with or without the variant's setting."""
+    from datasets import DatasetDict
+
+    cfg = load_config(variant)
+    named = named_dataset(hub_names)
+    DatasetDict({cfg.data.train_split: named, cfg.data.eval_split: named}).rename_column(
+        "sentence", cfg.data.text_column).save_to_disk(tmp_path / cfg.data.name.split("/")[-1])
+    monkeypatch.setenv("NORMLAB_DATA_DIR", str(tmp_path))
+    assert cfg.data.label_names == hub_names
+    assert label_names(resolve(cfg), cfg.data) == hub_names
+    own = load_config(variant, ["data.label_names=null"])
+    assert label_names(resolve(own), own.data) == hub_names
+    bare = cfg_with(f"data.name={cfg.data.name}", f"data.text_column={cfg.data.text_column}",
+                    f"data.eval_split={cfg.data.eval_split}")  # SST-2's default names do not follow it
+    assert bare.data.label_names is None and label_names(resolve(bare), bare.data) == hub_names
+
+
+def test_data_without_class_names_is_refused_in_one_line(tmp_path):
+    csv = unnamed_csv(tmp_path / "mine.csv")
+    for overrides in ([], ["data.label_names=null"]):
+        with pytest.raises(DataError) as err:
+            resolve(cfg_with(f"data.path={csv}", *overrides))
+        assert str(err.value) == (f"data.label_names is required: {csv} has 2 classes (0, 1) and no class names; "
+                                  f"set data.label_names=[neg,pos] (one per class, in label order)")
+    wrong = {"data.label_names=[a,b,c]": "data.label_names=[a, b, c] gives 3 names but",
+             "data.label_names=[a]": "data.label_names=[a] gives 1 names but",
+             "data.label_names=[a,a]": "data.label_names=[a, a] names two classes 'a'; give 2 distinct names"}
+    for override, words in wrong.items():
+        with pytest.raises(DataError) as err:
+            resolve(cfg_with(f"data.path={csv}", override))
+        assert words in str(err.value) and "(one per class, in label order)" in str(err.value), str(err.value)
+        assert "\n" not in str(err.value)
+    named = named_dataset(["neg", "pos"])
+    named.to_parquet(tmp_path / "train.parquet")
+    named.to_parquet(tmp_path / "validation.parquet")
+    with pytest.raises(DataError, match=r"data.num_labels=3 but .* names 2 classes \(neg, pos\); set data.num_labels"):
+        resolve(cfg_with(f"data.path={tmp_path}", "data.num_labels=3"))
+
+
+def test_train_refuses_unnamed_data_before_it_trains(tmp_path, capsys):
+    from train_utils import run_here
+
+    csv = unnamed_csv(tmp_path / "mine.csv")
+    assert run_here(tmp_path / "run", f"data.path={csv}") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: data.label_names is required: {csv} has 2 classes (0, 1) and no class names; set "
+                   f"data.label_names=[neg,pos] (one per class, in label order)"]
+    assert not (tmp_path / "run" / "config.yaml").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("source", ["csv with data.label_names", "parquet with ClassLabel names"])
+def test_a_trained_model_names_its_classes_as_its_data(tmp_path, source):
+    """config.json's id2label, the model card and a pipeline: the given names, or the dataset's own."""
+    from transformers import pipeline
+
+    from train_utils import run_here
+
+    if source.startswith("csv"):
+        data = [f"data.path={unnamed_csv(tmp_path / 'mine.csv', n=80)}", "data.label_names=[bad,good]"]
+        names = ["bad", "good"]
+    else:
+        names = ["neg", "pos"]
+        named_dataset(names, n=80).to_parquet(tmp_path / "mine.parquet")
+        data = [f"data.path={tmp_path / 'mine.parquet'}"]
+    out = tmp_path / "run"
+    assert run_here(out, *data, "train.max_steps=2", "train.kernels=reference", "model.vocab_size=200") == 0
+    assert json.loads((out / "final" / "config.json").read_text())["id2label"] == dict(zip("01", names))
+    assert f"Labels: 0 = {names[0]}, 1 = {names[1]}." in (out / "final" / "README.md").read_text()
+    classify = pipeline("text-classification", model=str(out / "final"), trust_remote_code=True, device="cpu")
+    assert classify("sentence number 3")[0]["label"] in names
 
 
 def test_normlab_data_dir_comes_before_the_shared_mirror(tmp_path, monkeypatch, sst2_rows):
@@ -130,7 +221,7 @@ def test_local_folder_in_every_format(tmp_path, sst2_rows, fmt):
     train = train.iloc[:50].assign(sentence=lambda df: df.sentence + ", yes, with commas")  # tsv must keep them
     write(train, tmp_path / f"train.{fmt}", fmt)
     write(validation.iloc[:20], tmp_path / f"validation.{fmt}", fmt)
-    dsd = resolve(cfg_with(f"data.path={tmp_path}"))
+    dsd = resolve(cfg_with(f"data.path={tmp_path}", NAMED))
     assert (len(dsd["train"]), len(dsd["validation"])) == (50, 20)
     assert col(dsd["train"], "sentence") == list(train.sentence)
     assert col(dsd["train"], "label") == list(train.label)
@@ -139,15 +230,15 @@ def test_local_folder_in_every_format(tmp_path, sst2_rows, fmt):
 def test_single_file_is_split_90_10_deterministically_and_dev_means_validation(tmp_path, sst2_rows):
     train, validation = sst2_rows
     write(train.iloc[:100], tmp_path / "all.jsonl", "jsonl")
-    a = resolve(cfg_with(f"data.path={tmp_path / 'all.jsonl'}"))
-    b = resolve(cfg_with(f"data.path={tmp_path / 'all.jsonl'}", "seed=7"))
+    a = resolve(cfg_with(f"data.path={tmp_path / 'all.jsonl'}", NAMED))
+    b = resolve(cfg_with(f"data.path={tmp_path / 'all.jsonl'}", NAMED, "seed=7"))
     assert (len(a["train"]), len(a["validation"])) == (90, 10)
     assert col(a["validation"], "idx") == col(b["validation"], "idx")  # the split does not follow the training seed
     assert sorted(col(a["train"], "idx") + col(a["validation"], "idx")) == sorted(train.idx[:100])
     (tmp_path / "glue").mkdir()
     write(train.iloc[:30], tmp_path / "glue" / "train.tsv", "tsv")
     write(validation.iloc[:10], tmp_path / "glue" / "dev.tsv", "tsv")
-    assert len(resolve(cfg_with(f"data.path={tmp_path / 'glue'}"))["validation"]) == 10
+    assert len(resolve(cfg_with(f"data.path={tmp_path / 'glue'}", NAMED))["validation"]) == 10
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -244,9 +335,9 @@ def test_num_labels_from_config_or_inferred(tmp_path, sst2_rows):
     train = sst2_rows[0].iloc[:30]
     write(train, tmp_path / "train.parquet", "parquet")
     write(train, tmp_path / "validation.parquet", "parquet")
-    assert len(label_names(resolve(cfg_with(f"data.path={tmp_path}")), cfg_with().data)) == 2
+    assert len(label_names(resolve(cfg_with(f"data.path={tmp_path}", NAMED)), cfg_with().data)) == 2
     assert len(label_names(resolve(cfg_with(f"data.path={tmp_path}", "data.num_labels=5",
-                                                     "data.label_names=null")), cfg_with().data)) == 5
+                                            "data.label_names=[a,b,c,d,e]")), cfg_with().data)) == 5
 
 
 # ----------------------------------------------------------------------------------------------------------

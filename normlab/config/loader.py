@@ -202,15 +202,30 @@ def load_config(config_file: str | None = None, overrides=(), saved: tuple[dict,
     except ValueError as e:
         raise ConfigError(str(e)) from None
     cfg = OmegaConf.structured(RunConfig)
-    for layer, source in files + ([saved] if saved is not None else []) + list(layers):
+    above_default = files[1:] + ([saved] if saved is not None else []) + list(layers)
+    for layer, source in files[:1] + above_default:
         cfg = _merge(cfg, [(key, value, None) for key, value in flatten_config(layer).items()], source)
-    cfg = _merge(cfg, [_parse_override(item) for item in overrides], "command line")
+    pairs = [_parse_override(item) for item in overrides]
+    cfg = _merge(cfg, pairs, "command line")
     unset = [k for k in OmegaConf.missing_keys(cfg) if not k.startswith("model.")]
     if unset:
         raise ConfigError(f"{DEFAULT_CONFIG} has no value for {', '.join(sorted(unset))}; add it there")
-    out = _typed(OmegaConf.to_container(cfg))
+    named = [key for key, _, _ in pairs] + [key for layer, _ in above_default for key in flatten_config(layer)]
+    out = _default_names_stay_with_their_data(_typed(OmegaConf.to_container(cfg)), files[0][0],
+                                              "data.label_names" in named)
     _validate(out, resume_given=saved is None)
     return out
+
+
+def _default_names_stay_with_their_data(cfg: RunConfig, default: Mapping, named: bool) -> RunConfig:
+    """configs/default.yaml's data.label_names name its own dataset's classes (SST-2's, which its local copies do
+    not carry). Other data (a data.path, another data.name) does not inherit them: unless a layer above the defaults
+    names the classes (`named`), they are null, and the data's own names or a one-line refusal decide them
+    (normlab/data/sources.py, _class_names)."""
+    d = cfg.data
+    if named or (d.path is None and d.name == default.get("data", {}).get("name")):
+        return cfg
+    return replace_keys(cfg, {"data.label_names": None})
 
 
 def _typed(values: dict) -> RunConfig:

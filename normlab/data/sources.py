@@ -239,14 +239,14 @@ def _split_class_names(ds, split: str, col: str, source: str) -> list[str] | Non
 
 def _check_labels(dsd, splits, col: str, num_labels: int | None, source: str, given_names=None):
     """Labels present, integer, in [0, num_labels): the DatasetDict with the label column cast to ClassLabel, so
-    the classes and their names travel with the data. The names are the dataset's own (a ClassLabel feature),
-    else `given_names` (data.label_names), else "0", "1", ..."""
+    the classes and their names travel with the data. The names (_class_names) are `given_names`
+    (data.label_names), else the dataset's own (a ClassLabel feature); data with neither is refused."""
     from datasets import ClassLabel
 
     split_names = [_split_class_names(dsd[split], split, col, source) for split in splits]
-    names = next((n for n in split_names if n), None)
-    if num_labels is None and names is not None:
-        num_labels = len(names)
+    own = next((n for n in split_names if n), None)
+    if num_labels is None and own is not None:
+        num_labels = len(own)
     elif num_labels is None:  # inferred from the training labels
         num_labels = int(max(column(dsd[splits[0]], col))) + 1
         if num_labels < 2:
@@ -259,29 +259,38 @@ def _check_labels(dsd, splits, col: str, num_labels: int | None, source: str, gi
             raise DataError(f"{bad.size} rows in split {split!r} of {source} have labels outside [0, {num_labels}) "
                             f"(first: row {bad[0]}, label {values[bad[0]]}); fix the labels, set data.num_labels, "
                             f"or pick a labeled data.eval_split")
-    if names is None or len(names) != num_labels:
-        names = _given_label_names(given_names, num_labels, source)
-    label_feature = ClassLabel(names=names)
+    label_feature = ClassLabel(names=_class_names(given_names, own, num_labels, source))
     for split in splits:
         if dsd[split].features[col] != label_feature:
             dsd[split] = dsd[split].cast_column(col, label_feature)
     return dsd
 
 
-def _given_label_names(given, num_labels: int, source: str) -> list[str]:
-    """data.label_names for a dataset that does not name its classes; "0", "1", ... when it is null, or (with a
-    warning: the default names SST-2's two classes) when it does not fit."""
-    ids = [str(i) for i in range(num_labels)]
-    if not given:
-        return ids
-    if len(given) != num_labels or len(set(given)) != len(given):
-        import warnings
-
-        warnings.warn(f"data.label_names={list(given)} does not name the {num_labels} classes of {source} (one "
-                      f"distinct name per class id); the classes are named {', '.join(ids)}. Set data.label_names "
-                      f"to {num_labels} names, or to null", stacklevel=2)
-        return ids
-    return [str(name) for name in given]
+def _class_names(given, own, num_labels: int, source: str) -> list[str]:
+    """The names of classes 0..num_labels-1: `given` (data.label_names) when set, else `own`, the dataset's
+    ClassLabel names. Never made up: a model's id2label, its card and a pipeline's output show them, so data
+    without names needs data.label_names (SST-2's come from configs/default.yaml, as its local copies have none)."""
+    ids = ", ".join(map(str, range(num_labels))) if num_labels <= 6 else f"0, 1, ..., {num_labels - 1}"
+    example = "neg,pos" if num_labels == 2 else ",".join(f"name{i}" for i in range(min(num_labels, 3)))
+    example += ",..." if num_labels > 3 else ""
+    fix = f"(one per class, in label order), e.g. data.label_names=[{example}]"
+    if given is not None:
+        shown = f"[{', '.join(map(str, given))}]"
+        if len(given) != num_labels:
+            raise DataError(f"data.label_names={shown} gives {len(given)} names but {source} has {num_labels} "
+                            f"classes ({ids}); give {num_labels} names {fix}")
+        repeated = next((name for name in given if list(given).count(name) > 1), None)
+        if repeated is not None:
+            raise DataError(f"data.label_names={shown} names two classes {repeated!r}; give {num_labels} "
+                            f"distinct names {fix}")
+        return [str(name) for name in given]
+    if own is None:
+        raise DataError(f"data.label_names is required: {source} has {num_labels} classes ({ids}) and no class names; "
+                        f"set data.label_names=[{example}] (one per class, in label order)")
+    if len(own) != num_labels:
+        raise DataError(f"data.num_labels={num_labels} but {source} names {len(own)} classes ({', '.join(own)}); set "
+                        f"data.num_labels=null to use them, or data.label_names to {num_labels} names {fix}")
+    return own
 
 
 def resolve_dataset(d, with_labels: bool):
