@@ -334,3 +334,25 @@ def test_the_default_class_names_stay_with_sst2(tmp_path):
     older = {**load_config().to_dict(), "data": {**load_config().data, "path": "/data/mine.csv"}}
     assert load_config(saved=(older, "in a run's config.yaml")).data.label_names == ["negative", "positive"]
 
+
+def test_normlab_train_is_train_py_and_exits_2_on_a_bad_config(tmp_path, capsys):
+    """The installed entry point (pyproject.toml) runs train.py's main, from any directory, with its exit codes."""
+    import subprocess
+    import sysconfig
+    from importlib.metadata import entry_points
+    from pathlib import Path
+
+    import train
+
+    entries = entry_points(group="console_scripts", name="normlab-train")
+    assert entries, "no normlab-train entry point: install the checkout again (pip install --no-deps -e .)"
+    assert next(iter(entries)).load() is train.main
+    with pytest.raises(SystemExit) as done:
+        train.main(["--help"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("usage: ")
+    script = Path(sysconfig.get_path("scripts")) / "normlab-train"
+    bad = subprocess.run([str(script), "train.lr=-1", f"output_dir={tmp_path / 'run'}"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == ["error: train.lr=-1.0 must be > 0"]
+    assert not (tmp_path / "run").exists()

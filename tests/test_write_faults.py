@@ -166,7 +166,7 @@ def test_an_output_dir_that_cannot_be_written_is_refused_before_any_data_is_load
     def no_data(*args, **kwargs):
         raise AssertionError("data was loaded")
 
-    monkeypatch.setattr(train, "load_tokenized", no_data)
+    monkeypatch.setattr("normlab.cli.train.load_tokenized", no_data)  # train.py runs normlab.cli.train
     # a part of the path is a file
     (tmp_path / "a-file").write_text("")
     assert run_here(tmp_path / "a-file" / "run") == train.EXIT_BAD_INPUT

@@ -180,9 +180,10 @@ def _validate(cfg: RunConfig, resume_given: bool):
 
 
 def resolve_config_file(config_file: str) -> Path:
-    """A path to a YAML file, or a bare variant name (`post_ln` -> configs/post_ln.yaml)."""
+    """A path to a YAML file (from the current directory, else from the checkout: `configs/post_ln.yaml` works
+    anywhere), or a bare variant name (`post_ln` -> configs/post_ln.yaml)."""
     path = Path(config_file)
-    for candidate in (path, CONFIG_DIR / config_file, CONFIG_DIR / f"{config_file}.yaml"):
+    for candidate in (path, REPO_ROOT / path, CONFIG_DIR / config_file, CONFIG_DIR / f"{config_file}.yaml"):
         if candidate.is_file():
             return candidate
     variants = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml") if p.stem != "default")
