@@ -35,8 +35,14 @@ HINTS = {
     "model.max_length": "the truncation length is data.max_length",
 }
 BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "lt": ("<", operator.lt)}
-USAGE = ("train.py [--config FILE|NAME] [--debug] [key.sub=value ...]   "
+USAGE = ("{prog} [--config FILE|NAME] [--debug] [key.sub=value ...]   "
          "e.g. --config post_ln model.norm=rmsnorm train.lr=1e-3")
+
+
+def usage() -> str:
+    """USAGE under the name the run was started by: train.py, or the installed normlab-train."""
+    installed = bool(sys.argv) and Path(sys.argv[0]).name == "normlab-train"
+    return USAGE.format(prog="normlab-train" if installed else "train.py")
 
 
 def _keys_named(name: str) -> list[str]:
@@ -301,11 +307,11 @@ def parse_cli(argv=None):
         elif arg == "--debug":
             debug = True
         elif arg in ("-h", "--help"):
-            print(f"usage: {USAGE}")
+            print(f"usage: {usage()}")
             raise SystemExit(0)
         elif arg.startswith("-") and "=" not in arg:
             hint = _as_override(arg.lstrip("-"), next(args, None))  # `--max_steps 200`: train.max_steps=200
-            raise ConfigError(f"unknown option {arg!r}{hint}; usage: {USAGE}")
+            raise ConfigError(f"unknown option {arg!r}{hint}; usage: {usage()}")
         elif "=" not in arg:
             raise ConfigError(f"unexpected argument {arg!r}: overrides are key=value (e.g. train.lr=1e-3) and a "
                               f"config file goes after --config")
