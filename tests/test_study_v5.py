@@ -74,3 +74,24 @@ def test_the_manipulation_check_averages_the_spread_over_seeds():
     rows = [{"variant": "a", "cosine": [1.0, 0.2]}, {"variant": "a", "cosine": [1.0, 0.4]},
             {"variant": "b", "cosine": [1.0, 1.0]}]
     assert report_v5.spread_by_arm(rows) == pytest.approx({"a": 0.7, "b": 0.0})
+
+
+def test_a_reused_cell_is_checked_against_its_committed_runs_and_a_retrained_one_replaces_them():
+    old = Records([synthetic_run("ln_pre", lr, seed, 120, 0.75) for lr in (BEST, RUNNER) for seed in range(3)],
+                  {"tune/ln_pre/wuon": {"lr": BEST, "runner_up": RUNNER}})
+    here = [synthetic_run("ln_ln_off", lr, seed, 110 if seed else 120, 0.76 if seed else 0.75,
+                          experiment="ln_ln_off_here")
+            for lr in (BEST, RUNNER) for seed in range(3)]
+    here[0]["experiments"] = ["check", "ln_ln_off_here"]  # seed 0 at the best LR: shared with the check
+    reuse = {"records": "elsewhere", "cells": {"ln_ln_off": "ln_pre"}}
+    d = report_v5.Design(Records(here, {}), {"factors": FACTORS, "reuse": reuse}, load=lambda path: old)
+    assert d.runs("ln_ln_off", 1) == old.arm("board", "ln_pre", lr=RUNNER)  # not retrained: the committed runs
+    assert "reproduced exactly" in report_v5.check_lines(d)[0]  # seed 0 trained the same
+    here[0]["curves"]["loss"][-1] += 1e-5
+    retrained = report_v5.Design(Records(here, {}), {"factors": FACTORS, "reuse": {
+        **reuse, "retrained": {"ln_ln_off": "ln_ln_off_here"}}}, load=lambda path: old)
+    line = report_v5.check_lines(retrained)[0]
+    assert "differs from the committed record" in line and "retrained here (`ln_ln_off_here`)" in line
+    assert [r["seed"] for r in retrained.runs("ln_ln_off", 0)] == [0, 1, 2]
+    assert all(r["experiment"] == "ln_ln_off_here" for r in retrained.runs("ln_ln_off", 0))
+    assert retrained.committed_only().runs("ln_ln_off", 0) == old.arm("board", "ln_pre", lr=BEST)

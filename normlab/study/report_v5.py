@@ -41,15 +41,27 @@ class Design:
         self.rec, self.factors = rec, design["factors"]
         reuse = design.get("reuse") or {}
         self.reused = dict(reuse.get("cells") or {})
+        self.retrained = dict(reuse.get("retrained") or {})  # cell -> this study's experiment that retrained it
         self.source = reuse.get("records")
         self.old = load(REPO_ROOT / self.source) if self.reused else None
         self.names = sorted({f for levels in self.factors.values() for f in levels})
         self.levels = {f: sorted({cell[f] for cell in self.factors.values()}, key=_level_order) for f in self.names}
 
     def runs(self, cell: str, rank: int) -> list[dict]:
+        """The cell's runs at its best (rank 0) or runner-up LR: retrained here at the reused study's LRs, else
+        the reused study's own, else this study's board."""
+        if cell in self.retrained:
+            lr = rules.lr_of_rank(v4.choice(self.old, self.reused[cell]), rank)
+            return self.rec.arm(self.retrained[cell], cell, "on", lr)
         if cell in self.reused:
             return v4.runs_at(self.old, self.reused[cell], rank)
         return v4.runs_at(self.rec, cell, rank)
+
+    def committed_only(self) -> "Design":
+        """The same design with the reused cells read from the committed records even where retrained here."""
+        other = Design.__new__(Design)
+        other.__dict__.update(self.__dict__, retrained={})
+        return other
 
     def per_seed(self, cell: str, rank: int, field: str) -> dict:
         fn = v4.exit_or_end if field == "exit" else (lambda r: value(r, field))
@@ -122,9 +134,35 @@ def check_lines(d: Design) -> list[str]:
         old = [r for r in v4.runs_at(d.old, old_name, 0) if new and r["seed"] == new[0]["seed"]]
         same = bool(new and old) and record_digest(new[0]) == record_digest(old[0])
         what = "no check run" if not new else ("reproduced exactly (same digest of every measurement)" if same
-                                               else "DIFFERS from the committed record: the reuse is invalid")
-        lines.append(f"- `{cell}` = {d.source}'s `{old_name}`, seed {new[0]['seed'] if new else '-'}: {what}")
+                                               else "differs from the committed record")
+        machines = f" (here: {new[0].get('machine')}; committed: {old[0].get('machine')})" if new and old else ""
+        used = (f"; the design uses the cell retrained here (`{d.retrained[cell]}`)" if cell in d.retrained
+                else "; the design uses the committed runs")
+        lines.append(f"- `{cell}` = {d.source}'s `{old_name}`, seed {new[0]['seed'] if new else '-'}: {what}"
+                     f"{machines}{used}")
     return lines
+
+
+def committed_lines(d: Design) -> list[str]:
+    """Where cells were retrained: each one here against its committed runs, and the exit contrasts with the
+    committed runs in their place (the same seeds and LRs, another machine)."""
+    if not d.retrained:
+        return []
+    old = d.committed_only()
+    rows = []
+    for cell in d.retrained:
+        for rank in (0, 1):
+            here, there = d.runs(cell, rank), old.runs(cell, rank)
+            rows.append([f"`{cell}`", rules.RANKS[rank], f"{np.median([v4.exit_or_end(r) for r in here]):.0f}",
+                         f"{np.median([v4.exit_or_end(r) for r in there]):.0f}",
+                         md.mean_ci([value(r, 'accuracy') for r in here]),
+                         md.mean_ci([value(r, 'accuracy') for r in there])])
+    lines = md.table(["cell", "LR rank", "median exit here", "committed", "accuracy here", "committed"], rows)
+    effects = []
+    for row, c in zip(contrast_rows(old, "exit"), contrasts(old)):
+        effects.append([row["contrast"], _fmt(row, 0, len(contrasts(old))), _fmt(row, 1, len(contrasts(old)))])
+    return [*lines, "The exit contrasts with the committed runs of those cells in place of the retrained ones:", "",
+            *md.table(["contrast", "best LRs", "runner-up LRs"], effects)]
 
 
 # predicted signs (docs/study-v5/predictions.md); a contrast without one is reported as separated or not
@@ -199,7 +237,7 @@ def cell_lines(d: Design, spread: dict) -> list[str]:
             rows.append([f"`{cell}`", ", ".join(f"{f} {v}" for f, v in levels.items()), rules.RANKS[rank],
                          f"{runs[0]['lr']:.3g}", f"{np.median(exits):.0f}", md.mean_ci(exits),
                          md.mean_ci([value(r, 'accuracy') for r in runs]), f"{spread.get(cell, math.nan):.3g}",
-                         "reused" if cell in d.reused else "here", len(runs)])
+                         "reused" if cell in d.reused and cell not in d.retrained else "here", len(runs)])
     header = ["cell", "levels", "LR rank", "LR", "median exit", "mean exit", "final accuracy", "16-step spread",
               "runs", "seeds"]
     return md.table(header, rows)
@@ -239,6 +277,7 @@ def write_report(rec: Records, meta: dict, design: dict, load, signal: list[dict
              "Every contrast is per seed, each cell at its own best (then runner-up) LR; exact sign-flip test, Holm "
              "over one outcome's seven contrasts; a verdict only where both LR ranks agree.", "",
              *[f"![{f}]({f})" for f in figures], "", "## Reused cells", "", *check_lines(d), "",
+             *committed_lines(d),
              "## Cells", "", *cell_lines(d, spread),
              f"Horizon rule for accuracy (every cell's median exit in the first third, ranking settled over the last "
              f"two evaluations): best LRs {'met' if hz[0] else 'not met'}, runner-up LRs "
