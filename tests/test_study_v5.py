@@ -67,6 +67,7 @@ def test_too_few_seeds_could_not_decide_and_the_horizon_rule_holds_back_accuracy
     assert report_v5.horizon_ok(late) == {0: True, 1: True}  # the centring arm is not a cell of the design
     text = report_v5.write_report(late.rec, {"name": "synthetic", "invocations": []}, DESIGN, None, [], tmp_path)
     assert "### plateau exit step" in text and "| final | < 0 |" in text and "**confirmed**" in text
+    assert "| `ln_mbn_on` | block ln, final mbn, emb on | best |" in text
     assert (tmp_path / "answer.png").is_file()
 
 

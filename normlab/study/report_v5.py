@@ -17,7 +17,7 @@ from normlab.study import rules
 from normlab.study.analysis import Records, by_seed, value
 from normlab.study.grid import REPO_ROOT, StudyError, resolve_preset
 from normlab.study.records import record_digest
-from normlab.study.seedstats import holm
+from normlab.study.seedstats import holm, t_interval
 
 TEST = "permutation"  # exact sign-flip: needs no calibration, its floor is planned
 CHECK = "check"
@@ -38,7 +38,10 @@ class Design:
     """The cells, their factor levels, and where each cell's runs are: this study's records, or reused ones."""
 
     def __init__(self, rec: Records, design: dict, load):
-        self.rec, self.factors = rec, design["factors"]
+        self.rec = rec
+        # YAML reads off/on as booleans: the levels are words again
+        self.factors = {cell: {f: ({True: "on", False: "off"}[v] if isinstance(v, bool) else str(v))
+                               for f, v in levels.items()} for cell, levels in design["factors"].items()}
         reuse = design.get("reuse") or {}
         self.reused = dict(reuse.get("cells") or {})
         self.retrained = dict(reuse.get("retrained") or {})  # cell -> this study's experiment that retrained it
@@ -71,9 +74,9 @@ class Design:
         return next(c for c, lv in self.factors.items() if all(lv[f] == v for f, v in levels.items()))
 
 
-def _level_order(level) -> tuple:
+def _level_order(level: str) -> tuple:
     """The reference level first: LN before masked BN, off before on."""
-    return (str(level) not in ("ln", "off", "False"), str(level))
+    return (level not in ("ln", "off"), level)
 
 
 def contrast(d: Design, table: dict, factors: tuple) -> float:
@@ -220,7 +223,7 @@ def effect_lines(d: Design, field: str, horizon: dict | None = None) -> list[str
         best, runner = (_fmt(row, r, family) for r in (0, 1))
         predicted = {None: "-", -1: "< 0", 1: "> 0"}[sign]
         out.append([row["contrast"], predicted, best, runner, f"**{v}**"])
-    header = ["contrast", "predicted", "best LRs: estimate [95% CI] | Holm p", "runner-up LRs", "verdict"]
+    header = ["contrast", "predicted", "best LRs: estimate [95% CI] \\| Holm p (floor)", "runner-up LRs", "verdict"]
     return [f"### {title}", "", *md.table(header, out), ""]
 
 
@@ -235,12 +238,17 @@ def cell_lines(d: Design, spread: dict) -> list[str]:
             exits = [v4.exit_or_end(r) for r in runs]
             levels = d.factors.get(cell, {"block": "ln", "final": "ln", "emb": "off", "centred": "yes"})
             rows.append([f"`{cell}`", ", ".join(f"{f} {v}" for f, v in levels.items()), rules.RANKS[rank],
-                         f"{runs[0]['lr']:.3g}", f"{np.median(exits):.0f}", md.mean_ci(exits),
+                         f"{runs[0]['lr']:.3g}", f"{np.median(exits):.0f}", _mean_ci_steps(exits),
                          md.mean_ci([value(r, 'accuracy') for r in runs]), f"{spread.get(cell, math.nan):.3g}",
                          "reused" if cell in d.reused and cell not in d.retrained else "here", len(runs)])
     header = ["cell", "levels", "LR rank", "LR", "median exit", "mean exit", "final accuracy", "16-step spread",
               "runs", "seeds"]
     return md.table(header, rows)
+
+
+def _mean_ci_steps(exits) -> str:
+    lo, hi = t_interval(np.asarray(exits, dtype=float))
+    return f"{np.mean(exits):.0f} ± {(hi - lo) / 2:.0f}"
 
 
 def center_lines(d: Design) -> list[str]:
@@ -249,7 +257,8 @@ def center_lines(d: Design) -> list[str]:
         row = center_row(d, field)
         sign = row["sign"] if field == "exit" else None
         rows.append([row["contrast"], title, _fmt(row, 0, 1), _fmt(row, 1, 1), f"**{verdict(row, sign, 1)}**"])
-    return md.table(["comparison", "outcome", "best LRs: estimate [95% CI] \\| p", "runner-up LRs", "verdict"], rows)
+    return md.table(["comparison", "outcome", "best LRs: estimate [95% CI] \\| p (floor)", "runner-up LRs",
+                     "verdict"], rows)
 
 
 def aa_lines(d: Design) -> list[str]:
