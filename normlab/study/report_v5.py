@@ -55,7 +55,9 @@ class Design:
         the reused study's own, else this study's board."""
         if cell in self.retrained:
             lr = rules.lr_of_rank(v4.choice(self.old, self.reused[cell]), rank)
-            return self.rec.arm(self.retrained[cell], cell, "on", lr)
+            # the check's run is the retrained cell's too at its seed and LR (a shared run, trained first)
+            runs = {r["name"]: r for e in (CHECK, self.retrained[cell]) for r in self.rec.arm(e, cell, "on", lr)}
+            return sorted(runs.values(), key=lambda r: r["seed"])
         if cell in self.reused:
             return v4.runs_at(self.old, self.reused[cell], rank)
         return v4.runs_at(self.rec, cell, rank)
@@ -251,6 +253,21 @@ def _mean_ci_steps(exits) -> str:
     return f"{np.mean(exits):.0f} ± {(hi - lo) / 2:.0f}"
 
 
+def manipulation_lines(d: Design, signal: list[dict], high: float = 0.5, low: float = 0.05) -> list[str]:
+    """Prediction M: the 16-step spread is above `high` where a batch statistic comes last (a masked-BN final
+    norm, the centring) and below `low` where LN does; the cells that break it."""
+    spread = spread_by_arm(signal)
+    expect = {cell: ("high" if lv["final"] == "mbn" else "low") for cell, lv in d.factors.items()}
+    expect[CENTER[1]] = "high"
+    broken = [f"`{c}` ({spread[c]:.3g}, predicted {e})" for c, e in expect.items() if c in spread
+              and not (spread[c] > high if e == "high" else spread[c] < low)]
+    verdict = "holds" if not broken else f"fails in {len(broken)} of {len(expect)} arms: " + ", ".join(broken)
+    return [f"Predicted: 1 - cosine after 16 steps > {high} where masked BN is the final norm or the pooled vector "
+            f"is centred, < {low} where LN is the final norm (means over {len({r['seed'] for r in signal})} seeds, "
+            f"LR {signal[0]['lr'] if signal else '-'}). "
+            f"It {verdict}.", ""]
+
+
 def center_lines(d: Design) -> list[str]:
     rows = []
     for field, (title, _) in OUTCOMES.items():
@@ -290,7 +307,8 @@ def write_report(rec: Records, meta: dict, design: dict, load, signal: list[dict
              "## Cells", "", *cell_lines(d, spread),
              f"Horizon rule for accuracy (every cell's median exit in the first third, ranking settled over the last "
              f"two evaluations): best LRs {'met' if hz[0] else 'not met'}, runner-up LRs "
-             f"{'met' if hz[1] else 'not met'}.", "", "## Effects", "",
+             f"{'met' if hz[1] else 'not met'}.", "", "## Manipulation check: the 16-step spread", "",
+             *manipulation_lines(d, signal), "## Effects", "",
              *effect_lines(d, "exit"), *effect_lines(d, "accuracy", hz),
              "## The centring arm", "", *center_lines(d), "## Calibration", "", *aa_lines(d), "",
              "## Provenance", "", *v4.provenance_lines(rec, meta)]
