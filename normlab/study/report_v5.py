@@ -38,7 +38,7 @@ class Design:
     """The cells, their factor levels, and where each cell's runs are: this study's records, or reused ones."""
 
     def __init__(self, rec: Records, design: dict, load):
-        self.rec = rec
+        self.rec, self.design = rec, design
         # YAML reads off/on as booleans: the levels are words again
         self.factors = {cell: {f: ({True: "on", False: "off"}[v] if isinstance(v, bool) else str(v))
                                for f, v in levels.items()} for cell, levels in design["factors"].items()}
@@ -51,8 +51,8 @@ class Design:
         self.levels = {f: sorted({cell[f] for cell in self.factors.values()}, key=_level_order) for f in self.names}
 
     def runs(self, cell: str, rank: int) -> list[dict]:
-        """The cell's runs at its best (rank 0) or runner-up LR: retrained here at the reused study's LRs, else
-        the reused study's own, else this study's board."""
+        """A cell's (or another arm's) runs at its best (rank 0) or runner-up LR: retrained here at the reused
+        study's LRs, else the reused study's own, else this study's board."""
         if cell in self.retrained:
             lr = rules.lr_of_rank(v4.choice(self.old, self.reused[cell]), rank)
             # the check's run is the retrained cell's too at its seed and LR (a shared run, trained first)
@@ -64,16 +64,19 @@ class Design:
 
     def committed_only(self) -> "Design":
         """The same design with the reused cells read from the committed records even where retrained here."""
-        other = Design.__new__(Design)
-        other.__dict__.update(self.__dict__, retrained={})
-        return other
+        reuse = {**self.design["reuse"], "retrained": {}}
+        return Design(self.rec, {**self.design, "reuse": reuse}, load=lambda path: self.old)
 
     def per_seed(self, cell: str, rank: int, field: str) -> dict:
-        fn = v4.exit_or_end if field == "exit" else (lambda r: value(r, field))
-        return by_seed(self.runs(cell, rank), fn)
+        return by_seed(self.runs(cell, rank), _fn(field))
 
     def cell(self, **levels) -> str:
         return next(c for c, lv in self.factors.items() if all(lv[f] == v for f, v in levels.items()))
+
+
+def _fn(field: str):
+    """A run's value of `field`: its plateau exit (or its length), else a validation score."""
+    return v4.exit_or_end if field == "exit" else (lambda r: value(r, field))
 
 
 def _level_order(level: str) -> tuple:
@@ -120,15 +123,13 @@ def center_row(d: Design, field: str) -> dict:
     claim, arm, ref, sign = CENTER
     by_rank, nonzero = {}, {}
     for rank in (0, 1):
-        a, b = by_seed(v4.runs_at(d.rec, arm, rank), _fn(field)), d.per_seed(ref, rank, field)
+        a, b = d.per_seed(arm, rank, field), d.per_seed(ref, rank, field)
         e = rules.estimate([a[s] - b[s] for s in sorted(set(a) & set(b))], TEST)
         by_rank[rank] = (e, e.p)
         nonzero[rank] = sum(1 for s in set(a) & set(b) if a[s] != b[s])
     return {"contrast": f"{arm} - {ref}", "by_rank": by_rank, "nonzero": nonzero, "sign": sign, "id": claim}
 
 
-def _fn(field: str):
-    return v4.exit_or_end if field == "exit" else (lambda r: value(r, field))
 
 
 def check_lines(d: Design) -> list[str]:
@@ -234,7 +235,7 @@ def cell_lines(d: Design, spread: dict) -> list[str]:
     rows = []
     for cell in [*d.factors, CENTER[1]]:
         for rank in (0, 1):
-            runs = d.runs(cell, rank) if cell in d.factors else v4.runs_at(d.rec, cell, rank)
+            runs = d.runs(cell, rank)
             if not runs:
                 continue
             exits = [v4.exit_or_end(r) for r in runs]
@@ -323,7 +324,7 @@ def figure(d: Design, spread: dict, out: Path, title: str) -> list[str]:
               "exits": {r: [v4.exit_or_end(x) for x in d.runs(cell, r)] for r in (0, 1)}} for cell in d.factors]
     arm = CENTER[1]
     cells.append({"name": arm, "final": "centred", "spread": spread.get(arm, math.nan),
-                  "exits": {r: [v4.exit_or_end(x) for x in v4.runs_at(d.rec, arm, r)] for r in (0, 1)}})
+                  "exits": {r: [v4.exit_or_end(x) for x in d.runs(arm, r)] for r in (0, 1)}})
     fig = plots.plot_factorial(cells, title)
     fig.savefig(out / "answer.png", dpi=110)
     plots.plt.close(fig)
