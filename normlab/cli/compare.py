@@ -29,6 +29,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 
 from normlab.command import command_parser, error_exit
+from normlab.files.figures import save_figure
 from normlab.files.formats import load_yaml_mapping, read_jsonl
 from normlab.run_dir import RunDir
 from normlab.study.outcomes import smooth
@@ -277,15 +278,7 @@ def draw(runs: list[Run], out: Path) -> None:
     """The figure into `out`, in the format its suffix names; a PNG with a 256-colour palette (a third of the
     bytes, the same picture)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig = figure(runs)
-    try:
-        fig.savefig(out, dpi=80)
-    finally:
-        plt.close(fig)
-    if out.suffix.lower() == ".png":
-        from PIL import Image  # matplotlib's dependency
-
-        Image.open(out).convert("RGB").quantize(256).save(out, optimize=True)
+    save_figure(figure(runs), out)
 
 
 def _shared(runs: list[Run], section: str, key: str, default: str) -> str:

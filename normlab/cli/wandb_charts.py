@@ -14,6 +14,7 @@ matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt
 
 from normlab.command import command_parser, error_exit
+from normlab.files.figures import save_figure
 from normlab.run_dir import RunDir
 from normlab.tracking.wandb_records import RecordsError, offline_runs
 from normlab.tracking.wandb_run import DEPTH_CHARTS
@@ -73,12 +74,7 @@ def figure(runs, log_y: bool = True):
 
 
 def draw(runs, out: Path, log_y: bool = True) -> None:
-    fig = figure(runs, log_y)
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
-    from PIL import Image  # (matplotlib's dependency) a 256-colour palette: a third of the file, same picture
-
-    Image.open(out).convert("RGB").quantize(256).save(out, optimize=True)
+    save_figure(figure(runs, log_y), out)
 
 
 def main(argv=None) -> int:
