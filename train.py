@@ -4,7 +4,7 @@
     accelerate launch train.py --config post_ln model.norm=rmsnorm train.lr=1e-3
     python train.py output_dir=runs/x train.resume=auto          # continue a run (its own config comes back)
 
-The run itself (setup, the training loop, the end) is normlab/cli/train.py, which the installed `normlab-train`
+The run itself (setup, the training loop, the end) is normlab/train/run.py, which the installed `normlab-train`
 command runs too: the same main, arguments and exit codes (0 ok, 1 crash, 2 bad input, 3 a refused write). This file
 stays so that the launcher has a script to start and `import train` (the study's warm workers) finds that main.
 """
@@ -12,7 +12,7 @@ stays so that the launcher has a script to start and `import train` (the study's
 import sys
 
 # first import: it sets OpenMP's wait policy before anything loads torch
-from normlab.cli.train import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, EXIT_WRITE_FAILED, main
+from normlab.train.run import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_OK, EXIT_WRITE_FAILED, main
 
 __all__ = ["main", "EXIT_OK", "EXIT_CRASH", "EXIT_BAD_INPUT", "EXIT_WRITE_FAILED"]
 

@@ -342,7 +342,7 @@ def test_normlab_train_is_train_py_and_exits_2_on_a_bad_config(tmp_path, capsys)
     from importlib.metadata import entry_points
     from pathlib import Path
 
-    import train
+    from normlab.train import run as train
 
     entries = entry_points(group="console_scripts", name="normlab-train")
     assert entries, "no normlab-train entry point: install the checkout again (pip install --no-deps -e .)"

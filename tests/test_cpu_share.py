@@ -63,7 +63,7 @@ def test_openmp_waits_passively_unless_the_user_chose_and_train_py_says_so_befor
     assert env == {"OMP_WAIT_POLICY": "ACTIVE"}
     # the training command: the call comes before any import but its own (OpenMP reads the policy once, when torch
     # loads); train.py and the normlab-train entry point reach it through packages that load nothing else first
-    body = ast.parse((REPO_ROOT / "normlab" / "cli" / "train.py").read_text()).body
+    body = ast.parse((REPO_ROOT / "normlab" / "train" / "run.py").read_text()).body
     first_call = next(i for i, node in enumerate(body)
                       if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call))
     assert ast.unparse(body[first_call]) == "prefer_passive_openmp()"
@@ -71,8 +71,8 @@ def test_openmp_waits_passively_unless_the_user_chose_and_train_py_says_so_befor
     assert [ast.unparse(node) for node in imports] == ["from normlab.train.cpu_share import prefer_passive_openmp"]
     shim = [node for node in ast.parse((REPO_ROOT / "train.py").read_text()).body
             if isinstance(node, ast.ImportFrom)]
-    assert shim[0].module == "normlab.cli.train"
-    loads = "import sys, normlab.cli, normlab.train.cpu_share; print(sorted(sys.modules))"
+    assert shim[0].module == "normlab.train.run"
+    loads = "import sys, normlab.train, normlab.train.cpu_share; print(sorted(sys.modules))"
     imported = subprocess.run([sys.executable, "-c", loads], cwd=REPO_ROOT, capture_output=True, text=True,
                               check=True).stdout
     assert "'torch'" not in imported  # and what it imports loads no torch

@@ -36,7 +36,7 @@ def run_dir(tmp_path_factory):
     """A completed tiny train.py run (hidden 32, 2 layers, 300 rows, 12 steps), trained in this process."""
     from accelerate.state import AcceleratorState, GradientState
 
-    import train
+    from normlab.train import run as train
 
     out = tmp_path_factory.mktemp("evaluate") / "run"
     AcceleratorState._reset_state(reset_partial_state=True)
@@ -293,7 +293,7 @@ def bn_run_dir(tmp_path_factory):
     """The same tiny run with naive BatchNorm: its batch statistics depend on the batch's size."""
     from accelerate.state import AcceleratorState, GradientState
 
-    import train
+    from normlab.train import run as train
 
     out = tmp_path_factory.mktemp("evaluate-bn") / "run"
     AcceleratorState._reset_state(reset_partial_state=True)

@@ -11,8 +11,8 @@ from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
 
-import train
 from model import modeling_normlab
+from normlab.train import run as train
 from train_utils import accelerate_cmd, run_cmd, run_here
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "accelerate"

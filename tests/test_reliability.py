@@ -189,7 +189,7 @@ def test_bad_input_is_one_line_and_deletes_nothing(reference, tmp_path, capsys):
 
     # --debug shows the traceback
     with pytest.raises(ValueError):
-        import train
+        from normlab.train import run as train
 
         train.main([f"output_dir={tmp_path / 'x'}", "train.lr=-1", "--debug"])
 

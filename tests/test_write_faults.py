@@ -12,9 +12,9 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 import normlab.files.formats
-import train
 from normlab.files.writes import WriteError, guarded_write
 from normlab.tracking.metrics_jsonl import MetricsWriter
+from normlab.train import run as train
 from normlab.train.checkpointing import validate_checkpoint
 from train_utils import REFERENCE, assert_same_weights, final_weights, losses, run_here, summary
 
@@ -166,7 +166,7 @@ def test_an_output_dir_that_cannot_be_written_is_refused_before_any_data_is_load
     def no_data(*args, **kwargs):
         raise AssertionError("data was loaded")
 
-    monkeypatch.setattr("normlab.cli.train.load_tokenized", no_data)  # train.py runs normlab.cli.train
+    monkeypatch.setattr("normlab.train.run.load_tokenized", no_data)  # train.py runs normlab.train.run
     # a part of the path is a file
     (tmp_path / "a-file").write_text("")
     assert run_here(tmp_path / "a-file" / "run") == train.EXIT_BAD_INPUT

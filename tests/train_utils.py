@@ -46,7 +46,7 @@ def run_argv(*argv) -> int:
     the run directory alone)."""
     from accelerate.state import AcceleratorState, GradientState
 
-    import train
+    from normlab.train import run as train
 
     AcceleratorState._reset_state(reset_partial_state=True)  # accelerate's singletons: one run per state
     GradientState._reset_state()

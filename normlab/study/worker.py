@@ -56,14 +56,14 @@ def environment(extra: dict):
 def run_job(job: dict) -> int:
     from accelerate.state import AcceleratorState, GradientState
 
-    import train  # imported once per worker: this is the saving; first: it sets OpenMP's wait policy before torch loads
+    from normlab.train import run  # imported once per worker: this is the saving; first: it sets OpenMP's wait policy
 
     # accelerate keeps its state in process-wide singletons; a run starts from none, as in a fresh process
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     with output_to(job["log"]), environment(job.get("env", {})):
         try:
-            return train.main(job["argv"])
+            return run.main(job["argv"])
         except SystemExit as e:
             return e.code if isinstance(e.code, int) else 1
         except Exception:  # a crash of one run is that run's failure (exit 1, as a fresh process), not the worker's
