@@ -36,9 +36,9 @@ class VariantSpec:
 
 @dataclasses.dataclass
 class ExperimentSpec:
-    variants: dict
     lr: typing.Union[list, dict]  # LRs, {min, max, num}, or {best_of: EXPERIMENT[, ranks: 2]}
     seeds: typing.List[int]
+    variants: typing.Union[dict, list, None] = None  # default: the study's arms (and factorial cells); a list: some
     description: str = ""
     overrides: Overrides = None
     warmup: typing.Optional[dict] = None  # {on: warmup steps, off: 0}
@@ -61,8 +61,17 @@ class GridSpec:
     share_runs: bool = False
     signal: typing.Optional[dict] = None  # normlab/study/signal.py's settings
     selection_from: typing.Optional[str] = None
-    reuse: typing.Optional[dict] = None  # cells whose runs committed records hold: {records: FOLDER, cells: {...}}
-    factors: typing.Optional[dict] = None  # a factorial design: each variant's level of each factor (report_v5)
+    arms: typing.Optional[dict] = None  # the variants every experiment without its own `variants` trains
+    factors: typing.Optional[dict] = None  # a 2^k design: {factor: {level: variant spec}} generates its cells
+    # the analysis (normlab/study/spec.py reads these; docs/studies.md, "A study is a spec")
+    test: str = dataclasses.field(default="permutation", metadata={"choices": ("permutation", "calibrated")})
+    alpha: float = 0.05
+    hypotheses: typing.Optional[list] = None
+    aa: typing.Optional[dict] = None
+    pin: typing.Optional[dict] = None
+    measures: typing.Optional[list] = None
+    hooks: typing.Optional[str] = None
+    pilot: bool = False
 
 
 def _checked(schema, values, where):
@@ -143,9 +152,47 @@ def _load_variants(where, variants_spec, warmup) -> dict:
     return variants
 
 
-def _load_experiment(where, spec: dict, defaults: dict) -> dict:
+def design_variants(raw: dict, where) -> tuple[dict, dict]:
+    """({variant: spec} of the study's `arms` and the cells its `factors` generate, {cell: {factor: level}}). A
+    2^k design names each cell by its levels in factor order (block ln, final mbn -> ln_mbn); a cell's spec merges
+    its levels' specs (a level's `config` is the cell's; overrides add up)."""
+    arms = dict(raw.get("arms") or {})
+    factors = raw.get("factors") or {}
+    if not isinstance(factors, dict) or not all(isinstance(v, dict) and len(v) == 2 for v in factors.values()):
+        raise StudyError(f"{where}: factors must map each factor to its two levels, e.g. "
+                         f"{{final: {{ln: {{}}, mbn: {{overrides: {{model.final_norm: masked_batchnorm}}}}}}}}")
+    cells = {}
+    if not factors:
+        return arms, cells
+    for combo in itertools.product(*({_on_off(k): v or {} for k, v in lv.items()}.items() for lv in factors.values())):
+        name = "_".join(level for level, _ in combo)
+        configs = {spec["config"] for _, spec in combo if spec.get("config")}
+        if len(configs) > 1:
+            raise StudyError(f"{where}: factorial cell {name} gets two configs ({', '.join(sorted(configs))}); "
+                             f"let one factor's levels set `config`")
+        overrides = {k: v for _, spec in combo for k, v in (spec.get("overrides") or {}).items()}
+        arms[name] = {**({"config": configs.pop()} if configs else {}), "overrides": overrides}
+        cells[name] = {f: level for f, (level, _) in zip(factors, combo)}
+    return arms, cells
+
+
+def _experiment_variants(where, variants, design: dict) -> dict:
+    """An experiment's variants: its own mapping, a list of the design's arms, or (none given) all of them."""
+    if isinstance(variants, dict):
+        return variants
+    if variants is None and design:
+        return design
+    unknown = [v for v in variants or [None] if v not in design]
+    if unknown:
+        raise StudyError(f"{where}: variants {unknown[0]!r} is not an arm of the study; choose from "
+                         f"{', '.join(design) or '(no arms: give variants as a mapping)'}")
+    return {v: design[v] for v in variants}
+
+
+def _load_experiment(where, spec: dict, defaults: dict, design: dict | None = None) -> dict:
     """One grid: variants x lr x warmup x seeds, with its own overrides (after the study's)."""
     spec = _checked(ExperimentSpec, {**defaults, **spec}, where)
+    spec.variants = _experiment_variants(where, spec.variants, design or {})
     warmup = spec.warmup or {"on": None}
     warmup = {_on_off(k): v for k, v in warmup.items()}
     if not set(warmup) <= {"on", "off"} or not all(v is None or isinstance(v, int) for v in warmup.values()):
@@ -177,19 +224,20 @@ def load_grid(path: Path) -> dict:
     except ValueError as e:
         raise StudyError(str(e)) from None
     grid = _checked(GridSpec, raw, path)
+    design, cells = design_variants(raw, path)
     shared = {k: raw[k] for k in ("variants", "lr", "warmup", "seeds") if k in raw}
     if grid.experiments is not None:
         if not grid.experiments:
             raise StudyError(f"{path}: experiments must map names to grids (variants, lr, warmup, seeds)")
-        experiments = {str(name): _load_experiment(f"{path}: experiment {name}", spec or {}, shared)
+        experiments = {str(name): _load_experiment(f"{path}: experiment {name}", spec or {}, shared, design)
                        for name, spec in grid.experiments.items()}
     else:
-        experiments = {"": _load_experiment(str(path), shared, {})}
+        experiments = {"": _load_experiment(str(path), shared, {}, design)}
     out = {"name": str(grid.name), "description": grid.description,
            "overrides": _overrides(grid.overrides, "overrides"), "experiments": experiments,
            "init": grid.init, "score": grid.score or {}, "share_runs": grid.share_runs,
            "comparisons": grid.comparisons or [], "wandb_project": grid.wandb_project,
-           "selection_from": grid.selection_from}
+           "selection_from": grid.selection_from, "cells": cells}
     _check_selection(path, out)
     if out["share_runs"]:
         _check_shared(path, out)

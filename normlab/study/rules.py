@@ -18,7 +18,7 @@ ALPHA = 0.05
 HORIZON_FRACTION = 1 / 3  # an arm's median plateau exit must lie within the first third of its steps
 DEPENDS = "depends on the LR"
 HORIZON_TOO_SHORT = "horizon too short"
-UNDECIDED = "could not decide"  # the test's smallest attainable p (its floor, after Holm) is not below alpha
+UNDECIDED = "too few seeds to decide"  # the test's smallest attainable p (its floor, after Holm) is not below alpha
 RANKS = ("best", "runner-up")  # the two LRs every primary arm trains at
 
 

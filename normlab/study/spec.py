@@ -1,0 +1,188 @@
+"""A study as data: the study file (configs/study/*.yaml) read into a StudySpec, its runs (grid.py) and its
+analysis: the hypotheses, each an outcome, a contrast over arms, a predicted sign and a Holm family; the A/A
+control; the test. Checked at load with one-line errors; each hypothesis's floor (the smallest p its exact test can
+reach at the planned seeds, after Holm) is computed then, and a plan that could never decide is refused
+(docs/studies.md, "A study is a spec")."""
+
+import dataclasses
+import math
+import typing
+from pathlib import Path
+
+from normlab.config.keys import checked
+from normlab.study import rules
+from normlab.study.grid import StudyError, load_grid
+
+OUTCOMES = ("exit", "accuracy", "loss", "largest_learning_lr")  # built in; a study's measures add names
+CONTRASTS = ("pair", "group_means", "main_effect", "interaction", "rank_correlation")
+ROLES = ("claim", "manipulation_check", "exploratory")
+SIGNS = {-1: "< 0", 0: "not separated", 1: "> 0", None: "-"}
+Arms = typing.Union[str, typing.List[str], None]
+
+
+@dataclasses.dataclass
+class Hypothesis:
+    id: str
+    outcome: str
+    contrast: str = dataclasses.field(default="pair", metadata={"choices": CONTRASTS})
+    claim: str = ""
+    a: Arms = None  # pair: an arm; group_means: a list of arms (their mean per seed)
+    b: Arms = None
+    factors: typing.Optional[typing.List[str]] = None  # main_effect: one factor; interaction: two or more
+    arms: typing.Optional[typing.List[str]] = None  # rank_correlation: the arms whose values are ranked
+    against: typing.Optional[str] = None  # rank_correlation: the measure ranked against `outcome`
+    sign: typing.Optional[int] = dataclasses.field(default=None, metadata={"choices": (-1, 0, 1, None)})
+    size: typing.Optional[float] = None  # the predicted size of the effect (in the outcome's unit)
+    family: typing.Optional[str] = None  # Holm's family (default: its own)
+    role: str = dataclasses.field(default="claim", metadata={"choices": ROLES})
+    experiment: typing.Optional[str] = None  # largest_learning_lr: the LR grid it reads
+    warmup: str = "on"
+
+    @property
+    def predicted(self) -> str:
+        return SIGNS[self.sign]
+
+
+@dataclasses.dataclass
+class AAControl:
+    """The same arm on two disjoint seed sets: its board runs and `experiment`'s."""
+
+    arm: str
+    experiment: str = "aa"
+    outcome: str = "accuracy"
+    resample: int = 8  # seeds per resample of the false-positive rate
+
+
+@dataclasses.dataclass
+class Pin:
+    """Where an arm's runs are when no chosen LR says it: these experiments, at [best, runner-up] LRs."""
+
+    experiments: typing.List[str]
+    lrs: typing.List[float]
+
+
+@dataclasses.dataclass
+class StudySpec:
+    name: str
+    grid: dict  # the runs (grid.load_grid)
+    hypotheses: list
+    aa: typing.Optional[AAControl]
+    pin: dict  # {arm: Pin}
+    cells: dict  # {cell: {factor: level}} of a 2^k design
+    measures: list
+    test: str = "permutation"
+    alpha: float = rules.ALPHA
+    pilot: bool = False  # a pilot may be unable to decide: its floors are printed, not refused
+    hooks: typing.Optional[str] = None
+
+    @classmethod
+    def load(cls, path: Path, quiet: bool = False) -> "StudySpec":
+        from normlab.files.formats import load_yaml_mapping
+
+        grid = load_grid(Path(path))
+        raw = load_yaml_mapping(path)
+        where = str(path)
+        spec = cls(name=grid["name"], grid=grid, cells=grid["cells"], measures=list(raw.get("measures") or []),
+                   hypotheses=[checked(Hypothesis, h, f"{where}: hypothesis {i + 1}", StudyError)
+                               for i, h in enumerate(raw.get("hypotheses") or [])],
+                   aa=checked(AAControl, raw["aa"], f"{where}: aa", StudyError) if raw.get("aa") else None,
+                   pin={arm: checked(Pin, p, f"{where}: pin {arm}", StudyError)
+                        for arm, p in (raw.get("pin") or {}).items()},
+                   test=raw.get("test", "permutation"), alpha=float(raw.get("alpha", rules.ALPHA)),
+                   pilot=bool(raw.get("pilot")), hooks=raw.get("hooks"))
+        spec.check(where)
+        rows = spec.floors()
+        refused = [r for r in rows if not r["floor"] < spec.alpha]
+        if refused and not spec.pilot:
+            raise StudyError(f"{where}: {', '.join(r['id'] for r in refused)} can never reach alpha {spec.alpha:g} "
+                             f"(floor {refused[0]['floor']:.3g} with {refused[0]['seeds']} seeds in a family of "
+                             f"{refused[0]['family']}); add seeds, shrink the family, or declare `pilot: true`")
+        if rows and not quiet:
+            print(f"study {spec.name}: floors (smallest p at the planned seeds, after Holm): "
+                  + ", ".join(f"{r['id']} {r['floor']:.3g}" for r in rows)
+                  + ("; some can never decide (a pilot)" if refused else ""))
+        return spec
+
+    # ------------------------------------------------------------------------------------------------------
+    # what the analysis reads
+
+    def arms(self) -> list[str]:
+        """Every variant that trains at chosen LRs (or is pinned), in the file's order, but the A/A's copy."""
+        out = []
+        for name, exp in self.grid["experiments"].items():
+            if exp["best_of"] is not None and not (self.aa and name == self.aa.experiment):
+                out += [v for v in exp["variants"] if v not in out]
+        return out + [a for a in self.pin if a not in out]
+
+    def ranks(self) -> int:
+        """2 where the arms train at their best and runner-up LRs, else 1."""
+        return max([e["ranks"] for e in self.grid["experiments"].values()] + [2 if self.pin else 1])
+
+    def seeds_of(self, arm: str) -> set:
+        """The seeds the arm's runs are planned at (its chosen-LR or pinned experiments)."""
+        exps = self.grid["experiments"]
+        names = self.pin[arm].experiments if arm in self.pin else \
+            [n for n, e in exps.items() if e["best_of"] and arm in e["variants"]
+             and not (self.aa and n == self.aa.experiment)]
+        return {s for n in names if arm in exps[n]["variants"]
+                for s in exps[n]["variants"][arm]["seeds"] or exps[n]["seeds"]}
+
+    def arms_of(self, h: Hypothesis) -> list[str]:
+        if h.contrast in ("main_effect", "interaction"):
+            return list(self.cells)
+        if h.contrast == "rank_correlation":
+            return list(h.arms or [])
+        return [x for side in (h.a, h.b) for x in ([side] if isinstance(side, str) else side or [])]
+
+    def family(self, h: Hypothesis) -> list[Hypothesis]:
+        return [x for x in self.hypotheses if (x.family or x.id) == (h.family or h.id)]
+
+    def floors(self) -> list[dict]:
+        """Each hypothesis's planned floor (rules.test_floor; a rank correlation's: one ordering of n! is the
+        smallest one-sided p), with its seeds and family size."""
+        rows = []
+        for h in self.hypotheses:
+            family = len(self.family(h))
+            if h.contrast == "rank_correlation":
+                n = len(h.arms or [])
+                rows.append({"id": h.id, "seeds": n, "family": family, "floor": family / math.factorial(n)})
+                continue
+            seeds = set.intersection(*(self.seeds_of(a) for a in self.arms_of(h))) if self.arms_of(h) else set()
+            if h.outcome == "largest_learning_lr":
+                exp = self.grid["experiments"][h.experiment]
+                seeds = set(exp["seeds"])
+            rows.append({"id": h.id, "seeds": len(seeds), "family": family,
+                         "floor": rules.test_floor(len(seeds), family)})
+        return rows
+
+    def check(self, where: str) -> None:
+        """Every name a hypothesis uses exists: its arms, factors, outcome and experiment."""
+        arms, outcomes = set(self.arms()) | set(self.cells), set(OUTCOMES) | set(self.measures)
+        factors = {f for levels in self.cells.values() for f in levels}
+        for h in self.hypotheses:
+            at = f"{where}: hypothesis {h.id}"
+            if h.outcome not in outcomes:
+                raise StudyError(f"{at}: outcome {h.outcome!r} is not one of {', '.join(sorted(outcomes))} "
+                                 f"(a study's own measure is listed under `measures`)")
+            need = {"pair": ("a", "b"), "group_means": ("a", "b"), "main_effect": ("factors",),
+                    "interaction": ("factors",), "rank_correlation": ("arms", "against")}[h.contrast]
+            missing = [k for k in need if not getattr(h, k)]
+            if missing:
+                raise StudyError(f"{at}: contrast {h.contrast} needs {' and '.join(need)}; missing {missing[0]}")
+            if h.contrast in ("main_effect", "interaction"):
+                bad = [f for f in h.factors if f not in factors]
+                count_ok = (len(h.factors) == 1) == (h.contrast == "main_effect")
+                if bad or not count_ok:
+                    how = "one factor" if h.contrast == "main_effect" else "two factors or more"
+                    raise StudyError(f"{at}: {h.contrast} names {how} of {', '.join(sorted(factors)) or 'none'}; "
+                                     f"got {h.factors}")
+            unknown = [a for a in self.arms_of(h) if a not in arms]
+            if unknown and h.outcome != "largest_learning_lr":
+                raise StudyError(f"{at}: arm {unknown[0]!r} is not an arm of the study; choose from "
+                                 f"{', '.join(sorted(arms))}")
+            if h.outcome == "largest_learning_lr" and h.experiment not in self.grid["experiments"]:
+                raise StudyError(f"{at}: largest_learning_lr needs `experiment`, one of "
+                                 f"{', '.join(self.grid['experiments'])}")
+        if self.aa and self.aa.experiment not in self.grid["experiments"]:
+            raise StudyError(f"{where}: aa: experiment {self.aa.experiment!r} is not one of "
+                             f"{', '.join(self.grid['experiments'])}")
