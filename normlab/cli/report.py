@@ -1,15 +1,15 @@
 """The norm study's report: report.md and its figures, from the per-run records alone (no retraining).
 
-    python scripts/report.py studies/quick --out docs/study-v3    # a scored study; copies its records to --out
-    python scripts/report.py docs/study-v3                         # regenerate from the committed records
-    python scripts/report.py STUDY/long_v4 --out docs/study-v4/long --compare docs/study-v4/quick
+    python scripts/report.py studies/smoke --out docs/study-smoke   # a scored study; copies its records to --out
+    python scripts/report.py docs/study-smoke                        # regenerate from the records and spec.yaml
     python scripts/report.py STUDY/quick_v4 --rerun-of docs/study-v4/quick   # a retrain: did it reproduce them?
 
 --out FOLDER where FOLDER already holds this study's committed records (its remaining seeds trained in a fresh
 study folder): the committed records are kept and the study's finished runs join them (normlab/study/records.py).
 
-normlab/study/report.py writes it; the hypotheses are those of predictions.md in the same folder. It writes
-nothing else into the report's folder. With --wandb, a W&B run in the study's group (job_type report; offline
+normlab/study/report.py writes it with the one analysis (normlab/study/engine.py) of the study's spec as it ran
+(spec.yaml in the folder). A finished study frozen at a commit (meta.json `report_commit`: studies v2-v5) is
+refused: its report regenerates at that commit. It writes nothing else into the report's folder. With --wandb, a W&B run in the study's group (job_type report; offline
 unless --wandb-mode or $WANDB_MODE says otherwise; never prompts) gets the figures, the verdicts and every run as a
 table row; its files go to --wandb-dir (default: the study directory when SOURCE is one, else the current one).
 
@@ -24,6 +24,7 @@ from pathlib import Path
 
 from normlab.command import command_parser, error_exit
 from normlab.errors import RecordsError
+from normlab.study.grid import StudyError
 from normlab.study.report import make_report
 from normlab.study.rerun import RERUN, write_rerun
 
@@ -38,9 +39,6 @@ def main(argv=None) -> int:
     parser.add_argument("--wandb-dir", type=Path, default=None,
                         help="with --wandb: where its files go (DIR/wandb/; default: SOURCE if a study directory, "
                              "else the current directory)")
-    parser.add_argument("--compare", type=Path, default=None,
-                        help="a folder of another v4 study's records (e.g. docs/study-v4/quick for long_v4): the "
-                             "report says where the two answers differ")
     parser.add_argument("--rerun-of", type=Path, default=None,
                         help="SOURCE retrains the study whose records are in this folder: write each run's digest to "
                              f"its {RERUN}/ and say which runs differ (no report)")
@@ -49,14 +47,14 @@ def main(argv=None) -> int:
     if not args.wandb and (args.wandb_mode or args.wandb_dir):
         parser.error("--wandb-mode and --wandb-dir go with --wandb")
     if args.rerun_of is not None:
-        if args.out or args.wandb or args.compare:
-            parser.error("--rerun-of writes no report: it goes without --out, --wandb and --compare")
+        if args.out or args.wandb:
+            parser.error("--rerun-of writes no report: it goes without --out and --wandb")
         return rerun_main(args.source, args.rerun_of)
     mode = (args.wandb_mode or os.environ.get("WANDB_MODE") or "offline") if args.wandb else "disabled"
     wandb_dir = args.wandb_dir or (args.source if (args.source / "study.json").is_file() else Path.cwd())
     try:
-        report = make_report(args.source, args.out, mode, wandb_dir, args.compare)
-    except (FileNotFoundError, RecordsError) as err:
+        report = make_report(args.source, args.out, mode, wandb_dir)
+    except (FileNotFoundError, RecordsError, StudyError) as err:
         return error_exit("report.py", err)
     print(f"wrote {report} and its figures")
     return 0

@@ -1,42 +1,31 @@
-"""Study v3's report: report.md and its figures, regenerated from the committed records alone (scripts/report.py
-is the entry point; docs/studies.md says what the report reads and writes)."""
+"""Any study's report: report.md and its figures from the records and the spec snapshot alone (engine.py analyses;
+scripts/report.py is the entry point; docs/studies.md says what the report reads and writes). Headed with the
+study's own name, steps and seeds; a table cell without data says so, never NaN; a figure without data is not
+drawn."""
 
-import math
 import shutil
 from collections import Counter
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
 
 from normlab.errors import RecordsError
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl
+from normlab.study import engine, rules
 from normlab.study import markdown as md
 from normlab.study import outcomes as oc
-from normlab.study import plots, report_v4, report_v5
-from normlab.study.analysis import (
-    BATCH_STAT,
-    DEV,
-    Records,
-    by_seed,
-    leaderboard,
-    outcome_grid,
-    outcome_of,
-    paired,
-    value,
-)
-from normlab.study.hypotheses import flip_table, verdicts
+from normlab.study.grid import StudyError
 from normlab.study.records import RECORDS, keep_committed, read_records, write_records
-from normlab.study.seedstats import paired_test
 from normlab.study.selection_file import read_selection
-
-COPIED = ("selection.json", "e1.jsonl", "labels.json", "signal.jsonl")  # as the study wrote them
+from normlab.study.study_dir import COPIED, StudyDir
 
 
 def copy_records(study_dir: Path, out: Path) -> None:
     """The study's records, each joined with the provenance study.json keeps for its run (the experiments that
-    use it, commit, machine, start time), and the LR selection and E1 rows, into `out`. Where `out` already holds
-    this study's committed records (its seeds continued in a fresh folder), those are kept and the study's join them
-    (records.keep_committed); so are the invocations meta.json lists."""
+    use it, commit, machine, start time), and its spec snapshot, LR selection and tables, into `out`. Where `out`
+    already holds this study's committed records (its seeds continued in a fresh folder), those are kept and the
+    study's join them (records.keep_committed); so are the invocations meta.json lists."""
     if not (study_dir / "runs.jsonl").is_file():
         raise FileNotFoundError(f"{study_dir}/runs.jsonl not found: score the study first "
                                 f"(python scripts/score_runs.py {study_dir})")
@@ -51,7 +40,9 @@ def copy_records(study_dir: Path, out: Path) -> None:
         rows.append(r)
     calls = study.get("invocations", [])
     if (out / RECORDS).is_file() and study_dir.resolve() != out.resolve():
-        check_same_selection(study_dir, out)
+        if read_selection(study_dir / "selection.json") != read_selection(out / "selection.json"):
+            raise RecordsError(f"{study_dir}/selection.json differs from {out}/selection.json: its runs were given "
+                               f"other LRs than the committed records there, so they cannot join them")
         rows = keep_committed(read_records(out / RECORDS), rows)
         earlier = (read_json(out / "meta.json", {}) or {}).get("invocations", [])
         calls = earlier + [c for c in calls if c not in earlier]
@@ -62,223 +53,235 @@ def copy_records(study_dir: Path, out: Path) -> None:
     atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": calls}, indent=1)
 
 
-def check_same_selection(study_dir: Path, out: Path) -> None:
-    """Records join committed ones only when their runs trained at the same LR choice."""
-    if read_selection(study_dir / "selection.json") != read_selection(out / "selection.json"):
-        raise RecordsError(f"{study_dir}/selection.json differs from {out}/selection.json: its runs were given other "
-                           f"LRs than the committed records there, so they cannot join them (give another --out)")
+def load(folder: Path) -> engine.Study:
+    """The records of a folder with its spec snapshot, ready for the engine; a frozen study is refused."""
+    folder = StudyDir(folder)
+    if folder.frozen_at():
+        raise StudyError(f"{folder.path} is a finished study whose report regenerates at commit "
+                         f"{folder.frozen_at()} (meta.json): git worktree add /tmp/at-{folder.frozen_at()} "
+                         f"{folder.frozen_at()} and run scripts/report.py there")
+    spec = folder.spec()
+    if spec.hooks:
+        engine.load_hooks(spec.hooks)
+    return engine.Study(folder.records(), folder.selection(), spec, folder.tables())
 
 
-def load(folder: Path) -> Records:
-    folder = Path(folder)
-    selection = read_selection(folder / "selection.json")
-    return Records(read_records(folder / RECORDS), selection, read_jsonl(folder / "e1.jsonl"))
+def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabled",
+                wandb_dir: Path | None = None) -> Path:
+    """report.md and its figures in `out` (default: source); with a wandb_mode, the W&B report run's files go to
+    wandb_dir (default: source), never into `out` unless it is that."""
+    source, out = Path(source), Path(out or source)
+    out.mkdir(parents=True, exist_ok=True)
+    if StudyDir(source).is_study:
+        copy_records(source, out)
+    elif source.resolve() != out.resolve():  # a folder of records, reported elsewhere
+        for name in (RECORDS, "meta.json", *COPIED):
+            if (source / name).is_file():
+                shutil.copyfile(source / name, out / name)
+    analysis = engine.analyse(load(out))
+    figures = draw_figures(analysis.study, out)
+    meta = read_json(out / "meta.json", {}) or {}
+    (out / "report.md").write_text(write_markdown(analysis, meta, figures))
+    if wandb_mode != "disabled":
+        (wandb_dir := Path(wandb_dir or source)).mkdir(parents=True, exist_ok=True)
+        log_to_wandb(analysis, out, figures, wandb_mode, wandb_dir)
+    return out / "report.md"
 
 
-def verdict_lines(aa: dict, hyps: list) -> list[str]:
-    est = aa["estimate"]
-    lines = ["## Calibration: the A/A control", "",
-             f"The hand-written LayerNorm against torch's, at the same LR and seeds (the same model): mean paired "
-             f"accuracy difference {est.fmt()}. Resampling its {est.n} per-seed differences, the paired t test calls "
-             f"it significant {aa['fpr']['t']:.1%} of the time at alpha 0.05, the sign-flip permutation test "
-             f"{aa['fpr']['permutation']:.1%}. Test used below for continuous quantities: **{aa['test']}**"
-             f"{'' if aa['ok'] else ' (the t test failed the calibration rule)'}.", "",
-             "## Verdicts", ""]
-    rows = [[h.id + ("" if h.primary else " (secondary)"), h.claim, h.estimate.fmt(), h.test,
-             f"{h.p_adjusted:.3g}" if h.primary else "", f"**{h.verdict}**"] for h in hyps]
-    return lines + md.table(["id", "prediction: quantity", "estimate [95% CI] (p, n)", "test", "p (Holm)", "verdict"],
-                          rows)
+# ---------------------------------------------------------------------------------------------------------------
+# report.md
 
 
-def leaderboard_lines(rec: Records) -> list[str]:
-    rows = [[plots.LABELS.get(r["variant"], r["variant"]), f"{r['lr']:g}" if r["lr"] else "?",
-             md.mean_ci(r["accuracy"]), md.mean_ci(r["loss"]),
-             " / ".join(str(r["outcomes"][o]) for o in oc.OUTCOMES),
-             f"{r['median_exit']:.0f}" if r["median_exit"] else "never", "yes" if r["horizon_ok"] else "**no**"]
-            for r in sorted(leaderboard(rec), key=lambda r: -np.nanmean(r["accuracy"]))]
-    return ["## Which norm? Every arm at its own LR", "",
-            "Each arm's LR was chosen on the dev split from the sweep (figure `sweep.png`); accuracy and loss are on "
-            "validation, mean ± 95% t half-width over seeds. Outcomes: learned / never learned / diverged. Plateau "
-            "exit: median step at which the 20-step mean train loss fell below ln 2 - 0.05 (`curves.png`).", ""] + \
-        md.table(["norm", "LR", "val accuracy", "val loss", "outcomes", "plateau exit", "horizon ok"], rows)
+def write_markdown(a: engine.Analysis, meta: dict, figures: list[str]) -> str:
+    study, spec = a.study, a.study.spec
+    lines = [f"# {spec.name}: report", "", *heading(study), "",
+             "Generated by `python scripts/report.py FOLDER` from the records and the study's spec (spec.yaml) alone; "
+             "the predictions and their reasons: predictions.md beside the study.", "",
+             *provenance_lines(study, meta), "", *[f"![{f}]({f})" for f in figures], ""]
+    lines += scorecard_lines(a) + aa_lines(a) + test_lines(a) + correlation_lines(a) + arm_lines(study)
+    return "\n".join(lines) + "\n"
 
 
-def placement_lines(rec: Records) -> list[str]:
-    lrs = rec.lrs("placement", "placement_more")
-    rows = {}
-    for exp in ("placement", "placement_more"):
-        for g in outcome_grid(rec, exp):
-            rows.setdefault((g["variant"], g["warmup"]), {})[g["lr"]] = f"{g[oc.LEARNED]}/{g['n']}" + \
-                (f" ({g[oc.DIVERGED]} div)" if g[oc.DIVERGED] else "")
-    table = [[v, w] + [cells.get(lr, "") for lr in lrs] for (v, w), cells in sorted(rows.items())]
-    return ["## Placement: how large an LR still learns", "",
-            "Seeds that learned / seeds run, per LR (diverged runs in brackets; the rest never left the plateau).",
-            ""] + \
-        md.table(["arm", "warmup"] + [f"{lr:g}" for lr in lrs], table)
+def heading(study: engine.Study) -> list[str]:
+    """What ran: arms, steps, seeds (as the records hold them, a narrowed study's too)."""
+    spec = study.spec
+    arms = [a for a in spec.arms() if study.arm(a, 0)]
+    runs = [r for a in arms for r in study.arm(a, 0)]
+    seeds = sorted({r["seed"] for r in runs})
+    ranks = "its best and its runner-up LR" if spec.ranks() == 2 else "its chosen LR"
+    return [f"{len(arms)} arms, each at {ranks} chosen on dev; {study.steps(runs)} steps; "
+            f"{len(seeds)} seeds ({', '.join(map(str, seeds)) or 'none'}). Test: {TESTS[study_test(study)]}; "
+            f"alpha {spec.alpha:g}, Holm within each family and LR rank."] if runs else \
+        ["No arm has finished runs at a chosen LR yet: nothing to compare."]
 
 
-def peak_logit(run: dict) -> float | None:
-    """The largest attention logit any layer produced over the run's training steps."""
-    seen = [x for x in run.get("curves", {}).get("attn_logit_max", []) if x is not None]
-    return max(seen) if seen else None
+TESTS = {"permutation": "exact paired sign-flip test over seeds", "t": "paired t test (the A/A control allows it)"}
 
 
-def logit_lines(rec: Records) -> list[str]:
-    """Wortsman et al. (2023)'s attention-logit growth, measured on the placement runs: not a prediction."""
-    rows, lrs = [], rec.lrs("placement", "placement_more")
-    for exp in ("placement", "placement_more"):
-        for variant in sorted({r["variant"] for r in rec.runs if exp in r.get("experiments", [r["experiment"]])}):
-            for warmup in ("off", "on"):
-                cells = []
-                for lr in lrs:
-                    peaks = [p for p in map(peak_logit, rec.arm(exp, variant, warmup, lr)) if p is not None]
-                    cells.append(f"{np.median(peaks):.0f}" if peaks else "")
-                if any(cells):
-                    rows.append([plots.LABELS.get(variant, variant), warmup] + cells)
-    hi = [r for lr in lrs[-2:] for w in ("on", "off") for r in rec.arm("placement", "ln_pre", w, lr)]
-    split = {o: [p for p in (peak_logit(r) for r in hi if outcome_of(r) == o) if p is not None]
-             for o in (oc.LEARNED, oc.NEVER_LEARNED)}
-    return (["## Attention logits: growth with the LR (measured, not predicted)", "",
-            "Median over seeds of the largest attention logit any layer produced during training, per LR "
-            "(`curves.attn_logit_max`). qk_norm bounds the logits by construction; the question S8a asks is "
-            "whether that buys a larger LR (the placement table above).", ""]
-            + md.table(["arm", "warmup"] + [f"{lr:g}" for lr in lrs], rows)
-            + [logit_reading(split), ""])
+def study_test(study: engine.Study) -> str:
+    aa = engine.aa_control(study)
+    return aa["test"] if aa else "permutation"
 
 
-def logit_reading(split: dict) -> str:
-    failed, learned = (np.median(split[o]) if split[o] else float("nan") for o in (oc.NEVER_LEARNED, oc.LEARNED))
-    if not (math.isfinite(failed) and math.isfinite(learned)):
-        return "Pre-LN learned at both of its largest LRs, or at neither: no comparison of peaks."
-    higher = failed > learned
-    return (f"At pre-LN's two largest LRs the runs that never learned peaked {'higher' if higher else 'no higher'} "
-            f"than those that learned (median {failed:.0f} over {len(split[oc.NEVER_LEARNED])} runs vs {learned:.0f} "
-            f"over {len(split[oc.LEARNED])})" + ("." if higher else ": at this scale large logits come with a large "
-                                                 "LR, but do not by themselves mark the runs that fail."))
+def scorecard_lines(a: engine.Analysis) -> list[str]:
+    rows = [[r.h.id, r.h.role, r.h.claim or f"{r.h.outcome}: {describe(r.h)}", r.h.predicted, r.verdict,
+             r.score] for r in a.results]
+    rows += [[c["h"].id, c["h"].role, c["h"].claim, c["h"].predicted, c["verdict"], c["score"]]
+             for c in a.correlations]
+    if not rows:
+        return ["No hypotheses in this study's spec: the arms' numbers below, nothing tested.", ""]
+    return ["## Scorecard", "", f"Every prediction and its result (\"{rules.UNDECIDED}\": the exact test's "
+            "smallest p at these seeds, after Holm, is not below alpha, so no result could have been significant; a "
+            "predicted \"not separated\" that separated failed).", "",
+            *md.table(["id", "role", "prediction", "predicted", "result", "score"], rows)]
 
 
-def batching_lines(rec: Records) -> list[str]:
+def describe(h) -> str:
+    if h.contrast in ("main_effect", "interaction"):
+        return " x ".join(h.factors)
+    side = lambda x: x if isinstance(x, str) else "{" + ", ".join(x) + "}"  # noqa: E731 - one line
+    return f"{side(h.a)} - {side(h.b)}"
+
+
+def aa_lines(a: engine.Analysis) -> list[str]:
+    if a.aa is None:
+        return []
+    aa = a.study.spec.aa
+    if "too_few" in a.aa:
+        n = a.aa["too_few"]
+        return ["## The A/A control", "", f"{aa.arm} on two seed sets: {n[0]} and {n[1]} runs, under the "
+                f"{aa.resample} a resample needs: {rules.UNDECIDED}; the exact sign-flip test is used.", ""]
+    e, fpr = a.aa["estimate"], a.aa["fpr"]
+    return ["## The A/A control", "",
+            f"{aa.arm} at its best LR on the board's seeds against its `{aa.experiment}` seeds ({a.aa['n'][0]} and "
+            f"{a.aa['n'][1]} runs), {aa.outcome}: {e.fmt()}. Over 1,000 resamples of {aa.resample} seeds from each "
+            f"set, the t test calls it significant {fpr['t']:.1%} of the time at alpha 0.05, the sign-flip test "
+            f"{fpr['permutation']:.1%}. Test used: **{a.test}**.", ""]
+
+
+def test_lines(a: engine.Analysis) -> list[str]:
+    if not a.results:
+        return []
+    ranks = range(a.study.spec.ranks())
     rows = []
-    for norm in ("ln_pre",) + BATCH_STAT:
-        cells = [plots.LABELS.get(norm, norm), md.mean_ci([value(r) for r in rec.arm("leaderboard", norm)][:5])]
-        for suffix in ("grouped", "b8"):
-            cells.append(md.mean_ci([value(r) for r in rec.arm("batching", f"{norm}-{suffix}")]))
-        rows.append(cells)
-    flips = [[f["norm"], f["mode"], sum(f["padding"]), sum(f["composition"]), len(f["padding"])]
-             for f in flip_table(rec)]
-    gaps = []
-    for norm in BATCH_STAT:
-        found = [r["running_stats"] for r in rec.arm("leaderboard", norm) if "running_stats" in r]
-        if found:
-            gaps.append([norm, md.mean_ci([np.mean(s["log_var_ratio"]) for s in found]),
-                         md.mean_ci([s["log_var_ratio"][0] for s in found])])
-    return (["## BatchNorm, padding and batch size", "",
-             "Validation accuracy (running statistics, seeds 0-4) on random batches of 32, length-grouped batches of "
-             "32, and random batches of 8 (LR x 0.5 for every norm):", ""]
-            + md.table(["norm", "random, 32", "grouped, 32", "random, 8"], rows)
-            + ["Prediction flips on validation, summed over the 10 leaderboard seeds: *padding* = the same batches "
-               "padded to their longest vs to 40 tokens; *composition* = length-sorted vs shuffled batches.", ""]
-            + md.table(["norm", "statistics", "padding flips", "composition flips", "runs"], flips)
-            + ["Running statistics against the real tokens' statistics at the end of training: |log variance "
-               "ratio|, averaged over every norm layer and in the first layer only.", ""]
-            + md.table(["norm", "all layers", "first layer"], gaps))
+    for r in a.results:
+        cells = [engine.fmt(r.est[k], r.p[k], r.floor[k]) + f": {r.verdicts[k]}" if k in r.est else "-"
+                 for k in ranks]
+        hz = {None: "n/a", True: "yes", False: f"no: {r.horizon[1]}"}[r.horizon[0]]
+        rows.append([r.h.id, r.h.outcome, describe(r.h), r.h.predicted, *cells, hz, f"**{r.verdict}**"])
+    header = ["id", "outcome", "contrast", "predicted"] + \
+        [f"{rules.RANKS[k]} LRs: estimate [95% CI] \\| Holm p (floor), n: verdict" for k in ranks] + \
+        ["horizon ok", "verdict"]
+    return ["## Tests", "", "Per seed, each arm at its own LR of that rank; a verdict only where every LR rank agrees "
+            "(else \"depends on the LR\"). The horizon rule (outcomes read at the end of training): every arm "
+            f"compared left the plateau within the first {rules.HORIZON_FRACTION:.0%} of its steps and their ranking "
+            "held over the last two evaluations.", "", *md.table(header, rows)]
 
 
-EXPLORATORY = (("batchnorm", "ln_post"), ("masked_batchnorm", "ln_post"), ("no_norm", "ln_post"), ("ln_post", "ln_pre"))
+def correlation_lines(a: engine.Analysis) -> list[str]:
+    if not a.correlations:
+        return []
+    rows = [[c["h"].id, f"{c['h'].outcome} vs {c['h'].against}", ", ".join(c["h"].arms),
+             f"{c['rho']:+.2f}" if np.isfinite(c["rho"]) else "-", f"{c['p']:.3g}" if np.isfinite(c["p"]) else "-",
+             f"**{c['verdict']}**"] for c in a.correlations]
+    return ["## Rank correlations over arms", "", "Spearman's rho between the arms' medians over seeds (best LR); "
+            "exact one-sided p over every ordering.", "",
+            *md.table(["id", "outcomes", "arms", "rho", "p", "verdict"], rows)]
 
 
-def exploratory_lines(rec: Records, test: str) -> list[str]:
-    """Comparisons no prediction named, added after the runs to read the leaderboard: exploratory, uncorrected."""
+def arm_lines(study: engine.Study) -> list[str]:
     rows = []
-    for a, b in EXPLORATORY:
-        diffs = paired(by_seed(rec.arm("leaderboard", a), value), by_seed(rec.arm("leaderboard", b), value))
-        rows.append([f"{plots.LABELS.get(a, a)} - {plots.LABELS.get(b, b)}", paired_test(diffs, test).fmt()])
-    return ["## Exploratory: which difference is the norm's?", "",
-            "Not predicted; added after the runs to read the leaderboard (uncorrected p values). Validation accuracy, "
-            "paired over the 10 leaderboard seeds, each arm at its own LR:", ""] + \
-        md.table(["comparison", "estimate [95% CI] (p, n, test)"], rows)
+    for k in range(study.spec.ranks()):
+        arms = {a: study.arm(a, k) for a in study.spec.arms()}
+        arms = {a: v for a, v in arms.items() if v}
+        hz = rules.horizon(arms, study.steps([r for v in arms.values() for r in v])) if arms else {}
+        for arm, runs in arms.items():
+            outs = [oc.outcome(r["curves"]["loss"], r["status"]) for r in runs]
+            exit_ = hz[arm]["median_exit"]
+            rows.append([arm, rules.RANKS[k], f"{study.lr(arm, k):g}", len(runs),
+                         md.mean_ci([engine.value(r) for r in runs]),
+                         md.mean_ci([engine.value(r, "loss") for r in runs]),
+                         "never" if not np.isfinite(exit_) else f"{exit_:.0f}",
+                         " / ".join(str(outs.count(o)) for o in oc.OUTCOMES),
+                         "yes" if hz[arm]["settled"] else "no", "yes" if hz[arm]["ok"] else "**no**"])
+    if not rows:
+        return []
+    return ["## Arms", "", "Validation, mean ± 95% t half-width over seeds (one seed: its value). Outcomes: learned "
+            "/ never learned / diverged. Plateau exit: the median step the 20-step mean train loss fell below ln 2 - "
+            "0.05.", "", *md.table(["arm", "LR rank", "LR", "seeds", "final accuracy", "final loss", "median exit",
+                                    "outcomes", "rank settled", "horizon"], rows)]
 
 
-def write_markdown(rec: Records, meta: dict) -> str:
-    aa, hyps = verdicts(rec)
+def provenance_lines(study: engine.Study, meta: dict) -> list[str]:
+    runs = study.runs
+    commits = Counter(r.get("commit") or "none recorded" for r in runs)
+    machines = Counter(r.get("machine") or "none recorded" for r in runs)
     calls = meta.get("invocations", [])
-    lines = ["# Study v3: report", "",
-             "Generated by `python scripts/report.py docs/study-v3` from the committed records alone. Predictions: "
-             "[predictions.md](predictions.md), committed before the runs.", "",
-             f"- {len(rec.runs)} training runs; "
-             f"commits {', '.join(sorted({c['commit'] or '?' for c in calls})) or '?'}; "
-             f"{'; '.join(sorted({c['machine'] for c in calls})) or '?'}",
-             f"- Wall time of training: {sum(c['wall_s'] for c in calls) / 60:.1f} min "
-             f"({sum(c['cpu_s'] for c in calls) / 60:.1f} CPU-minutes); commands: "
-             + " ; ".join(f"`{c['command']}`" for c in calls)]
-    if rec.unfinished:
-        missing = Counter(e for r in rec.unfinished for e in r.get("experiments", [r["experiment"]]))
-        lines.append(f"- **Not trained** (the study was stopped before them, or they crashed): {len(rec.unfinished)} "
-                     "runs, " + ", ".join(f"{e} {n}" for e, n in sorted(missing.items())) + "; they are left out")
-    lines += ["", "![answer](answer.png)", ""]
-    lines += verdict_lines(aa, hyps) + leaderboard_lines(rec) + exploratory_lines(rec, aa["test"]) \
-        + placement_lines(rec) + logit_lines(rec) + batching_lines(rec)
-    return "\n".join(lines + SCALE) + "\n"
+    lines = [f"- {len(runs)} training runs; their commits: " + ", ".join(f"{c} ({n})" for c, n in commits.most_common())
+             + "; machines: " + "; ".join(f"{m} ({n})" for m, n in machines.most_common()),
+             f"- Invocations ({len(calls)}): " + " ; ".join(
+                 f"`{c['command']}` at {c['commit']} ({c['wall_s'] / 60:.1f} min)" for c in calls)
+             if calls else "- Invocations: none recorded"]
+    if calls and (outside := started_outside(runs, calls)):
+        lines.append(f"- **{outside} of {len(runs)} runs started outside every invocation listed**: meta.json "
+                     f"lacks the invocations that trained them")
+    if study.unfinished:
+        seeds = Counter(r["seed"] for r in study.unfinished)
+        lines.append(f"- **Not trained** (the study was stopped before them, or they crashed; left out): "
+                     f"{len(study.unfinished)} of {len(runs) + len(study.unfinished)} runs, by seed: "
+                     + ", ".join(f"{seed} ({n})" for seed, n in sorted(seeds.items())))
+    return lines
 
 
-SCALE = ["## Scale", "",
-         "A 6-layer, width-64 encoder trained for 320 steps on 10,240 SST-2 sentences on a CPU. The papers: Xiong et "
-         "al. (2020) 6-24-layer Transformers (translation, BERT); Shen et al. (2020) translation Transformers; "
-         "Wortsman et al. (2023) up to 1.2B parameters; arXiv 2604.23434 GPT-2 64M on 1M tokens. What is not "
-         "separated here is a result at this scale, not evidence about theirs."]
+def moment(text: str) -> datetime:
+    """A time as study.json and the records write it; one without an offset is taken as UTC."""
+    t = datetime.fromisoformat(text.replace(" ", "T"))
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
-def log_to_wandb(rec: Records, out: Path, meta: dict, figures: list[str], mode: str, wandb_dir: Path) -> dict | None:
-    """The report as a W&B run in the study's group (its files in wandb_dir/wandb): every run a row, the verdicts
+def started_outside(runs: list[dict], calls: list[dict]) -> int:
+    """How many runs started in none of the invocations (each from its start for its wall time)."""
+    spans = [(moment(c["started"]), moment(c["started"]) + timedelta(seconds=c["wall_s"])) for c in calls
+             if c.get("started")]
+    return sum(1 for r in runs if r.get("started_at")
+               and not any(a <= moment(r["started_at"]) <= b for a, b in spans))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# figures and the W&B run
+
+
+def draw_figures(study: engine.Study, out: Path) -> list[str]:
+    """answer.png (each arm's final accuracy at each rank, and its accuracy over training) and sweep.png (the dev
+    loss by LR each arm's choice read), where the records have what they show; stale ones are removed."""
+    from normlab.files.figures import save_figure
+    from normlab.study import plots
+
+    board = {a: tuple(study.arm(a, k) for k in range(study.spec.ranks())) for a in study.spec.arms()}
+    board = {a: runs for a, runs in board.items() if runs[0]}
+    drawn = {"answer.png": plots.plot_board(board, f"{study.spec.name}: each arm at its chosen LRs "
+                                                   f"({study.steps([r for v in board.values() for r in v[0]])} steps)")
+             if board else None,
+             "sweep.png": plots.plot_sweep(study.selection) if any(c.get("by_lr") for c in study.selection.values())
+             else None}
+    for name, fig in drawn.items():
+        if fig is None:
+            (out / name).unlink(missing_ok=True)
+        else:
+            fig.tight_layout()
+            save_figure(fig, out / name, dpi=110)
+    return [name for name, fig in drawn.items() if fig is not None]
+
+
+def log_to_wandb(a: engine.Analysis, out: Path, figures: list[str], mode: str, wandb_dir: Path) -> dict | None:
+    """The report as a W&B run in the study's group (its files in wandb_dir/wandb): every run a row, the scorecard
     a table, the figures images."""
     from normlab.tracking.wandb_report import log_study
 
     fields = ("name", "experiment", "variant", "lr", "warmup", "seed", "status", "norm", "placement", "commit")
-    rows = [{**{k: r.get(k) for k in fields}, "outcome": outcome_of(r), "val_accuracy": value(r),
-             "val_loss": value(r, "loss"), "dev_loss": value(r, "loss", DEV)} for r in rec.runs]
-    _, hyps = verdicts(rec)
-    table = [{"id": h.id, "claim": h.claim, "estimate": h.estimate.fmt(4), "test": h.test, "p_holm": h.p_adjusted,
-              "verdict": h.verdict} for h in hyps]
+    rows = [{**{k: r.get(k) for k in fields}, "val_accuracy": engine.value(r), "val_loss": engine.value(r, "loss")}
+            for r in a.study.runs]
+    table = [{"id": r.h.id, "claim": r.h.claim, "predicted": r.h.predicted, "verdict": r.verdict, "score": r.score}
+             for r in a.results]
     images = {name.removesuffix(".png"): out / name for name in figures}
-    return log_study(wandb_dir, meta.get("name") or out.name, rows, {}, table, images, mode)
-
-
-def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabled",
-                wandb_dir: Path | None = None, compare: Path | None = None) -> Path:
-    """report.md and its figures in `out` (default: source); with a wandb_mode, the W&B report run's files go to
-    wandb_dir (default: source), never into `out` unless it is that. `compare`: a folder of another v4 study's
-    records (the study whose LRs this one took): the report says where their answers differ."""
-    source, out = Path(source), Path(out or source)
-    out.mkdir(parents=True, exist_ok=True)
-    if (source / "study.json").is_file():
-        copy_records(source, out)
-    elif (source / RECORDS).is_file() and source.resolve() != out.resolve():  # committed records, regenerated elsewhere
-        for name in (RECORDS, "meta.json", *COPIED):
-            if (source / name).is_file():
-                shutil.copyfile(source / name, out / name)
-    if not (out / RECORDS).is_file():
-        raise FileNotFoundError(f"{out / RECORDS} not found: give a scored study directory (after "
-                                f"scripts/score_runs.py) or a folder of committed records")
-    rec = load(out)
-    meta = read_json(out / "meta.json", {}) or {}
-    if (design := report_v5.design_of(meta)) is not None:  # a factorial study (v5): its own contrasts and figure
-        text = report_v5.write_report(rec, meta, design, load, read_jsonl(out / "signal.jsonl"), out)
-        (out / "report.md").write_text(text)
-        return out / "report.md"
-    if report_v4.is_v4(rec):  # study v4's presets: its own rules, report and figure (no W&B run yet)
-        board = report_v4.board_runs(rec)
-        figures = plots.v4_figures(rec, out, board, report_v4.figure_title(board, meta.get("name") or out.name))
-        other = None
-        if compare is not None:
-            if not (Path(compare) / RECORDS).is_file():
-                raise FileNotFoundError(f"--compare {compare}: no {RECORDS} there; give a folder of a study's records")
-            other = (Path(compare).name, load(Path(compare)))
-        (out / "report.md").write_text(report_v4.write_markdown(rec, meta, read_jsonl(out / "signal.jsonl"), figures,
-                                                                compare=other))
-        return out / "report.md"
-    figures = plots.all_figures(rec, out)
-    (out / "report.md").write_text(write_markdown(rec, meta))
-    if wandb_mode != "disabled":
-        (wandb_dir := Path(wandb_dir or source)).mkdir(parents=True, exist_ok=True)
-        log_to_wandb(rec, out, meta, figures, wandb_mode, wandb_dir)
-    return out / "report.md"
+    return log_study(wandb_dir, a.study.spec.name, rows, {}, table, images, mode)

@@ -1,0 +1,71 @@
+"""A study folder and every file in it, by name in one place: a study directory the runner trains into
+(study.json, runs/, logs/, runs.jsonl) and a folder of records a report is made from (runs.jsonl.gz, meta.json,
+selection.json, spec.yaml ...). The spec a report reads is the snapshot stored here when the study started, never
+today's preset (docs/studies.md, "Files")."""
+
+import shutil
+from pathlib import Path
+
+from normlab.errors import RecordsError
+from normlab.files.formats import read_json, read_jsonl
+from normlab.study.grid import StudyError
+from normlab.study.records import RECORDS, read_records
+from normlab.study.selection_file import read_selection
+
+SPEC, HOOKS = "spec.yaml", "hooks.py"  # the study file as it ran, and its hook file (measures)
+TABLES = ("signal", "e1")  # extra per-arm or per-seed tables a study may write: NAME.jsonl
+COPIED = ("selection.json", "e1.jsonl", "labels.json", "signal.jsonl", SPEC, HOOKS)  # records folder: as written
+
+
+class StudyDir:
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def is_study(self) -> bool:
+        """A directory the runner trained into (not only a folder of records)."""
+        return (self.path / "study.json").is_file()
+
+    def meta(self) -> dict:
+        return read_json(self.path / "meta.json", {}) or {}
+
+    def frozen_at(self) -> str | None:
+        """The commit whose code regenerates this finished study's report (meta.json `report_commit`)."""
+        return self.meta().get("report_commit")
+
+    def save_spec(self, preset: Path, hooks: str | None) -> None:
+        """The study file as it runs (and its hook file), kept beside the runs for every later report."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(preset, self.path / SPEC)
+        if hooks:
+            from normlab.study.grid import REPO_ROOT
+
+            shutil.copyfile(REPO_ROOT / hooks, self.path / HOOKS)
+
+    def spec(self, quiet: bool = True):
+        """The spec snapshot this folder holds (StudyError when there is none, or it is not a valid spec)."""
+        from normlab.study.spec import StudySpec
+
+        if not (self.path / SPEC).is_file():
+            raise StudyError(f"{self.path}: no {SPEC}, the study's spec as it ran; a study started by "
+                             f"scripts/study.py keeps one (copy the study file there as {SPEC} to report it)")
+        spec = StudySpec.load(self.path / SPEC, quiet=quiet)
+        if spec.hooks:
+            spec.hooks = str(self.path / HOOKS)
+        return spec
+
+    def records(self) -> list[dict]:
+        if not (self.path / RECORDS).is_file():
+            raise RecordsError(f"{self.path / RECORDS} not found: give a scored study directory (after "
+                               f"scripts/score_runs.py) or a folder of records")
+        return read_records(self.path / RECORDS)
+
+    def selection(self) -> dict:
+        return read_selection(self.path / "selection.json")
+
+    def tables(self) -> dict:
+        return {name: read_jsonl(self.path / f"{name}.jsonl") for name in TABLES
+                if (self.path / f"{name}.jsonl").is_file()}
