@@ -9,9 +9,10 @@ study folder): the committed records are kept and the study's finished runs join
 
 normlab/study/report.py writes it with the one analysis (normlab/study/engine.py) of the study's spec as it ran
 (spec.yaml in the folder). A finished study frozen at a commit (meta.json `report_commit`: studies v2-v5) is
-refused: its report regenerates at that commit. It writes nothing else into the report's folder. With --wandb, a W&B run in the study's group (job_type report; offline
-unless --wandb-mode or $WANDB_MODE says otherwise; never prompts) gets the figures, the verdicts and every run as a
-table row; its files go to --wandb-dir (default: the study directory when SOURCE is one, else the current one).
+refused: its report regenerates at that commit. It writes nothing else into the report's folder. With --wandb,
+a W&B run in the study's group (job_type report; offline unless --wandb-mode or $WANDB_MODE says otherwise; never
+prompts) gets the figures, the scorecard and every run as a table row; its files go to --wandb-dir (default: the
+study directory when SOURCE is one, else the current one).
 
 --rerun-of writes no report: it compares a retrained study run by run with the committed records it retrains
 (normlab/study/rerun.py), keeps each run's digest and provenance in that folder's rerun/ and exits 1 if any differ.
