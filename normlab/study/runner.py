@@ -34,6 +34,8 @@ from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid i
 )
 from normlab.study.selection_file import read_selection
 from normlab.study.sharded import run_sharded
+from normlab.study.spec import StudySpec
+from normlab.study.study_dir import StudyDir
 from normlab.train.machine import cpu_name
 
 TRAIN = REPO_ROOT / "train.py"
@@ -383,7 +385,8 @@ def main(argv=None) -> int:
         if bad:
             raise StudyError(f"unexpected argument {bad[0]!r}: extra train.py overrides are key=value")
         grid_file = resolve_preset(args.preset)
-        grid = load_grid(grid_file)
+        spec = StudySpec.load(grid_file)  # prints each hypothesis's floor; refuses a plan that cannot decide
+        grid = spec.grid
         only = parse_only(args.only)
         run_e1 = wants_e1(grid, only)
         study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
@@ -395,6 +398,7 @@ def main(argv=None) -> int:
         engine = make_engine(args.engine, parallel=args.parallel, address=args.address,
                              max_retries=args.max_retries, warm=not args.process_per_run)
         print(engine.describe())
+        StudyDir(study_dir).save_spec(grid_file, spec.hooks)  # the spec every later report of it reads
         with engine:
             run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine, shards=args.parallel or 1)
     except StudyError as err:

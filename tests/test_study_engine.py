@@ -1,0 +1,241 @@
+"""The study spec and the one analysis engine on synthetic records with planted effects: the spec is checked at
+load (one-line errors, floors, an undecidable plan refused), a 2^k design generates its cells, each contrast
+recovers what was planted, the robustness and horizon rules hold, the scorecard fails a predicted "not
+separated" that separated, and a study folder is reported under its own name without NaN."""
+
+import gzip
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+
+from normlab.study import engine, rules
+from normlab.study.grid import StudyError
+from normlab.study.records import RECORDS
+from normlab.study.report import make_report, provenance_lines
+from normlab.study.spec import StudySpec
+
+ARMS = ("ln_pre", "batchnorm", "rmsnorm", "dyt")
+BEST, RUNNER = 0.00316, 0.001
+SPEC = """
+name: synthetic
+test: calibrated
+arms: {ln_pre: {config: pre_ln}, batchnorm: {config: batchnorm}, rmsnorm: {config: rmsnorm}, dyt: {config: dyt}}
+experiments:
+  tune: {lr: [1.0e-3, 3.16e-3], warmup: {on: 5}, seeds: [100, 101]}
+  board: {lr: {best_of: tune, ranks: 2}, warmup: {on: 5}, seeds: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]}
+  aa: {variants: [ln_pre], lr: {best_of: tune}, warmup: {on: 5}, seeds: [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]}
+aa: {arm: ln_pre}
+hypotheses:
+  - {id: H1, claim: "BN is less accurate than LN", outcome: accuracy, a: batchnorm, b: ln_pre, sign: -1, family: F}
+  - {id: H2, claim: "RMSNorm matches LN", outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 0, family: F}
+  - {id: H3, claim: "DyT's loss is lower", outcome: loss, a: dyt, b: ln_pre, sign: -1, family: F}
+  - {id: H4, claim: "per-token norms exit later", outcome: exit, contrast: group_means, a: [ln_pre, rmsnorm],
+     b: [batchnorm], sign: 1, family: F}
+"""
+
+
+def spec_file(tmp_path, text=SPEC, name="spec.yaml"):
+    (tmp_path / name).write_text(text)
+    return tmp_path / name
+
+
+def synthetic_run(variant, lr, seed, exit_step, acc, experiment="board", steps=416):
+    loss = [math.log(2) if s < exit_step else 0.45 for s in range(1, steps + 1)]
+    evals = [{"step": s, "accuracy": acc - 0.001 * (steps - s) / 32, "loss": 0.5} for s in range(32, steps + 1, 32)]
+    return {"name": f"{variant}-lr{lr:g}-wuon-s{seed}", "experiment": experiment, "experiments": [experiment],
+            "variant": variant, "lr": lr, "warmup": "on", "seed": seed, "status": "completed", "commit": "abc1234",
+            "machine": "test box", "started_at": "2026-12-01T00:00:00+0000",
+            "curves": {"step": list(range(1, steps + 1)), "loss": loss, "eval": evals},
+            "scores": {"val/sorted/running": {"accuracy": acc, "loss": 1 - acc}}}
+
+
+def synthetic_runs(seeds=range(10)) -> list[dict]:
+    """BN ahead of LN at the best LR only (H1 depends on the LR); RMSNorm 0.02 ahead of LN everywhere (H2's
+    "not separated" fails); DyT leaves the plateau at step ~205 of 416 (its horizon is too short); LN and RMSNorm
+    exit ~40 steps after BN (H4)."""
+    rng = np.random.default_rng(0)
+    runs = []
+    for seed in seeds:
+        noise = rng.normal(0, 0.003)
+        for arm, lr in itertools.product(ARMS, (BEST, RUNNER)):
+            acc = 0.72 + noise + rng.normal(0, 0.002) + (0.05 if arm == "batchnorm" and lr == BEST else 0) + \
+                (0.02 if arm == "rmsnorm" else 0)
+            exit_step = 200 if arm == "dyt" else 60 + (40 if arm in ("ln_pre", "rmsnorm") else 0)
+            runs.append(synthetic_run(arm, lr, seed, exit_step + int(rng.integers(0, 12)), acc))
+        runs.append(synthetic_run("ln_pre", BEST, seed + 10, 100, 0.72 + rng.normal(0, 0.003), "aa"))
+    return runs
+
+
+SELECTION = {f"tune/{a}/wuon": {"lr": BEST, "runner_up": RUNNER} for a in ARMS}
+
+
+def analysed(tmp_path, runs, text=SPEC) -> engine.Analysis:
+    spec = StudySpec.load(spec_file(tmp_path, text), quiet=True)
+    return engine.analyse(engine.Study(runs, SELECTION, spec))
+
+
+def test_the_engine_finds_the_planted_effects_and_applies_the_robustness_and_horizon_rules(tmp_path):
+    a = analysed(tmp_path, synthetic_runs())
+    assert a.test == "t" and a.aa["fpr"]["t"] <= 0.05  # the A/A control allowed the t test
+    r = {x.h.id: x for x in a.results}
+    assert r["H1"].verdicts == {0: "refuted", 1: "not separated"} and r["H1"].verdict == rules.DEPENDS
+    assert r["H1"].score == "not shown: depends on the LR"
+    assert r["H2"].verdict == "separated (+)" and r["H2"].score == "**FAILED**"  # predicted not separated
+    assert r["H3"].horizon == (False, "late exit at the best LRs; late exit at the runner-up LRs")
+    assert r["H3"].verdict.endswith("; horizon too short") and r["H3"].score == "no verdict: horizon too short"
+    assert r["H4"].verdict == "confirmed" and r["H4"].horizon == (None, "") and r["H4"].score == "held"
+    assert r["H4"].est[0].mean == pytest.approx(40.0, abs=8)
+
+
+def test_too_few_seeds_to_decide_is_said_so_and_a_t_test_has_no_floor(tmp_path):
+    """4 seeds, sign-flip, Holm over four: the smallest attainable p is 4 x 2^-3 = 0.5, whatever the data."""
+    few = [r for r in synthetic_runs() if r["seed"] < 4]
+    a = analysed(tmp_path, few, SPEC.replace("test: calibrated", "test: permutation").replace("aa: {arm: ln_pre}", "")
+                 .replace("seeds: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]", "seeds: [0, 1, 2, 3, 4, 5, 6, 7]"))
+    h2 = next(r for r in a.results if r.h.id == "H2")
+    assert h2.floor == {0: 0.5, 1: 0.5} and h2.verdicts[0] == f"{rules.UNDECIDED} (p >= 0.5)"
+    assert h2.score == "undecided"
+    assert all(r.floor == {0: 0.0, 1: 0.0} for r in analysed(tmp_path, synthetic_runs()).results)
+
+
+def test_a_plan_that_cannot_decide_is_refused_at_load_unless_a_pilot(tmp_path, capsys):
+    five = SPEC.replace("seeds: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]", "seeds: [0, 1, 2, 3, 4]")
+    with pytest.raises(StudyError, match=r"H1, H2, H3, H4 can never reach alpha 0.05 \(floor 0.25 with 5 seeds in "
+                                         r"a family of 4\)"):
+        StudySpec.load(spec_file(tmp_path, five))
+    StudySpec.load(spec_file(tmp_path, five + "pilot: true\n"))
+    assert "H1 0.25" in capsys.readouterr().out
+    StudySpec.load(spec_file(tmp_path))
+    assert "H1 0.00781" in capsys.readouterr().out  # 4 x 2^-9
+
+
+@pytest.mark.parametrize("change, words", [
+    ("outcome: accuracy, a: batchnorm", "outcome 'accurcy' is not one of accuracy, exit, largest_learning_lr, loss"),
+    ("a: batchnorm, b: ln_pre, sign: -1", "arm 'batchnrm' is not an arm of the study"),
+    ("sign: -1, family: F}", "sign=-2 is not valid"),
+    ("contrast: group_means", "contrast='group_mean' is not valid"),
+    ("id: H1,", "unknown key 'idd'"),
+])
+def test_a_bad_hypothesis_is_refused_in_one_line_naming_the_key(tmp_path, change, words):
+    bad = {"outcome: accuracy, a: batchnorm": "outcome: accurcy, a: batchnorm",
+           "a: batchnorm, b: ln_pre, sign: -1": "a: batchnrm, b: ln_pre, sign: -1",
+           "sign: -1, family: F}": "sign: -2, family: F}", "contrast: group_means": "contrast: group_mean",
+           "id: H1,": "idd: H1,"}[change]
+    with pytest.raises(StudyError) as err:
+        StudySpec.load(spec_file(tmp_path, SPEC.replace(change, bad, 1)))
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+FACTORIAL = """
+name: factorial
+factors:
+  block: {ln: {config: pre_ln}, mbn: {config: masked_batchnorm}}
+  final: {ln: {overrides: {model.final_norm: layernorm}}, mbn: {overrides: {model.final_norm: masked_batchnorm}}}
+  emb: {off: {}, on: {overrides: {model.embedding_norm: true}}}
+experiments:
+  tune: {lr: [1.0e-3, 1.78e-3], warmup: {on: 5}, seeds: [100]}
+  board: {lr: {best_of: tune, ranks: 2}, warmup: {on: 5}, seeds: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]}
+hypotheses:
+  - {id: final, outcome: exit, contrast: main_effect, factors: [final], sign: -1, family: exit}
+  - {id: block, outcome: exit, contrast: main_effect, factors: [block], family: exit}
+  - {id: block-final, outcome: exit, contrast: interaction, factors: [block, final], family: exit}
+  - {id: emb-final, outcome: exit, contrast: interaction, factors: [emb, final], family: exit}
+"""
+
+
+def planted_exit(levels: dict, seed: int) -> int:
+    """100 steps, -50 for a masked-BN final norm in an LN block but only -20 in a masked-BN one (an interaction
+    of +30), -10 for an embedding norm, plus a seed's own shift that every cell shares."""
+    final = {"ln": -50, "mbn": -20}[levels["block"]] if levels["final"] == "mbn" else 0
+    return 100 + final - (10 if levels["emb"] == "on" else 0) + 3 * seed
+
+
+def test_a_factorial_generates_its_cells_and_each_contrast_recovers_the_planted_effect(tmp_path):
+    spec = StudySpec.load(spec_file(tmp_path, FACTORIAL), quiet=True)
+    assert list(spec.cells) == [f"{b}_{f}_{e}" for b, f, e in itertools.product(("ln", "mbn"), ("ln", "mbn"),
+                                                                                ("off", "on"))]
+    cell = spec.grid["experiments"]["board"]["variants"]["mbn_ln_on"]
+    assert cell["config"] == "configs/masked_batchnorm.yaml"
+    assert cell["overrides"] == {"model.final_norm": "layernorm", "model.embedding_norm": True}
+    table = {c: float(planted_exit(levels, 0)) for c, levels in spec.cells.items()}
+    got = {k: engine.factorial_contrast(spec.cells, table, f) for k, f in (
+        ("block", ["block"]), ("emb", ["emb"]), ("final", ["final"]), ("block x final", ["block", "final"]),
+        ("emb x final", ["emb", "final"]), ("all", ["block", "emb", "final"]))}
+    assert got == pytest.approx({"block": 15.0, "emb": -10.0, "final": -35.0, "block x final": 30.0,
+                                 "emb x final": 0.0, "all": 0.0})
+    runs = [synthetic_run(c, lr, seed, planted_exit(levels, seed), 0.75) for seed in range(10)
+            for c, levels in spec.cells.items() for lr in (BEST, RUNNER)]
+    sel = {f"tune/{c}/wuon": {"lr": BEST, "runner_up": RUNNER} for c in spec.cells}
+    r = {x.h.id: x for x in engine.analyse(engine.Study(runs, sel, spec)).results}
+    assert r["final"].verdict == "confirmed" and r["block-final"].verdict == "separated (+)"
+    # every seed's contrast is exactly 0: no pair differs, so the test could not decide anything
+    assert r["emb-final"].verdict.startswith(rules.UNDECIDED) and r["emb-final"].nonzero == {0: 0, 1: 0}
+
+
+def test_a_factorial_needs_two_levels_a_factor_and_one_config_a_cell(tmp_path):
+    with pytest.raises(StudyError, match="factors must map each factor to its two levels"):
+        StudySpec.load(spec_file(tmp_path, FACTORIAL.replace("off: {}, on:", "off: {}, half: {}, on:")))
+    with pytest.raises(StudyError, match="cell ln_ln_off gets two configs"):
+        StudySpec.load(spec_file(tmp_path, FACTORIAL.replace("emb: {off: {}", "emb: {off: {config: dyt}")))
+    with pytest.raises(StudyError, match="main_effect names one factor of block, emb, final"):
+        StudySpec.load(spec_file(tmp_path, FACTORIAL.replace("factors: [final], sign", "factors: [fnal], sign")))
+
+
+def write_folder(folder, runs, spec_text=SPEC, name="synthetic"):
+    folder.mkdir(parents=True, exist_ok=True)
+    with gzip.open(folder / RECORDS, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in runs)
+    (folder / "selection.json").write_text(json.dumps(SELECTION))
+    (folder / "meta.json").write_text(json.dumps({"name": name, "invocations": []}))
+    (folder / "spec.yaml").write_text(spec_text)
+    return folder
+
+
+def test_a_study_folder_is_reported_under_its_own_name_steps_and_seeds_without_nan(tmp_path):
+    folder = write_folder(tmp_path / "full", synthetic_runs())
+    text = make_report(folder).read_text()
+    assert text.startswith("# synthetic: report\n\n4 arms, each at its best and its runner-up LR chosen on dev; "
+                           "416 steps; 10 seeds (0, 1, 2, 3, 4, 5, 6, 7, 8, 9).")
+    assert "| H2 | claim | RMSNorm matches LN | not separated | separated (+) | **FAILED** |" in text
+    assert "nan" not in text.lower() and "Study v" not in text
+    assert (folder / "answer.png").stat().st_size > 10_000 and "](answer.png)" in text
+    assert "sweep.png" not in text and not (folder / "sweep.png").exists()  # no sweep in these records
+    # the same study narrowed to two seeds: its own seeds in the heading, and nothing decided
+    narrow = write_folder(tmp_path / "narrow", [r for r in synthetic_runs() if r["seed"] in (0, 1, 10, 11)])
+    text = make_report(narrow).read_text()
+    assert "; 416 steps; 2 seeds (0, 1)." in text and "nan" not in text.lower()
+    assert f"{rules.UNDECIDED} (p >= 1)" in text and "| undecided |" in text
+
+
+def test_an_unknown_study_or_a_frozen_one_is_refused_in_one_line(tmp_path):
+    from normlab.cli import report as report_py
+
+    folder = write_folder(tmp_path / "f", synthetic_runs(range(2)))
+    (folder / "spec.yaml").unlink()
+    with pytest.raises(StudyError, match="no spec.yaml, the study's spec as it ran"):
+        make_report(folder)
+    (folder / "spec.yaml").write_text("name: x\nkind: v6\n")
+    assert report_py.main([str(folder)]) == 2
+    (folder / "meta.json").write_text(json.dumps({"name": "x", "report_commit": "bb37ee6"}))
+    with pytest.raises(StudyError, match="regenerates at commit bb37ee6"):
+        make_report(folder)
+
+
+def test_provenance_says_what_a_part_trained_study_lacks_and_which_runs_no_invocation_trained(tmp_path):
+    spec = StudySpec.load(spec_file(tmp_path), quiet=True)
+    runs = synthetic_runs()
+    part = [{**r, "status": "pending"} if r["seed"] >= 8 and r["experiment"] == "board" else r for r in runs]
+    n = sum(r["status"] == "pending" for r in part)
+    lines = provenance_lines(engine.Study(part, SELECTION, spec), {"invocations": []})
+    assert lines[1] == "- Invocations: none recorded"
+    assert lines[2] == (f"- **Not trained** (the study was stopped before them, or they crashed; left out): {n} of "
+                        f"{len(runs)} runs, by seed: 8 ({n // 2}), 9 ({n // 2})")
+    late = [{**r, "started_at": "2026-12-01T13:00:00+0000" if r["seed"] >= 8 else "2026-12-01T10:30:00+0000"}
+            for r in runs]
+    calls = [{"command": "study.py", "commit": "abc1234", "started": "2026-12-01 10:00:00", "wall_s": 3600.0}]
+    lines = provenance_lines(engine.Study(late, SELECTION, spec), {"invocations": calls})
+    outside = sum(r["seed"] >= 8 for r in runs)
+    assert lines[2].startswith(f"- **{outside} of {len(runs)} runs started outside every invocation listed**")
