@@ -46,6 +46,10 @@ experiments:
 init: {placements: [post, pre, deepnorm], depths: [2, 3], seeds: [0], adam_steps: 2, lr: 1.0e-3,
        hidden_size: 16, num_attention_heads: 2, intermediate_size: 32, batch_size: 8, max_length: 16}
 score: {dev_rows: 40, batch_size: 16}
+pilot: true
+aa: {arm: ln_pre, copy: custom_ln_aa}
+hypotheses:
+  - {id: H1, outcome: accuracy, a: batchnorm, b: ln_pre, sign: -1}
 """
 
 
@@ -97,5 +101,8 @@ def test_tiny_study_trains_scores_and_reports(tmp_path):
     (e1_call,) = [c for c in calls if "init_study.py" in c["command"]]  # one, however many processes
     assert "in 2 processes" in e1_call["command"] and e1_call["cpu_s"] > 0
     text = (study_dir / "report.md").read_text()
-    assert "## Calibration: the A/A control" in text and "| P4 |" in text and "| E1a (secondary) |" in text
+    assert text.startswith("# smoke: report\n\n2 arms, each at its best LR on dev; 4 steps; 1 seed (0).")
+    assert "ln_pre on two seed sets: 1 and 1 runs, under the 8 a resample needs" in text
+    assert "| H1 | claim |" in text and "too few seeds to decide" in text and "nan" not in text.lower()
+    assert (study_dir / "spec.yaml").read_text() == TINY  # the snapshot the report read
     assert (study_dir / "answer.png").is_file() and (study_dir / "runs.jsonl.gz").is_file()

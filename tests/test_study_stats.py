@@ -42,24 +42,6 @@ def test_plateau_exit_is_the_first_step_the_moving_mean_is_clearly_below_ln2():
     assert oc.plateau_exit_step(steps[:60], curve((LN2, 30), (0.3, 10), (float("inf"), 20))) is not None
 
 
-def test_lr_sensitivity_scores_a_model_that_never_learns_badly():
-    learns = {1e-3: 0.45, 1e-2: 0.50, 1e-1: LN2}
-    never = {1e-3: LN2, 1e-2: LN2, 1e-1: LN2}
-    reference = min(min(learns.values()), min(never.values()))
-    assert oc.lr_sensitivity(never, reference) > oc.lr_sensitivity(learns, reference)
-    assert oc.lr_sensitivity(never, reference) == pytest.approx(LN2 - 0.45)
-    assert oc.lr_sensitivity({1e-3: float("nan")}, 0.4) == pytest.approx(LN2 - 0.4)  # diverged counts as plateau
-
-
-def test_lr_sensitivity_hand_computed_zero_when_flat_and_error_when_empty():
-    # 0.9 is worse than the plateau (capped at ln 2), nan diverged (counts as ln 2); the reference is 0.3
-    finals = {1e-4: 0.5, 1e-3: 0.3, 1e-2: 0.9, 1e-1: float("nan")}
-    assert oc.lr_sensitivity(finals, 0.3) == pytest.approx((0.5 + 0.3 + 2 * LN2) / 4 - 0.3)
-    assert oc.lr_sensitivity({1e-3: 0.4, 1e-2: 0.4}, 0.4) == 0.0
-    with pytest.raises(ValueError):
-        oc.lr_sensitivity({}, 0.4)
-
-
 def test_largest_learning_lr():
     assert oc.largest_learning_lr({1e-3: oc.LEARNED, 1e-2: oc.LEARNED, 3e-2: oc.DIVERGED}) == 1e-2
     assert oc.largest_learning_lr({1e-3: oc.NEVER_LEARNED}) is None
@@ -75,21 +57,6 @@ def test_paired_tests_agree_with_scipy():
     assert ss.paired_test(d, "permutation").p == pytest.approx(exact)
     with pytest.raises(ValueError, match="unknown test 'z'; choose one of t, wilcoxon, permutation"):
         ss.paired_test(d, "z")
-
-
-def test_seed_level_tests_hold_their_false_positive_rate_on_an_aa_control():
-    """Pure noise (the A/A situation): at 10 seeds each test calls it significant about 5% of the time."""
-    noise = np.random.default_rng(1).normal(0.0, 0.04, 200)
-    for test in ("t", "permutation"):
-        rate = ss.false_positive_rate(noise, n_seeds=10, test=test, reps=400, seed=2)
-        assert 0.01 <= rate <= 0.10, (test, rate)
-    # a real difference is not noise: shifted differences are "significant" nearly always
-    assert ss.paired_test(noise[:10] + 0.08, "t").p < 0.01
-
-
-def test_seeds_needed_matches_the_normal_approximation_and_grows_for_small_effects():
-    assert ss.seeds_needed(0.04, 0.04) == 10
-    assert ss.seeds_needed(0.04, 0.02) > ss.seeds_needed(0.04, 0.04) > ss.seeds_needed(0.04, 0.08)
 
 
 def test_holm_steps_down_and_stays_monotone():

@@ -1,5 +1,6 @@
-"""Study v4's machinery: arms trained at their best and runner-up LRs (a coin-flip tuning trains both and is
-flagged), the v4 presets' designs checked against the rules, and provenance on every record."""
+"""The runner's chosen-LR machinery (from study v4): arms trained at their best and runner-up LRs (a coin-flip
+tuning trains both and is flagged), LRs taken from another study, the signal measurement, and provenance on every
+record."""
 
 import json
 from pathlib import Path
@@ -7,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from normlab.study import grid as grid_mod
-from normlab.study import rules
 from normlab.study import runner as study
 
 TWO_LRS = """
@@ -157,166 +157,6 @@ def test_a_study_built_in_pieces_keeps_every_invocation(tmp_path):
     assert set(data["runs"]) == {"a-s0", "a-s1"}
 
 
-# --- the v4 report on synthetic records --------------------------------------------------------------------------
-
-ARMS = ("ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm", "no_norm")
-BEST, RUNNER = 0.00316, 0.001
-
-
-def synthetic_run(variant, lr, seed, exit_step, acc, experiment="board", steps=416):
-    import math as m
-
-    loss = [m.log(2) if s < exit_step else 0.45 for s in range(1, steps + 1)]
-    evals = [{"step": s, "accuracy": acc - 0.001 * (steps - s) / 32, "loss": 0.5} for s in range(32, steps + 1, 32)]
-    return {"name": f"{variant}-lr{lr:g}-wuon-s{seed}", "experiment": experiment, "experiments": [experiment],
-            "variant": variant, "lr": lr, "warmup": "on", "seed": seed, "status": "completed", "commit": "abc1234",
-            "machine": "test box", "started_at": "2026-12-01T00:00:00+0000",
-            "curves": {"step": list(range(1, steps + 1)), "loss": loss, "eval": evals},
-            "scores": {"val/sorted/running": {"accuracy": acc, "loss": 1 - acc}}}
-
-
-def synthetic_records():
-    import numpy as np
-
-    from normlab.study.analysis import Records
-
-    rng = np.random.default_rng(0)
-    runs, base = [], {a: 0.72 for a in ARMS}
-    for seed in range(10):
-        noise = rng.normal(0, 0.003)
-        for arm in ARMS:
-            for lr in (BEST, RUNNER):
-                acc = base[arm] + noise + rng.normal(0, 0.002)
-                if arm == "batchnorm" and lr == BEST:
-                    acc += 0.05  # BN ahead of LN only at the best LR: H1 depends on the LR
-                exit_step = 200 if arm == "dyt" else 60 + (40 if arm in ("ln_pre", "custom_ln", "rmsnorm") else 0)
-                runs.append(synthetic_run(arm, lr, seed, exit_step + int(rng.integers(0, 12)), acc))
-        runs.append(synthetic_run("ln_pre", BEST, seed + 10, 100, base["ln_pre"] + rng.normal(0, 0.003), "aa"))
-    selection = {f"tune/{a}/wuon": {"lr": BEST, "runner_up": RUNNER, "near_tie": a == "ln_pre"} for a in ARMS}
-    return Records(runs, selection)
-
-
-def test_the_v4_report_applies_the_robustness_and_horizon_rules(tmp_path):
-    from normlab.study import report_v4
-
-    rec = synthetic_records()
-    assert report_v4.is_v4(rec)
-    rows = {r["id"]: r for r in report_v4.claim_rows(rec, "t")}
-    assert set(rows) == {"H1", "H2", "H3", "H4"}  # no mechanism runs, no MLM in these records
-    assert rows["H1"]["verdicts"] == {0: "refuted", 1: "not separated"} and rows["H1"]["verdict"] == rules.DEPENDS
-    assert rows["H3"]["verdict"] == rules.HORIZON_TOO_SHORT  # DyT leaves the plateau at step ~205 of 416
-    assert rows["H3"]["horizon_why"] == "late exit at the best LRs; late exit at the runner-up LRs"
-    assert rows["H4"]["verdict"] == "confirmed" and rows["H4"]["horizon"] is None  # slow group exits later
-    text = report_v4.write_markdown(rec, {"name": "synthetic", "invocations": []})
-    assert "abc1234 (190)" in text and "near tie" in text and "**horizon too short**" in text
-    assert "## Calibration: the A/A control" in text and "depends on the LR" in text
-    assert "DyT's validation loss relative to pre-LN's: " in text and "(arXiv 2604.23434: -27%" in text
-    # every synthetic run gains 0.001 accuracy per evaluation: the board's "last move" column says so
-    assert report_v4.last_move(rec.runs[:3], "accuracy") == "+0.001" and "| yes | +0.001 | yes |" in text
-
-
-def test_a_claim_the_exact_test_cannot_decide_at_its_seeds_is_said_so_not_not_separated():
-    """4 seeds, sign-flip, Holm over H1-H4: the smallest attainable p is 4 x 2^-3 = 0.5, whatever the data."""
-    from normlab.study.analysis import Records
-    from normlab.study.report_v4 import claim_rows, write_markdown
-
-    rec = synthetic_records()
-    few = Records([r for r in rec.runs if r["seed"] < 4], rec.selection)
-    rows = {r["id"]: r for r in claim_rows(few, "permutation")}
-    assert rows["H2"]["floor"] == {0: 0.5, 1: 0.5}
-    assert rows["H2"]["verdicts"] == {0: "could not decide (p >= 0.5)", 1: "could not decide (p >= 0.5)"}
-    assert rows["H2"]["robust"] == rules.UNDECIDED
-    assert "(no A/A control in these records)" in write_markdown(few, {"invocations": []})
-    assert all(r["floor"] == {0: 0.0, 1: 0.0} for r in claim_rows(rec, "t"))  # a t test has no such floor
-
-
-def test_a_part_trained_study_says_what_its_report_lacks():
-    from normlab.study.analysis import Records
-    from normlab.study.report_v4 import provenance_lines
-
-    rec = synthetic_records()
-
-    def late(r):  # the board's last two seeds: not trained yet
-        return r["experiment"] == "board" and r["seed"] >= 8
-
-    part = Records([{**r, "status": "pending"} if late(r) else r for r in rec.runs], rec.selection)
-    n = sum(map(late, rec.runs))
-    lines = provenance_lines(part, {"invocations": []})
-    assert lines[1] == "- Invocations: none recorded in study.json (the study's own notes give its times)"
-    assert lines[2] == (f"- **Not trained** (the study was stopped before them, or they crashed; left out): {n} of "
-                        f"{len(rec.runs)} runs, by seed: 8 ({n // 2}), 9 ({n // 2})")
-    assert len(provenance_lines(rec, {"invocations": []})) == 2  # all trained: no such line
-
-
-def test_the_report_counts_runs_that_no_listed_invocation_trained():
-    """meta.json should list every invocation: a run whose start lies in none of them (an invocation whose record
-    was lost) is counted; study.json's older invocation times, written without an offset, are read as UTC."""
-    from normlab.study.analysis import Records
-    from normlab.study.report_v4 import provenance_lines
-
-    rec = synthetic_records()
-    runs = [{**r, "started_at": "2026-12-01T10:30:00+0000" if r["seed"] < 8 else "2026-12-01T13:00:00+0000"}
-            for r in rec.runs]
-    late = sum(r["seed"] >= 8 for r in runs)
-    calls = [{"command": "study.py", "commit": "abc1234", "started": "2026-12-01 10:00:00", "wall_s": 3600.0}]
-    lines = provenance_lines(Records(runs, rec.selection), {"invocations": calls})
-    assert lines[2] == (f"- **{late} of {len(runs)} runs started outside every invocation listed**: meta.json lacks "
-                        f"the invocations that trained them (the study's own notes give their times)")
-    calls.append({**calls[0], "started": "2026-12-01 12:59:00+0000"})
-    assert len(provenance_lines(Records(runs, rec.selection), {"invocations": calls})) == 2
-
-
-def test_make_report_writes_the_v4_report_for_v4_records_and_keeps_v3s(tmp_path):
-    import gzip
-
-    from normlab.study.report import RECORDS, make_report
-
-    rec = synthetic_records()
-    with gzip.open(tmp_path / RECORDS, "wt") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rec.runs)
-    (tmp_path / "selection.json").write_text(json.dumps(rec.selection))
-    (tmp_path / "meta.json").write_text(json.dumps({"name": "quick_v4", "invocations": []}))
-    text = make_report(tmp_path, wandb_mode="disabled").read_text()
-    assert text.startswith("# Study v4 (quick_v4): report") and "| H2 |" in text
-    assert "](answer.png)" in text and (tmp_path / "answer.png").stat().st_size > 10_000  # the board's figure
-
-
-def p2_records(differ: int, seeds: int = 12):
-    from normlab.study.analysis import Records
-
-    lrs, runs = (1.78e-3, 2.37e-3, 3.16e-3, 4.22e-3), []
-    for seed in range(seeds):
-        largest = {"off": 1, "on": 2 if seed < differ else 1}  # index of the largest LR that learns
-        for warmup, top in largest.items():
-            for i, lr in enumerate(lrs):
-                r = synthetic_run("ln_post", lr, seed, 60 if i <= top else 10_000, 0.75, "placement")
-                runs.append(dict(r, warmup=warmup, name=r["name"].replace("wuon", f"wu{warmup}")))
-    return Records(runs, {})
-
-
-def test_p2_is_undecidable_when_too_few_seeds_differ_and_decided_when_enough_do():
-    from normlab.study import report_v4
-
-    assert report_v4.is_v4(p2_records(3))
-    few = "\n".join(report_v4.p2_lines(p2_records(differ=5)))
-    assert "could not decide: 5 of 12 seeds differ, so p cannot go below 0.0625" in few
-    enough = "\n".join(report_v4.p2_lines(p2_records(differ=9)))
-    assert "9 non-zero pairs" in enough and "Verdict: **confirmed**" in enough
-
-
-def test_m1_correlates_the_spread_with_the_exit_across_arms():
-    from normlab.study import report_v4
-
-    rec = synthetic_records()
-    exits = {a: rules.median_exit(report_v4.runs_at(rec, a, 0)) for a in report_v4.M1_ARMS}
-    signal = [{"variant": a, "seed": s, "cosine": [0.9, 1 - 1 / exits[a]]} for a in report_v4.M1_ARMS
-              for s in range(3)]  # more spread, earlier exit
-    text = "\n".join(report_v4.m1_lines(rec, signal))
-    assert "Spearman's rho over 7 arms: -" in text and "**confirmed**" in text
-    backwards = [dict(r, cosine=[0.9, 1 - exits[r["variant"]] / 1000]) for r in signal]
-    assert "**refuted**" in "\n".join(report_v4.m1_lines(rec, backwards))
-
-
 def test_signal_rows_take_each_arms_best_lr_and_carry_provenance(tmp_path):
     from normlab.study import signal
 
@@ -365,39 +205,3 @@ def test_a_diverged_tuning_seed_gives_no_gap_and_no_near_tie():
     assert picked["by_lr"][1] == {"lr": 0.01, "dev_loss": float("inf"), "dev_loss_by_seed": [0.41, None]}
     assert picked["near_tie"] is False
     assert "runner_up" not in choice({1e-3: [0.4]})  # a one-LR sweep has no runner-up
-
-
-def test_the_long_report_says_where_its_answer_differs_from_the_quick_one(tmp_path):
-    import gzip
-
-    from normlab.study.analysis import Records
-    from normlab.study.report import RECORDS, make_report
-
-    quick = synthetic_records()
-    later = [dict(r) for r in quick.runs if r["experiment"] == "board"]  # no A/A: the sign-flip test
-    for r in later:
-        r["curves"] = {**r["curves"], "eval": [{**e, "accuracy": e["accuracy"] + (0.05 if r["variant"] == "dyt" else 0)}
-                                               for e in r["curves"]["eval"]]}
-        r["scores"] = {"val/sorted/running": {k: v + 0.05 if r["variant"] == "dyt" and k == "accuracy" else v
-                                              for k, v in r["scores"]["val/sorted/running"].items()}}
-    for folder, rec in (("quick_v4", quick), ("long_v4", Records(later, quick.selection))):
-        (tmp_path / folder).mkdir()
-        with gzip.open(tmp_path / folder / RECORDS, "wt") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rec.runs)
-        (tmp_path / folder / "selection.json").write_text(json.dumps(rec.selection))
-        (tmp_path / folder / "meta.json").write_text(json.dumps({"name": folder, "invocations": []}))
-    text = make_report(tmp_path / "long_v4", compare=tmp_path / "quick_v4").read_text()
-    section = text[text.index("## Against quick_v4"):text.index("## Every arm")]
-    assert "| H1 |" in section and "depends on the LR" in section  # BN ahead at the best LRs only, in both
-    dyt = [line for line in section.splitlines() if line.startswith("| dyt |")]
-    assert len(dyt) == 2 and all(line.rstrip(" |").endswith("+0.050") and "| 1 |" in line for line in dyt)
-    with pytest.raises(FileNotFoundError, match="--compare"):
-        make_report(tmp_path / "long_v4", compare=tmp_path)
-    # stopped after 4 seeds: no claim can be decided there, and the comparison says so rather than "changed"
-    (part := tmp_path / "long_part").mkdir()
-    with gzip.open(part / RECORDS, "wt") as f:
-        f.writelines(json.dumps(r) + "\n" for r in later if r["seed"] < 4)
-    (part / "selection.json").write_text(json.dumps(quick.selection))
-    text = make_report(part, compare=tmp_path / "quick_v4").read_text()
-    section = text[text.index("## Against quick_v4"):text.index("## Every arm")]
-    assert "| **could not decide** | undecided here |" in section and "**changed**" not in section

@@ -179,15 +179,6 @@ def single(result: Result, rank: int, alpha: float) -> str:
     return "not separated" if not p < alpha else f"separated ({'+' if est.mean > 0 else '-'})"
 
 
-def over_ranks(verdicts: dict) -> str:
-    """The robustness rule: a verdict only where every LR rank gives the same one."""
-    undecided = [v for v in verdicts.values() if v.startswith(rules.UNDECIDED)]
-    if undecided:
-        return max(undecided)
-    each = set(verdicts.values())
-    return each.pop() if len(each) == 1 else rules.DEPENDS
-
-
 def scored(result: Result) -> str:
     """The prediction against the result: held, failed, not shown, undecided (a predicted 'not separated' that
     separated failed)."""
@@ -228,7 +219,7 @@ def test_hypotheses(study: Study, test: str) -> list[Result]:
                 r.floor[k] = rules.test_floor(r.nonzero[k], len(members)) if test == "permutation" else 0.0
     for r in results:
         r.verdicts = {k: single(r, k, spec.alpha) for k in r.est}
-        r.verdict = over_ranks(r.verdicts)
+        r.verdict = rules.robust_verdict(r.verdicts)
         if r.h.outcome in AT_END:
             r.horizon = horizon(study, spec.arms_of(r.h), r.h.outcome)
             if r.horizon[0] is False:
@@ -277,7 +268,8 @@ def aa_control(study: Study) -> dict | None:
         return None
     fn = MEASURES[aa.outcome]
     a = [fn(r, study) for r in study.arm(aa.arm, 0)]
-    b = [fn(r, study) for r in study.in_experiment(aa.experiment, aa.arm, lr=study.lr(aa.arm, 0) or math.nan)]
+    lr = study.lr(aa.arm, 0) or math.nan
+    b = [fn(r, study) for r in study.in_experiment(aa.experiment, aa.copy or aa.arm, lr=lr)]
     if min(len(a), len(b)) < max(aa.resample, 2):
         return {"too_few": (len(a), len(b)), "test": "permutation"}
     fpr = rules.aa_false_positive_rates(a, b, n=aa.resample)

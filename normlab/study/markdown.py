@@ -1,4 +1,4 @@
-"""The study reports' Markdown pieces (v3's report.py and v4's report_v4.py alike)."""
+"""The study report's Markdown pieces."""
 
 import math
 
@@ -8,10 +8,10 @@ from normlab.study.seedstats import t_interval
 
 
 def mean_ci(values) -> str:
-    """Mean ± 95% t half-width over seeds (the finite values; "n/a" under two)."""
+    """Mean ± 95% t half-width over seeds (the finite values); one seed: its value; none: "no runs"."""
     x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     if len(x) < 2:
-        return "n/a"
+        return f"{x[0]:.3f} (one seed)" if len(x) else "no runs"
     lo, hi = t_interval(x)
     return f"{x.mean():.3f} ± {(hi - lo) / 2:.3f}"
 

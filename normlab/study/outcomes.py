@@ -50,16 +50,6 @@ def outcome(losses: Sequence[float], status: str = "completed", plateau: float =
     return LEARNED
 
 
-def lr_sensitivity(loss_by_lr: Mapping[float, float], best_reference: float, plateau: float = PLATEAU) -> float:
-    """Wortsman et al. (2023)'s LR sensitivity, with a reference shared by the arms compared (the lowest loss any of
-    them reached at any LR; a per-arm minimum would give a model that never learns a perfect 0): the mean over the
-    LR grid of min(L(lr), plateau) - best_reference. A diverged or non-finite run counts as the plateau."""
-    if not loss_by_lr:
-        raise ValueError("lr_sensitivity needs at least one learning rate")
-    capped = [min(x, plateau) if math.isfinite(x) else plateau for x in loss_by_lr.values()]
-    return float(np.mean(capped) - best_reference)
-
-
 def largest_learning_lr(outcome_by_lr: Mapping[float, str]) -> float | None:
     """The largest LR of the grid at which the run learned (None: at none). One number per seed, so that two
     placements can be compared paired over seeds."""

@@ -108,9 +108,9 @@ def heading(study: engine.Study) -> list[str]:
     arms = [a for a in spec.arms() if study.arm(a, 0)]
     runs = [r for a in arms for r in study.arm(a, 0)]
     seeds = sorted({r["seed"] for r in runs})
-    ranks = "its best and its runner-up LR" if spec.ranks() == 2 else "its chosen LR"
-    return [f"{len(arms)} arms, each at {ranks} chosen on dev; {study.steps(runs)} steps; "
-            f"{len(seeds)} seeds ({', '.join(map(str, seeds)) or 'none'}). Test: {TESTS[study_test(study)]}; "
+    ranks = "its best and its runner-up LR" if spec.ranks() == 2 else "its best LR"
+    return [f"{len(arms)} arms, each at {ranks} on dev; {study.steps(runs)} steps; {len(seeds)} "
+            f"seed{'s' * (len(seeds) != 1)} ({', '.join(map(str, seeds))}). Test: {TESTS[study_test(study)]}; "
             f"alpha {spec.alpha:g}, Holm within each family and LR rank."] if runs else \
         ["No arm has finished runs at a chosen LR yet: nothing to compare."]
 
@@ -153,7 +153,8 @@ def aa_lines(a: engine.Analysis) -> list[str]:
                 f"{aa.resample} a resample needs: {rules.UNDECIDED}; the exact sign-flip test is used.", ""]
     e, fpr = a.aa["estimate"], a.aa["fpr"]
     return ["## The A/A control", "",
-            f"{aa.arm} at its best LR on the board's seeds against its `{aa.experiment}` seeds ({a.aa['n'][0]} and "
+            f"{aa.arm} at its best LR on the board's seeds against {aa.copy or 'itself'} on the `{aa.experiment}` "
+            f"seeds ({a.aa['n'][0]} and "
             f"{a.aa['n'][1]} runs), {aa.outcome}: {e.fmt()}. Over 1,000 resamples of {aa.resample} seeds from each "
             f"set, the t test calls it significant {fpr['t']:.1%} of the time at alpha 0.05, the sign-flip test "
             f"{fpr['permutation']:.1%}. Test used: **{a.test}**.", ""]

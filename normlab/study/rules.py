@@ -70,8 +70,11 @@ class PlannedTest:
     effect: float | None = None
     sd: float | None = None
     alpha: float = ALPHA
+    smallest_p: float | None = None  # a test that is no sign test (a rank correlation's one ordering of n!)
 
     def floor(self) -> float:
+        if self.smallest_p is not None:
+            return min(1.0, self.family * self.smallest_p)
         return test_floor(self.nonzero if self.nonzero is not None else self.seeds, self.family)
 
     def power(self) -> float:
@@ -166,12 +169,15 @@ def single_verdict(est: Paired, p: float, sign: int, alpha: float = ALPHA) -> st
     return "confirmed" if np.sign(est.mean) == sign else "refuted"
 
 
-def robust_verdict(by_rank: dict, sign: int, alpha: float = ALPHA) -> str:
-    """{LR rank: (estimate, p)} for the claim's comparison with both arms at their best LR (rank 0) and both at
-    their runner-up (rank 1). The claim stands only where the verdicts agree in direction and significance;
-    otherwise the answer depends on the LR."""
-    verdicts = {single_verdict(est, p, sign, alpha) for est, p in by_rank.values()}
-    return verdicts.pop() if len(verdicts) == 1 else DEPENDS
+def robust_verdict(verdicts: dict) -> str:
+    """{LR rank: its verdict} for the claim's comparison with every arm at its best LR (rank 0) and every arm at
+    its runner-up (rank 1) -> the claim's verdict: it stands only where the ranks agree in direction and
+    significance; where a rank could not decide, neither can the claim; otherwise it depends on the LR."""
+    undecided = [v for v in verdicts.values() if v.startswith(UNDECIDED)]
+    if undecided:
+        return max(undecided)
+    each = set(verdicts.values())
+    return each.pop() if len(each) == 1 else DEPENDS
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -219,31 +225,6 @@ def horizon(arms: dict, steps: int, field: str = "accuracy") -> dict:
         out[arm] = {"median_exit": m, "exit_ok": m <= HORIZON_FRACTION * steps, "settled": settled[arm]}
         out[arm]["ok"] = out[arm]["exit_ok"] and out[arm]["settled"]
     return out
-
-
-def matched_step_value(run: dict, after_exit: int, field: str = "accuracy") -> float:
-    """The logged evaluation `after_exit` steps after this run's own plateau exit (the first evaluation at or
-    after it): arms compared at the same time since they started learning, not at the same step. NaN when the
-    run never left the plateau or ended too soon."""
-    c = run["curves"]
-    exit_step = oc.plateau_exit_step(c["step"], c["loss"])
-    if exit_step is None:
-        return math.nan
-    later = [e for e in c.get("eval", []) if e["step"] >= exit_step + after_exit and e.get(field) is not None]
-    return float(later[0][field]) if later else math.nan
-
-
-def best_evaluation(run: dict, field: str = "accuracy") -> tuple[float, bool]:
-    """(the run's best logged evaluation of `field`, whether it was chosen on dev): the evaluation at the step of
-    the best dev accuracy (the first, on a tie) where the run logged its dev rows, else the best validation
-    value itself, an upper bound chosen on the split it reports. NaN for a run without evaluations."""
-    evals = [e for e in run["curves"].get("eval", []) if e.get(field) is not None]
-    on_dev = bool(evals) and all(e.get("dev_accuracy") is not None for e in evals)
-    if not evals:
-        return math.nan, False
-    if on_dev:
-        return float(max(evals, key=lambda e: e["dev_accuracy"])[field]), True
-    return float(max(e[field] for e in evals)), False
 
 
 def spearman_exact(x, y) -> tuple[float, float]:

@@ -72,33 +72,6 @@ def paired_test(diffs, test: str = "t") -> Paired:
     return Paired(mean, lo, hi, p, len(d), test)
 
 
-def false_positive_rate(aa_diffs, n_seeds: int, test: str = "t", alpha: float = 0.05, reps: int = 2000,
-                        seed: int = 0) -> float:
-    """How often `test` calls the A/A control significant at `alpha` with n_seeds seeds: each replicate is a sign
-    pattern of the centred differences (exact up to 12 seeds), or, from a larger pool, n_seeds of them drawn with
-    replacement and random signs (resampling n_seeds values from n_seeds would shrink their spread)."""
-    d = _clean(aa_diffs)
-    if len(d) < 2:
-        return float("nan")
-    d = d - d.mean()
-    rng = np.random.default_rng(seed)
-    if len(d) == n_seeds:
-        samples = sign_patterns(n_seeds, 12, reps, rng) * d
-    else:
-        samples = rng.choice(d, size=(reps, n_seeds), replace=True) * rng.choice((1.0, -1.0), size=(reps, n_seeds))
-    return float(np.mean([paired_test(sample, test).p < alpha for sample in samples]))
-
-
-def seeds_needed(sd_diff: float, effect: float, alpha: float = 0.05, power: float = 0.8) -> int:
-    """Seeds for a two-sided paired t test to detect `effect` with `power`, given the SD of per-seed differences
-    (iterated: the t quantiles depend on n)."""
-    for n in range(2, 1000):
-        needed = ((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd_diff / effect) ** 2
-        if n >= needed:
-            return n
-    return 1000
-
-
 def holm(pvalues: dict) -> dict:
     """Holm-adjusted p values (step-down, monotone), same keys; NaN p values stay NaN and are not counted."""
     finite = sorted((p, k) for k, p in pvalues.items() if np.isfinite(p))

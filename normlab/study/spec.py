@@ -33,6 +33,7 @@ class Hypothesis:
     against: typing.Optional[str] = None  # rank_correlation: the measure ranked against `outcome`
     sign: typing.Optional[int] = dataclasses.field(default=None, metadata={"choices": (-1, 0, 1, None)})
     size: typing.Optional[float] = None  # the predicted size of the effect (in the outcome's unit)
+    sd: typing.Optional[float] = None  # the expected SD of its per-seed values (a pilot's): with size, the power
     family: typing.Optional[str] = None  # Holm's family (default: its own)
     role: str = dataclasses.field(default="claim", metadata={"choices": ROLES})
     experiment: typing.Optional[str] = None  # largest_learning_lr: the LR grid it reads
@@ -49,6 +50,7 @@ class AAControl:
 
     arm: str
     experiment: str = "aa"
+    copy: typing.Optional[str] = None  # the A/A experiment's variant where it is named apart (default: the arm)
     outcome: str = "accuracy"
     resample: int = 8  # seeds per resample of the false-positive rate
 
@@ -91,16 +93,17 @@ class StudySpec:
                    test=raw.get("test", "permutation"), alpha=float(raw.get("alpha", rules.ALPHA)),
                    pilot=bool(raw.get("pilot")), hooks=raw.get("hooks"))
         spec.check(where)
-        rows = spec.floors()
-        refused = [r for r in rows if not r["floor"] < spec.alpha]
-        if refused and not spec.pilot:
-            raise StudyError(f"{where}: {', '.join(r['id'] for r in refused)} can never reach alpha {spec.alpha:g} "
-                             f"(floor {refused[0]['floor']:.3g} with {refused[0]['seeds']} seeds in a family of "
-                             f"{refused[0]['family']}); add seeds, shrink the family, or declare `pilot: true`")
+        tests = spec.planned_tests()
+        try:
+            rows = rules.check_plan(tests)
+        except rules.PlanError as err:
+            if not spec.pilot:
+                raise StudyError(f"{where}: {err} (or declare `pilot: true`)") from None
+            rows = [{"id": t.id, "floor": t.floor(), "power": t.power()} for t in tests]
         if rows and not quiet:
-            print(f"study {spec.name}: floors (smallest p at the planned seeds, after Holm): "
-                  + ", ".join(f"{r['id']} {r['floor']:.3g}" for r in rows)
-                  + ("; some can never decide (a pilot)" if refused else ""))
+            print(f"study {spec.name}: floors (smallest p at the planned seeds, after Holm) and power: " + ", ".join(
+                f"{r['id']} {r['floor']:.3g}" + (f" (power {r['power']:.0%})" if math.isfinite(r["power"]) else "")
+                for r in rows) + ("; a pilot: some can never decide" if spec.pilot else ""))
         return spec
 
     # ------------------------------------------------------------------------------------------------------
@@ -137,23 +140,23 @@ class StudySpec:
     def family(self, h: Hypothesis) -> list[Hypothesis]:
         return [x for x in self.hypotheses if (x.family or x.id) == (h.family or h.id)]
 
-    def floors(self) -> list[dict]:
-        """Each hypothesis's planned floor (rules.test_floor; a rank correlation's: one ordering of n! is the
-        smallest one-sided p), with its seeds and family size."""
-        rows = []
+    def planned_tests(self) -> list[rules.PlannedTest]:
+        """Each hypothesis as the plan's test: its planned seeds (a rank correlation: its arms, whose smallest
+        one-sided p is one ordering of n!), its family, and, where the spec gives them, its size and per-seed SD
+        (for the power)."""
+        tests = []
         for h in self.hypotheses:
             family = len(self.family(h))
             if h.contrast == "rank_correlation":
                 n = len(h.arms or [])
-                rows.append({"id": h.id, "seeds": n, "family": family, "floor": family / math.factorial(n)})
+                tests.append(rules.PlannedTest(h.id, n, family, alpha=self.alpha, smallest_p=1 / math.factorial(n)))
                 continue
-            seeds = set.intersection(*(self.seeds_of(a) for a in self.arms_of(h))) if self.arms_of(h) else set()
             if h.outcome == "largest_learning_lr":
-                exp = self.grid["experiments"][h.experiment]
-                seeds = set(exp["seeds"])
-            rows.append({"id": h.id, "seeds": len(seeds), "family": family,
-                         "floor": rules.test_floor(len(seeds), family)})
-        return rows
+                seeds = set(self.grid["experiments"][h.experiment]["seeds"])
+            else:
+                seeds = set.intersection(*(self.seeds_of(a) for a in self.arms_of(h)))
+            tests.append(rules.PlannedTest(h.id, len(seeds), family, effect=h.size, sd=h.sd, alpha=self.alpha))
+        return tests
 
     def check(self, where: str) -> None:
         """Every name a hypothesis uses exists: its arms, factors, outcome and experiment."""
@@ -183,6 +186,8 @@ class StudySpec:
             if h.outcome == "largest_learning_lr" and h.experiment not in self.grid["experiments"]:
                 raise StudyError(f"{at}: largest_learning_lr needs `experiment`, one of "
                                  f"{', '.join(self.grid['experiments'])}")
-        if self.aa and self.aa.experiment not in self.grid["experiments"]:
-            raise StudyError(f"{where}: aa: experiment {self.aa.experiment!r} is not one of "
-                             f"{', '.join(self.grid['experiments'])}")
+        if self.aa:
+            exp = self.grid["experiments"].get(self.aa.experiment)
+            if exp is None or (self.aa.copy or self.aa.arm) not in exp["variants"]:
+                raise StudyError(f"{where}: aa: experiment {self.aa.experiment!r} must be one of "
+                                 f"{', '.join(self.grid['experiments'])} and train {self.aa.copy or self.aa.arm}")
