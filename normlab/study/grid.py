@@ -311,6 +311,11 @@ def selection_key(experiment: str, variant: str, warmup: str) -> str:
     return f"{experiment}/{variant}/wu{warmup}"
 
 
+def selection_arm(key: str) -> str:
+    """The variant whose choice a selection key names (selection_key's inverse, for labels)."""
+    return key.split("/")[1]
+
+
 def expand(grid: dict, selection: dict | None = None) -> list[dict]:
     """Every run: experiment x variant x lr x (the variant's warmup settings) x seed, in that nesting order. Runs
     of a {best_of} experiment appear once `selection` holds their LR. Shared runs appear once, under the first

@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from normlab.study.engine import value
+from normlab.study.grid import selection_arm
 from normlab.study.seedstats import t_interval
 
 LABELS = {"ln_pre": "LayerNorm (pre-LN)", "ln_post": "LayerNorm post-LN", "custom_ln": "hand-written LN",
@@ -23,7 +24,7 @@ def plot_sweep(selection: dict):
     for key, chosen in sorted(selection.items()):
         xs = [row["lr"] for row in chosen["by_lr"]]
         ys = [min(row["dev_loss"], 1.0) for row in chosen["by_lr"]]
-        variant = key.split("/")[1]
+        variant = selection_arm(key)
         line, = ax.plot(xs, ys, "-o", ms=3, label=LABELS.get(variant, variant))
         best = next(y for x, y in zip(xs, ys) if math.isclose(x, chosen["lr"]))
         ax.plot([chosen["lr"]], [best], "*", ms=12, color=line.get_color())

@@ -16,11 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from model import NormLabForSequenceClassification
-from model.modeling_normlab import _pool
 from normlab.command import command_parser, error_exit
 from normlab.config.loader import load_config, model_config_from
 from normlab.files.formats import read_yaml, write_jsonl
-from normlab.study.grid import REPO_ROOT, resolve_preset
+from normlab.study.grid import REPO_ROOT, resolve_preset, selection_key
 from normlab.study.init_exp import fixed_batches
 from normlab.study.runner import provenance, record_invocation
 from normlab.study.selection_file import read_selection
@@ -31,12 +30,15 @@ def pooled_cosine(model, batch: dict) -> float:
     them) for different sentences of `batch` (off the diagonal):
     1 = the classifier sees the same vector for every sentence. Measured in the model's current mode (train mode
     for the BN family: the statistics its training steps use), without gradients."""
-    with torch.no_grad():
-        hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])[0]
-        pooled = _pool(hidden, batch["attention_mask"], model.config.pooling)  # (B, D)
-        if model.center is not None:  # the classifier reads the centred vector
-            pooled = model.center(pooled)
-        z = F.normalize(pooled.float(), dim=-1)  # (B, D)
+    seen = []
+    # what reaches the dropout before the classifier is the pooled vector, centred where the model centres it
+    hook = model.dropout.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        with torch.no_grad():
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    finally:
+        hook.remove()
+    z = F.normalize(seen[0].float(), dim=-1)  # (B, D)
     n = z.shape[0]
     sim = z @ z.T
     return float((sim.sum() - sim.diagonal().sum()) / (n * (n - 1)))
@@ -67,7 +69,7 @@ def build_arm(variant: dict, overrides: dict, vocab: int, seed: int):
 
 def arm_lr(selection: dict, name: str, variant: dict, default: float) -> float:
     """The arm's best LR from a study's selection.json (its `tune` arm's, for an intervention), else `default`."""
-    chosen = selection.get(f"tune/{variant.get('tune', name)}/wuon")
+    chosen = selection.get(selection_key("tune", variant.get("tune", name), "on"))
     return float(chosen["lr"]) if chosen else default
 
 
