@@ -94,15 +94,16 @@ class FakeRunner:
     def __init__(self, outcome):
         self.outcome, self.calls = outcome, []
 
-    def __call__(self, cmd, log_path, env):
-        self.calls.append(out_dir(cmd).name)
-        outcome = self.outcome(out_dir(cmd).name)
+    def __call__(self, job, env):
+        assert job.config == job.run_dir / "config.yaml" == out_dir(job.cmd) / "config.yaml"
+        self.calls.append(job.run_dir.name)
+        outcome = self.outcome(job.run_dir.name)
         if outcome == "raise":
             raise OSError("cannot start")
         if outcome == "crash":
-            log_path.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
+            job.log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
             return 1
-        (out_dir(cmd) / "summary.json").write_text(json.dumps({"status": outcome}))
+        (job.run_dir / "summary.json").write_text(json.dumps({"status": outcome}))
         return 0 if outcome == "completed" else 3
 
 
@@ -154,7 +155,7 @@ def test_several_gpus_run_one_run_per_gpu_at_a_time(grid, tmp_path, monkeypatch)
     runs = study.expand(g)[:6]
     busy, seen, lock = set(), [], threading.Lock()
 
-    def runner(cmd, log_path, env):
+    def runner(job, env):
         gpu = env["CUDA_VISIBLE_DEVICES"]
         with lock:
             assert gpu not in busy  # never two runs on one GPU
@@ -163,7 +164,7 @@ def test_several_gpus_run_one_run_per_gpu_at_a_time(grid, tmp_path, monkeypatch)
         time.sleep(0.05)
         with lock:
             busy.discard(gpu)
-        (out_dir(cmd) / "summary.json").write_text(json.dumps({"status": "completed"}))
+        (job.run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
         return 0
 
     statuses = study.run_study(g, grid_file, tmp_path / "st", runs, runner=runner, parallel=2, gpus=2,
@@ -182,9 +183,9 @@ def test_parallel_cpu_runs_split_the_cores(grid, tmp_path, monkeypatch):
     grid_file, g = grid
     seen = []
 
-    def runner(cmd, log_path, env):
-        seen.append((RunDir(out_dir(cmd)).read_config().train.cpu_threads, env["OMP_NUM_THREADS"]))
-        (out_dir(cmd) / "summary.json").write_text(json.dumps({"status": "completed"}))
+    def runner(job, env):
+        seen.append((RunDir(job.run_dir).read_config().train.cpu_threads, env["OMP_NUM_THREADS"]))
+        (job.run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
         return 0
 
     study.run_study(g, grid_file, tmp_path / "st", study.expand(g)[:2], runner=runner, parallel=2, gpus=0,
@@ -203,8 +204,8 @@ def test_cli_dry_run_lists_runs_and_rejects_bad_input(grid, tmp_path, capsys):
     assert study.main(argv + ["model.nrom=rmsnorm"]) == 2
     assert "unknown config key 'model.nrom'" in capsys.readouterr().err
     assert study.main(["--preset", "nope", "--dry-run"]) == 2
-    assert "--preset 'nope' not found; choose one of factorial_v5, full, long_v4, mlm_v4, p2_v4, quick, quick_v4 " \
-        in capsys.readouterr().err
+    assert "--preset 'nope' not found; choose one of factorial_v5, full, long_v4, mlm_v4, p2_v4, quick, quick_v4, " \
+        "smoke " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("preset", ["quick", "full"])
@@ -267,8 +268,8 @@ def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, mon
     assert "a_half-lr0.005-wuon-s1" in runs and "b-lr0.001-wuon-s1" in runs and len(runs) == 4 + 5
     assert "a_half-lr0.005-wuon-s0" not in runs  # a variant's own seeds replace the experiment's
 
-    def fake_runner(cmd, log, env):
-        (out_dir(cmd) / "summary.json").write_text(json.dumps({"status": "completed"}))
+    def fake_runner(job, env):
+        (job.run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
         return 0
 
     # dev loss: lower for the LR each arm should get

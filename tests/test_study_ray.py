@@ -186,10 +186,10 @@ def test_local_engine_ctrl_c_lets_running_runs_end_and_starts_no_queued_one(tmp_
 
     began, both_running = [], threading.Barrier(2)
 
-    def runner(cmd, log_path, env):
-        began.append(cmd[0])
+    def runner(job, env):
+        began.append(job.name)
         both_running.wait(timeout=60)  # a loaded machine may start the second thread late
-        if cmd[0] == "a":
+        if job.name == "a":
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # Ctrl-C while a and b run
         time.sleep(1.0)  # train.py saving its checkpoint
         return 0

@@ -3,7 +3,6 @@ tuning trains both and is flagged), LRs taken from another study, the signal mea
 record."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -34,10 +33,9 @@ DEV = {"a-lr0.001": [0.462, 0.468, 0.459, 0.470], "a-lr0.00316": [0.438, 0.483, 
        "b-lr0.00316": [0.47, 0.48, 0.47, 0.48], "b-lr0.01": [0.69, 0.69, 0.69, 0.69]}
 
 
-def fake_runner(cmd, log, env):
-    out = Path(cmd[cmd.index("--config") + 1]).parent  # the run's own config.yaml
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"status": "completed"}))
+def fake_runner(job, env):
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    (job.run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
     return 0
 
 

@@ -27,12 +27,14 @@ RAY_INSTALL = 'pip install "ray[default]"'
 
 @dataclass
 class Job:
-    """One run for an engine: a command to run to its end, writing into run_dir, its output going to log."""
+    """One run for an engine: its run directory and the config file there that train.py is given (a warm worker
+    takes just that); `cmd` starts it in a fresh process (launched under accelerate where it has a GPU)."""
 
     name: str
     cmd: list[str]
     run_dir: Path
     log: Path
+    config: Path | None = None  # the run's config.yaml (None: a bare command, no warm worker can take it)
     gpus: int = 0  # GPUs the run is given (0: none reserved)
     cpus: int = 1  # cores the run uses (a Ray task reserves them)
     env: dict = field(default_factory=dict)  # environment variables on top of the worker's own
@@ -113,14 +115,15 @@ class Engine:
 # This machine
 
 
-def subprocess_runner(cmd: list[str], log_path: Path, env: dict) -> int:
-    with open(log_path, "w") as log:
-        return run_logged(cmd, log, env)  # the terminal's Ctrl-C reaches train.py too
+def subprocess_runner(job: Job, env: dict) -> int:
+    """The job's command in a fresh process, to its exit code."""
+    with open(job.log, "w") as log:
+        return run_logged(job.cmd, log, env)  # the terminal's Ctrl-C reaches train.py too
 
 
 class LocalEngine(Engine):
     """Runs on this machine: with `gpus`, one run per GPU at a time; otherwise `parallel` runs at once, the cores
-    split between them. `runner(cmd, log_path, env) -> exit code` starts one run (tests pass a fake)."""
+    split between them. `runner(job, env) -> exit code` starts one run (tests pass a fake)."""
 
     def __init__(self, parallel=1, gpus=0, runner=subprocess_runner):
         self.parallel, self.gpus, self.runner = max(1, parallel), gpus, runner
@@ -156,7 +159,7 @@ class LocalEngine(Engine):
             started(job)
             start = time.time()
             try:
-                returncode, error = self.runner(job.cmd, job.log, env), None
+                returncode, error = self.runner(job, env), None
             except Exception as err:  # a runner that cannot even start (missing python, ...) is a failed run too
                 returncode, error = -1, f"{type(err).__name__}: {err}"
             finally:

@@ -115,6 +115,7 @@ class Study:
     def __init__(self, study_dir: Path, grid: dict, grid_file: Path, command: str):
         self.path = study_dir / "study.json"
         self.lock = threading.Lock()
+        StudyDir(study_dir).save_spec(grid_file)  # the spec every later report of this study reads
         old = read_json(self.path, {})
         if old.get("name") not in (None, grid["name"]):
             raise StudyError(f"{study_dir} holds study {old['name']!r}, not {grid['name']!r}; pick another --study-dir")
@@ -149,7 +150,7 @@ def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
         threads = cfg.train.cpu_threads  # the run's own thread count is what a Ray task reserves
     run_dir = write_run_config(cfg)
     cmd = list(launcher) + [str(TRAIN), "--config", str(run_dir.config_file)]
-    return Job(run["name"], cmd, run_dir.path, study_dir / "logs" / f"{run['name']}.log",
+    return Job(run["name"], cmd, run_dir.path, study_dir / "logs" / f"{run['name']}.log", run_dir.config_file,
                gpus=engine.gpus_per_run, cpus=threads or 1, env=env)
 
 
@@ -398,7 +399,6 @@ def main(argv=None) -> int:
         engine = make_engine(args.engine, parallel=args.parallel, address=args.address,
                              max_retries=args.max_retries, warm=not args.process_per_run)
         print(engine.describe())
-        StudyDir(study_dir).save_spec(grid_file, spec.hooks)  # the spec every later report of it reads
         with engine:
             run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine, shards=args.parallel or 1)
     except StudyError as err:

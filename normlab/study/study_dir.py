@@ -36,14 +36,19 @@ class StudyDir:
         """The commit whose code regenerates this finished study's report (meta.json `report_commit`)."""
         return self.meta().get("report_commit")
 
-    def save_spec(self, preset: Path, hooks: str | None) -> None:
-        """The study file as it runs (and its hook file), kept beside the runs for every later report."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(preset, self.path / SPEC)
-        if hooks:
-            from normlab.study.grid import REPO_ROOT
+    def save_spec(self, preset: Path) -> None:
+        """The study file as it runs (and its hook file), kept beside the runs for every later report; rewritten
+        only when it changed."""
+        from normlab.files.formats import load_yaml_mapping
+        from normlab.study.grid import REPO_ROOT
 
-            shutil.copyfile(REPO_ROOT / hooks, self.path / HOOKS)
+        self.path.mkdir(parents=True, exist_ok=True)
+        files = {SPEC: Path(preset)}
+        if hooks := load_yaml_mapping(preset).get("hooks"):
+            files[HOOKS] = REPO_ROOT / hooks
+        for name, source in files.items():
+            if not (self.path / name).is_file() or (self.path / name).read_bytes() != source.read_bytes():
+                shutil.copyfile(source, self.path / name)
 
     def spec(self, quiet: bool = True):
         """The spec snapshot this folder holds (StudyError when there is none, or it is not a valid spec)."""

@@ -1,6 +1,6 @@
-"""Warm workers: many `python train.py ...` runs in one long-lived Python process each (docs/studies.md), paying
-Python's start and the imports once. Each run's output goes to its own log and its numbers are those of a fresh
-process (tests/test_study_worker.py).
+"""Warm workers: many training runs in one long-lived Python process each (docs/studies.md), paying Python's start
+and the imports once. A job is a run directory's config file (normlab.train.run's --config), not a command line.
+Each run's output goes to its own log and its numbers are those of a fresh process (tests/test_study_worker.py).
 
     python -m normlab.study.worker      # reads one JSON job per line on stdin, answers one JSON line per job
 """
@@ -15,13 +15,6 @@ import traceback
 from pathlib import Path
 
 from normlab.study.grid import REPO_ROOT
-
-TRAIN = str(REPO_ROOT / "train.py")
-
-
-def is_train_command(cmd: list[str]) -> bool:
-    """[python, .../train.py, args...]: what a warm worker can run (a launcher such as accelerate cannot)."""
-    return len(cmd) >= 2 and cmd[0] == sys.executable and cmd[1] == TRAIN
 
 
 @contextlib.contextmanager
@@ -63,7 +56,7 @@ def run_job(job: dict) -> int:
     GradientState._reset_state()
     with output_to(job["log"]), environment(job.get("env", {})):
         try:
-            return run.main(job["argv"])
+            return run.main(["--config", job["config"]])
         except SystemExit as e:
             return e.code if isinstance(e.code, int) else 1
         except Exception:  # a crash of one run is that run's failure (exit 1, as a fresh process), not the worker's
@@ -80,9 +73,10 @@ def serve() -> int:
 
 
 class WarmRunner:
-    """A runner for study.engines' LocalEngine, `runner(cmd, log_path, env) -> exit code`: train.py commands go to
-    a warm worker of the calling thread (one worker per parallel slot), anything else to a fresh process. A worker
-    that dies (killed, out of memory) fails its run like a fresh process would, and the next run gets a new one."""
+    """A runner for study.engines' LocalEngine, `runner(job, env) -> exit code`: a job with a config file and no
+    GPU goes to a warm worker of the calling thread (one worker per parallel slot), anything else (a launcher such
+    as accelerate's) to `fallback`, a fresh process. A worker that dies (killed, out of memory) fails its run like a
+    fresh process would, and the next run gets a new one."""
 
     def __init__(self, fallback):
         self.fallback, self.local, self.workers, self.lock = fallback, threading.local(), [], threading.Lock()
@@ -97,14 +91,14 @@ class WarmRunner:
                 self.workers.append(proc)
         return proc
 
-    def __call__(self, cmd: list[str], log_path, env: dict) -> int:
-        if not is_train_command(cmd):
-            return self.fallback(cmd, log_path, env)
-        Path(log_path).write_text("")  # a fresh log, as a fresh process's runner writes
+    def __call__(self, job, env: dict) -> int:
+        if job.config is None or job.gpus:
+            return self.fallback(job, env)
+        Path(job.log).write_text("")  # a fresh log, as a fresh process's runner writes
         extra = {k: v for k, v in env.items() if os.environ.get(k) != v}
         proc = self._worker(env)
         try:
-            proc.stdin.write(json.dumps({"argv": cmd[2:], "log": str(log_path), "env": extra}) + "\n")
+            proc.stdin.write(json.dumps({"config": str(job.config), "log": str(job.log), "env": extra}) + "\n")
             proc.stdin.flush()
             reply = proc.stdout.readline()
         except BrokenPipeError:
