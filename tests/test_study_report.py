@@ -121,6 +121,17 @@ def test_report_py_writes_only_the_report_unless_asked_for_a_wandb_run(tmp_path,
     assert list((tmp_path / "elsewhere" / "wandb").glob("offline-run-*"))
 
 
+def test_records_carry_their_schema_version_and_a_newer_one_is_refused(tmp_path):
+    from normlab.study.records import SCHEMA_VERSION, write_records
+
+    write_study(tmp_path / "study", synthetic_records()[:4])
+    report.copy_records(tmp_path / "study", tmp_path)
+    assert [r["schema_version"] for r in read_records(tmp_path / report.RECORDS)] == [SCHEMA_VERSION] * 4
+    write_records(tmp_path / "r.jsonl.gz", [{**synthetic_records()[0], "schema_version": SCHEMA_VERSION + 1}])
+    with pytest.raises(report.RecordsError, match=f"schema_version {SCHEMA_VERSION + 1}; this code reads up to"):
+        read_records(tmp_path / "r.jsonl.gz")
+
+
 COMMITTED = sorted(p.parent for p in (REPO_ROOT / "docs").glob("study-v*/**/runs.jsonl*"))
 
 

@@ -15,11 +15,19 @@ from normlab.errors import RecordsError
 from normlab.study.grid import FINISHED
 
 RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
+# the records' format: 1 names it in every record; a record without it (studies v2-v5's) is of the same fields
+SCHEMA_VERSION = 1
 
 
 def read_records(path: Path) -> list[dict]:
+    """The records of a file; one written by a newer format than this code knows is refused (RecordsError)."""
     with gzip.open(path, "rt") as f:
-        return [json.loads(line) for line in f]
+        rows = [json.loads(line) for line in f]
+    newer = [r for r in rows if r.get("schema_version", 0) > SCHEMA_VERSION]
+    if newer:
+        raise RecordsError(f"{path}: run {newer[0].get('name')} is a record of schema_version "
+                           f"{newer[0]['schema_version']}; this code reads up to {SCHEMA_VERSION} (update NormLab)")
+    return rows
 
 
 def write_records(path: Path, rows) -> None:

@@ -16,7 +16,7 @@ from normlab.study import engine, rules
 from normlab.study import markdown as md
 from normlab.study import outcomes as oc
 from normlab.study.grid import StudyError
-from normlab.study.records import RECORDS, keep_committed, read_records, write_records
+from normlab.study.records import RECORDS, SCHEMA_VERSION, keep_committed, read_records, write_records
 from normlab.study.selection_file import read_selection
 from normlab.study.study_dir import COPIED, StudyDir
 
@@ -46,7 +46,7 @@ def copy_records(study_dir: Path, out: Path) -> None:
         rows = keep_committed(read_records(out / RECORDS), rows)
         earlier = (read_json(out / "meta.json", {}) or {}).get("invocations", [])
         calls = earlier + [c for c in calls if c not in earlier]
-    write_records(out / RECORDS, rows)
+    write_records(out / RECORDS, [{"schema_version": SCHEMA_VERSION, **r} for r in rows])
     for name in COPIED:
         if (study_dir / name).is_file() and study_dir.resolve() != out.resolve():
             shutil.copyfile(study_dir / name, out / name)
