@@ -42,9 +42,9 @@ def test_grid_expansion_respects_per_variant_warmup(grid):
     runs = study.expand(g)
     # post_ln: 3 lr x 2 warmup x 2 seeds; masked_batchnorm: 3 lr x warmup on only x 2 seeds
     assert len(runs) == 12 + 6
-    assert len({r["name"] for r in runs}) == len(runs)
-    assert {r["warmup"] for r in runs if r["variant"] == "masked_batchnorm"} == {"on"}
-    assert "post_ln-lr0.001-wuoff-s1" in {r["name"] for r in runs}
+    assert len({r.name for r in runs}) == len(runs)
+    assert {r.warmup for r in runs if r.variant == "masked_batchnorm"} == {"on"}
+    assert "post_ln-lr0.001-wuoff-s1" in {r.name for r in runs}
 
 
 def test_narrowing_from_the_command_line(grid):
@@ -53,10 +53,10 @@ def test_narrowing_from_the_command_line(grid):
     only = study.parse_only(["variant=post_ln,seed=0", "lr=1e-3,0.01"])
     assert only == {"variant": {"post_ln"}, "seed": {"0"}, "lr": {"1e-3", "0.01"}}
     picked = study.narrow(runs, only)
-    assert sorted(r["name"] for r in picked) == sorted(
+    assert sorted(r.name for r in picked) == sorted(
         f"post_ln-lr{lr}-wu{w}-s0" for lr in ("0.001", "0.01") for w in ("on", "off"))
-    assert {r["name"] for r in study.narrow(runs, study.parse_only(["warmup=off"]))} == {
-        r["name"] for r in runs if r["variant"] == "post_ln" and r["warmup"] == "off"}
+    assert {r.name for r in study.narrow(runs, study.parse_only(["warmup=off"]))} == {
+        r.name for r in runs if r.variant == "post_ln" and r.warmup == "off"}
     with pytest.raises(study.StudyError, match="lr=0.005: not in the grid; choose from 0.0001, 0.001, 0.01"):
         study.narrow(runs, study.parse_only(["lr=0.005"]))
     with pytest.raises(study.StudyError, match="unknown key 'norm'"):
@@ -73,10 +73,10 @@ def test_a_run_is_launched_with_its_resolved_config_file(grid, tmp_path):
     from normlab.run_dir import RunDir
 
     _, g = grid
-    run = next(r for r in study.expand(g) if r["name"] == "masked_batchnorm-lr0.01-wuon-s1")
+    run = next(r for r in study.expand(g) if r.name == "masked_batchnorm-lr0.01-wuon-s1")
     engine = study.LocalEngine(parallel=1)
     job = study.study_job(g, run, tmp_path / "st", ["train.batch_size=8", "train.max_steps=6"], ["python"], engine)
-    run_dir = RunDir(tmp_path / "st" / "runs" / run["name"])
+    run_dir = RunDir(tmp_path / "st" / "runs" / run.name)
     assert job.cmd == ["python", str(study.REPO_ROOT / "train.py"), "--config", str(run_dir.config_file)]
     cfg = run_dir.read_config()
     assert cfg == load_config("masked_batchnorm", ["model.bn_momentum=0.2", "train.lr=0.01", "seed=1",
@@ -110,7 +110,7 @@ class FakeRunner:
 def test_failed_runs_are_recorded_and_reruns_skip_finished_ones(grid, tmp_path):
     grid_file, g = grid
     runs = study.narrow(study.expand(g), study.parse_only(["variant=post_ln,warmup=on,seed=0"]))
-    assert [r["name"] for r in runs] == [f"post_ln-lr{lr}-wuon-s0" for lr in ("0.0001", "0.001", "0.01")]
+    assert [r.name for r in runs] == [f"post_ln-lr{lr}-wuon-s0" for lr in ("0.0001", "0.001", "0.01")]
     study_dir = tmp_path / "st"
 
     def first_outcome(name):
@@ -118,7 +118,7 @@ def test_failed_runs_are_recorded_and_reruns_skip_finished_ones(grid, tmp_path):
 
     runner = FakeRunner(first_outcome)
     statuses = study.run_study(g, grid_file, study_dir, runs, runner=runner, print_fn=lambda *a: None)
-    assert runner.calls == [r["name"] for r in runs]  # the crash did not stop the study
+    assert runner.calls == [r.name for r in runs]  # the crash did not stop the study
     assert statuses == {"post_ln-lr0.0001-wuon-s0": "completed", "post_ln-lr0.001-wuon-s0": "failed",
                         "post_ln-lr0.01-wuon-s0": "diverged"}
     record = json.loads((study_dir / "study.json").read_text())
@@ -260,11 +260,11 @@ def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, mon
     path.write_text(STAGED)
     g = study.load_grid(path)
     first = study.expand(g)
-    assert {r["name"] for r in first} == {"a-lr0.001-wuon-s100", "a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100",
+    assert {r.name for r in first} == {"a-lr0.001-wuon-s100", "a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100",
                                           "b-lr0.01-wuon-s100", "a-lr0.01-wuon-s0"}
     chosen = {"sweep/a/wuon": {"lr": 0.01}, "sweep/b/wuon": {"lr": 0.001}}
-    runs = {r["name"]: r for r in study.expand(g, chosen)}
-    assert runs["a-lr0.01-wuon-s0"]["experiments"] == ["final", "fixed"]  # trained once, used by both
+    runs = {r.name: r for r in study.expand(g, chosen)}
+    assert runs["a-lr0.01-wuon-s0"].experiments == ["final", "fixed"]  # trained once, used by both
     assert "a_half-lr0.005-wuon-s1" in runs and "b-lr0.001-wuon-s1" in runs and len(runs) == 4 + 5
     assert "a_half-lr0.005-wuon-s0" not in runs  # a variant's own seeds replace the experiment's
 
@@ -309,11 +309,11 @@ def test_experiments_prefix_run_names_and_narrow_by_experiment(tmp_path):
     path.write_text(EXPERIMENTS)
     g = study.load_grid(path)
     runs = study.expand(g)
-    assert {r["name"] for r in runs} == {"a-post_ln-lr0.001-wuoff-s0", "a-post_ln-lr0.01-wuoff-s0",
+    assert {r.name for r in runs} == {"a-post_ln-lr0.001-wuoff-s0", "a-post_ln-lr0.01-wuoff-s0",
                                          "b-batchnorm-lr0.001-wuon-s0", "b-batchnorm-lr0.001-wuon-s1"}
     picked = study.narrow(runs, study.parse_only(["experiment=b"]))
-    assert {r["experiment"] for r in picked} == {"b"} and len(picked) == 2
-    run = next(r for r in runs if r["experiment"] == "b")
+    assert {r.experiment for r in picked} == {"b"} and len(picked) == 2
+    run = next(r for r in runs if r.experiment == "b")
     config, settings = study.run_settings(g, run, tmp_path / "st")
     # study overrides, then the experiment's, then the variant's: the later one wins
     assert config == "configs/batchnorm.yaml" and list(settings)[:3] == [

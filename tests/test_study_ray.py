@@ -65,7 +65,7 @@ def test_ray_study_has_the_local_engines_shape_and_results_and_a_rerun_starts_no
     runs = study.expand(grid)
     local_dir, ray_dir = tmp_path / "local", tmp_path / "ray"
     assert study.run_study(grid, grid_file, local_dir, runs, parallel=2, print_fn=lambda *a: None) == {
-        r["name"]: "completed" for r in runs}
+        r.name: "completed" for r in runs}
     argv = ["--preset", str(grid_file), "--study-dir", str(ray_dir), "--engine", "ray", "--parallel", "2",
             "--no-report"]
     assert study.main(argv) == 0
@@ -122,7 +122,7 @@ def test_a_run_whose_worker_is_killed_is_retried_from_its_last_checkpoint(ray_in
     grid_file = write_grid(tmp_path / "raykill.yaml", "raykill", ["pre_ln"], steps=steps, save_steps=20)
     grid = study.load_grid(grid_file)
     runs = study.expand(grid)
-    (name,) = [r["name"] for r in runs]
+    (name,) = [r.name for r in runs]
     study_dir, run_dir = tmp_path / "study", tmp_path / "study" / "runs" / name
     engine = engines.RayEngine(parallel=2, max_retries=1, poll_s=0.2)
     result = {}

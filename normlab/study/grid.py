@@ -287,6 +287,24 @@ def _check_shared(path, grid: dict) -> None:
                 seen[(variant, warmup)].append((name, config, seeds))
 
 
+@dataclasses.dataclass
+class RunSpec:
+    """One run of a study: where it sits in the grid. Its name names its run directory; a shared run lists every
+    experiment that uses it."""
+
+    name: str
+    experiment: str
+    experiments: typing.List[str]
+    variant: str
+    lr: float
+    warmup: str
+    seed: int
+
+    def placement(self) -> dict:
+        """What study.json keeps of it beside its status: everything but the name that keys the entry."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "name"}
+
+
 def run_name(variant, lr, warmup, seed, experiment="") -> str:
     return f"{experiment + '-' if experiment else ''}{variant}-lr{lr:g}-wu{warmup}-s{seed}"
 
@@ -316,7 +334,7 @@ def selection_arm(key: str) -> str:
     return key.split("/")[1]
 
 
-def expand(grid: dict, selection: dict | None = None) -> list[dict]:
+def expand(grid: dict, selection: dict | None = None) -> list[RunSpec]:
     """Every run: experiment x variant x lr x (the variant's warmup settings) x seed, in that nesting order. Runs
     of a {best_of} experiment appear once `selection` holds their LR. Shared runs appear once, under the first
     experiment that needs them, with every experiment that uses them in `experiments`."""
@@ -331,10 +349,9 @@ def expand(grid: dict, selection: dict | None = None) -> list[dict]:
             for lr, warmup, seed in itertools.product(lrs, spec["warmup"], spec["seeds"] or exp["seeds"]):
                 name = run_name(variant, lr, warmup, seed, "" if grid.get("share_runs") else experiment)
                 if name in by_name:
-                    by_name[name]["experiments"].append(experiment)
+                    by_name[name].experiments.append(experiment)
                     continue
-                by_name[name] = {"name": name, "experiment": experiment, "experiments": [experiment],
-                                 "variant": variant, "lr": lr, "warmup": warmup, "seed": seed}
+                by_name[name] = RunSpec(name, experiment, [experiment], variant, lr, warmup, seed)
                 runs.append(by_name[name])
     return runs
 
@@ -379,12 +396,12 @@ def _matches(axis, value, wanted: str) -> bool:
     return str(value) == wanted
 
 
-def narrow(runs: list[dict], only: dict, strict: bool = True) -> list[dict]:
+def narrow(runs: list[RunSpec], only: dict, strict: bool = True) -> list[RunSpec]:
     """The runs matching every --only key; a value that matches no run of the grid is an error (a typo)."""
     for axis, wanted in only.items() if strict else ():
-        present = sorted({r[axis] for r in runs}, key=lambda v: (isinstance(v, str), v))
+        present = sorted({getattr(r, axis) for r in runs}, key=lambda v: (isinstance(v, str), v))
         for w in wanted:
             if not any(_matches(axis, v, w) for v in present):
                 choices = ", ".join(f"{v:g}" if axis == "lr" else str(v) for v in present)
                 raise StudyError(f"--only {axis}={w}: not in the grid; choose from {choices}")
-    return [r for r in runs if all(any(_matches(a, r[a], w) for w in ws) for a, ws in only.items())]
+    return [r for r in runs if all(any(_matches(a, getattr(r, a), w) for w in ws) for a, ws in only.items())]

@@ -22,6 +22,7 @@ from normlab.study.engines import Job, LocalEngine, make_engine, read_status, su
 from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
     FINISHED,
     REPO_ROOT,
+    RunSpec,
     StudyError,
     expand,
     load_grid,
@@ -45,13 +46,13 @@ def run_settings(grid, run, study_dir: Path) -> tuple[str | None, dict]:
     """(the run's configs/ file or None, {run config key: value} on top of it): the study's, the experiment's and
     the variant's overrides, then the run's own LR, seed and warmup, its directory, W&B group and tags; an
     interrupted run resumes from its checkpoint."""
-    config, overrides, warmup_steps = variant_overrides(grid, run["experiment"], run["variant"], run["warmup"])
-    settings = {**grid["overrides"], **overrides, "train.lr": run["lr"], "seed": run["seed"]}
+    config, overrides, warmup_steps = variant_overrides(grid, run.experiment, run.variant, run.warmup)
+    settings = {**grid["overrides"], **overrides, "train.lr": run.lr, "seed": run.seed}
     if warmup_steps is not None:
         settings["train.warmup_steps"] = warmup_steps
-    tags = [t for t in (grid["name"], run["experiment"], run["variant"], f"warmup-{run['warmup']}") if t]
+    tags = [t for t in (grid["name"], run.experiment, run.variant, f"warmup-{run.warmup}") if t]
     tags += [Path(config).stem] if config else []  # the variant file's tag, as train.py gives a run of it
-    settings.update({"output_dir": str(study_dir / "runs" / run["name"]), "wandb.group": grid["name"],
+    settings.update({"output_dir": str(study_dir / "runs" / run.name), "wandb.group": grid["name"],
                      "wandb.tags": tags, "train.resume": "auto"})
     if grid.get("wandb_project"):
         settings["wandb.project"] = grid["wandb_project"]
@@ -66,7 +67,7 @@ def run_config(grid, run, study_dir: Path, extra=(), cpu_threads: int | None = N
 
     config, settings = run_settings(grid, run, study_dir)
     cfg = load_config(str(REPO_ROOT / config) if config else None, list(extra),
-                      layers=[(settings, f"in study {grid['name']}'s settings of run {run['name']}")])
+                      layers=[(settings, f"in study {grid['name']}'s settings of run {run.name}")])
     if cpu_threads and cfg.train.cpu_threads is None:
         cfg = replace_keys(cfg, {"train.cpu_threads": cpu_threads})
     return cfg
@@ -93,7 +94,7 @@ def validate_commands(grid, runs, study_dir: Path, extra):
 
     first = {}
     for run in runs:
-        first.setdefault((run["experiment"], run["variant"], run["warmup"]), run)
+        first.setdefault((run.experiment, run.variant, run.warmup), run)
     for (experiment, variant, warmup), run in first.items():
         try:
             run_config(grid, run, study_dir, extra)
@@ -150,7 +151,7 @@ def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
         threads = cfg.train.cpu_threads  # the run's own thread count is what a Ray task reserves
     run_dir = write_run_config(cfg)
     cmd = list(launcher) + [str(TRAIN), "--config", str(run_dir.config_file)]
-    return Job(run["name"], cmd, run_dir.path, study_dir / "logs" / f"{run['name']}.log", run_dir.config_file,
+    return Job(run.name, cmd, run_dir.path, study_dir / "logs" / f"{run.name}.log", run_dir.config_file,
                gpus=engine.gpus_per_run, cpus=threads or 1, env=env)
 
 
@@ -166,14 +167,14 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"]
     statuses, todo = {}, []
     for run in runs:
-        status = read_status(study_dir / "runs" / run["name"])
-        base = {k: run[k] for k in ("experiment", "experiments", "variant", "lr", "warmup", "seed") if k in run}
+        status = read_status(study_dir / "runs" / run.name)
+        base = run.placement()
         if status in FINISHED:
-            statuses[run["name"]] = status
-            study.record(run["name"], **base, status=status)
+            statuses[run.name] = status
+            study.record(run.name, **base, status=status)
         else:
             todo.append(study_job(grid, run, study_dir, extra, launcher, engine))
-            study.record(run["name"], fresh=True, **base, status="pending", command=shlex.join(todo[-1].cmd))
+            study.record(run.name, fresh=True, **base, status="pending", command=shlex.join(todo[-1].cmd))
     print_fn(f"study {grid['name']}: {len(runs)} runs selected, {len(runs) - len(todo)} already finished, "
              f"{len(todo)} to train -> {study_dir}")
     counter = iter(range(1, len(todo) + 1))
@@ -293,7 +294,7 @@ def study_selection(grid, study_dir: Path) -> dict:
     return selection
 
 
-def selected_runs(grid, only: dict, selection: dict) -> list[dict]:
+def selected_runs(grid, only: dict, selection: dict) -> list[RunSpec]:
     """The runs --only asks for among those whose LR is known; a value that names nothing is an error only once
     every chosen-LR experiment can expand (before that, it may name a run the selection will create)."""
     if only.get("experiment", {None}) == set():  # only e1 was asked for
@@ -314,16 +315,16 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
     while True:
         runs = selected_runs(grid, only, selection)
         sweeps = {experiment for experiment, _, _ in pending_selections(grid, selection).values()}
-        first = [r for r in runs if sweeps & set(r["experiments"])]  # the sweeps that choose LRs go first
+        first = [r for r in runs if sweeps & set(r.experiments)]  # the sweeps that choose LRs go first
         run_study(grid, grid_file, study_dir, first or runs, extra, command=command, engine=engine)
         ready = {}
         for key, (experiment, variant, warmup) in pending_selections(grid, selection).items():
-            sweep = [r for r in expand(grid, selection) if experiment in r["experiments"]
-                     and r["variant"] == variant and r["warmup"] == warmup]
-            if all(read_status(study_dir / "runs" / r["name"]) in FINISHED for r in sweep):
+            sweep = [r for r in expand(grid, selection) if experiment in r.experiments
+                     and r.variant == variant and r.warmup == warmup]
+            if all(read_status(study_dir / "runs" / r.name) in FINISHED for r in sweep):
                 ready[key] = {}
                 for r in sweep:
-                    ready[key].setdefault(r["lr"], []).append(r["name"])
+                    ready[key].setdefault(r.lr, []).append(r.name)
         if ready:
             print(f"choosing the LR of {len(ready)} arm(s) on the dev split")
             selection = select(study_dir, ready, grid["score"], processes=shards)
@@ -340,7 +341,7 @@ def dry_run(grid, runs, study_dir: Path, overrides) -> int:
     from normlab.config.loader import flatten_config, load_config
 
     default = flatten_config(load_config())
-    statuses = [read_status(study_dir / "runs" / run["name"]) for run in runs]
+    statuses = [read_status(study_dir / "runs" / run.name) for run in runs]
     for run, status in zip(runs, statuses):
         action = f"skip ({status})" if status in FINISHED else "train"
         cfg = flatten_config(run_config(grid, run, study_dir, overrides))
