@@ -18,8 +18,8 @@ from normlab.data.batching import encode_rows, row_batches
 from normlab.data.sources import resolve_dataset
 from normlab.data.tokenizer import get_tokenizer
 from normlab.files.formats import read_json, read_yaml, write_jsonl
-from normlab.study.runner import provenance, record_invocation
 from normlab.study.sharded import add_shard_options
+from normlab.study.study_dir import provenance, record_invocation
 from normlab.train.probes import block_parameters
 from normlab.train.step import model_inputs
 

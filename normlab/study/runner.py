@@ -36,8 +36,7 @@ from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid i
 from normlab.study.selection_file import read_selection
 from normlab.study.sharded import run_sharded
 from normlab.study.spec import StudySpec
-from normlab.study.study_dir import StudyDir
-from normlab.train.machine import cpu_name
+from normlab.study.study_dir import StudyDir, git_commit, machine, record_invocation
 
 TRAIN = REPO_ROOT / "train.py"
 
@@ -202,44 +201,6 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
     counts = sorted(Counter(statuses.values()).items())
     print_fn(f"study {grid['name']} done: " + ", ".join(f"{k} {v}" for k, v in counts))
     return statuses
-
-
-def machine() -> str:
-    """What study.json records a run ran on: the GPUs, or the CPU's name; and the cores."""
-    import torch
-
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, {os.cpu_count()} CPU cores"
-    return f"{cpu_name()}, {os.cpu_count()} CPU cores, no GPU"
-
-
-def git_commit() -> str | None:
-    """The checkout's commit, with "+dirty" when tracked files differ from it (the runs then are not that commit's)."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
-    commit = git("rev-parse", "--short", "HEAD") or None
-    return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False,
-                      children_before=None) -> None:
-    """Append this command's commit, machine, wall time and CPU time to study.json: of the processes it started
-    (since `children_before`, an earlier os.times()), or (in_process: E1 in one process) its own."""
-    path = study_dir / "study.json"
-    data = read_json(path)
-    times = os.times()
-    before = (children_before.children_user + children_before.children_system) if children_before else 0.0
-    cpu = times.user + times.system if in_process else times.children_user + times.children_system - before
-    data.setdefault("invocations", []).append({
-        "command": command, "commit": git_commit(), "machine": machine(), "started": time.strftime(
-            "%Y-%m-%d %H:%M:%S%z", time.localtime(started)), "wall_s": round(time.time() - started, 1),
-        "cpu_s": round(cpu, 1)})
-    atomic_write_json(path, data, indent=1)
-
-
-def provenance() -> dict:
-    """What every record carries about where it was made: commit, machine, start time."""
-    return {"commit": git_commit(), "machine": machine(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def wants_e1(grid: dict, only: dict) -> bool:

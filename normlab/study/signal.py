@@ -21,8 +21,8 @@ from normlab.config.loader import load_config, model_config_from
 from normlab.files.formats import read_yaml, write_jsonl
 from normlab.study.grid import REPO_ROOT, resolve_preset, selection_key
 from normlab.study.init_exp import fixed_batches
-from normlab.study.runner import provenance, record_invocation
 from normlab.study.selection_file import read_selection
+from normlab.study.study_dir import provenance, record_invocation
 
 
 def pooled_cosine(model, batch: dict) -> float:

@@ -3,12 +3,15 @@
 selection.json, spec.yaml ...). The spec a report reads is the snapshot stored here when the study started, never
 today's preset (docs/studies.md, "Files")."""
 
+import os
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 from normlab.errors import RecordsError
-from normlab.files.formats import read_json, read_jsonl
-from normlab.study.grid import StudyError
+from normlab.files.formats import atomic_write_json, read_json, read_jsonl
+from normlab.study.grid import REPO_ROOT, StudyError
 from normlab.study.records import RECORDS, read_records
 from normlab.study.selection_file import read_selection
 
@@ -40,7 +43,6 @@ class StudyDir:
         """The study file as it runs (and its hook file), kept beside the runs for every later report; rewritten
         only when it changed."""
         from normlab.files.formats import load_yaml_mapping
-        from normlab.study.grid import REPO_ROOT
 
         self.path.mkdir(parents=True, exist_ok=True)
         files = {SPEC: Path(preset)}
@@ -74,3 +76,47 @@ class StudyDir:
     def tables(self) -> dict:
         return {name: read_jsonl(self.path / f"{name}.jsonl") for name in TABLES
                 if (self.path / f"{name}.jsonl").is_file()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# provenance: where and from which code a study's runs and measurements were made
+
+
+def machine() -> str:
+    """What study.json records a run ran on: the GPUs, or the CPU's name; and the cores."""
+    import torch
+
+    from normlab.train.machine import cpu_name
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, {os.cpu_count()} CPU cores"
+    return f"{cpu_name()}, {os.cpu_count()} CPU cores, no GPU"
+
+
+def git_commit() -> str | None:
+    """The checkout's commit, with "+dirty" when tracked files differ from it (the runs then are not that commit's)."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or None
+    return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False,
+                      children_before=None) -> None:
+    """Append this command's commit, machine, wall time and CPU time to study.json: of the processes it started
+    (since `children_before`, an earlier os.times()), or (in_process: E1 in one process) its own."""
+    path = study_dir / "study.json"
+    data = read_json(path)
+    times = os.times()
+    before = (children_before.children_user + children_before.children_system) if children_before else 0.0
+    cpu = times.user + times.system if in_process else times.children_user + times.children_system - before
+    data.setdefault("invocations", []).append({
+        "command": command, "commit": git_commit(), "machine": machine(), "started": time.strftime(
+            "%Y-%m-%d %H:%M:%S%z", time.localtime(started)), "wall_s": round(time.time() - started, 1),
+        "cpu_s": round(cpu, 1)})
+    atomic_write_json(path, data, indent=1)
+
+
+def provenance() -> dict:
+    """What every record carries about where it was made: commit, machine, start time."""
+    return {"commit": git_commit(), "machine": machine(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
