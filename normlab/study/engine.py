@@ -183,10 +183,10 @@ def scored(result: Result) -> str:
     """The prediction against the result: held, failed, not shown, undecided (a predicted 'not separated' that
     separated failed)."""
     v, sign = result.verdict, result.h.sign
-    if result.horizon[0] is False:
-        return "no verdict: horizon too short"
     if v.startswith(rules.UNDECIDED):
         return "undecided"
+    if result.horizon[0] is False:
+        return "no verdict: horizon too short"
     if sign is None:
         return "no prediction"
     if v == rules.DEPENDS:
@@ -298,5 +298,7 @@ def fmt(est: Paired, p: float, floor: float) -> str:
     """estimate [interval] | Holm p (floor): one format for every test."""
     if est.n < 2:
         return f"n={est.n}"
-    return (f"{est.mean:+.3g} [{est.lo:+.3g}, {est.hi:+.3g}] \\| {p:.3g}"
+    bounded = math.isfinite(est.lo) and math.isfinite(est.hi)  # the exact test bounds nothing at its floor
+    interval = f"[{est.lo:+.3g}, {est.hi:+.3g}]" if bounded else "[no interval at this n]"
+    return (f"{est.mean:+.3g} {interval} \\| {p:.3g}"
             + (f" (floor {floor:.3g})" if floor else "") + f", n={est.n}")

@@ -18,7 +18,7 @@ LABELS = {"ln_pre": "LayerNorm (pre-LN)", "ln_post": "LayerNorm post-LN", "custo
           "masked_batchnorm": "BatchNorm (masked)", "powernorm": "PowerNorm", "no_norm": "no norm"}
 
 
-def plot_sweep(selection: dict):
+def plot_sweep(selection: dict, title: str):
     """Mean dev loss against the LR in the tuning sweep, per arm: where each arm's LR was chosen."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for key, chosen in sorted(selection.items()):
@@ -30,7 +30,8 @@ def plot_sweep(selection: dict):
         ax.plot([chosen["lr"]], [best], "*", ms=12, color=line.get_color())
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
-    ax.set_ylabel("mean dev loss (capped at 1; a diverged run is off the chart)")
+    ax.set_ylabel("mean dev loss (capped at 1)")
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=2)
     return fig
 

@@ -263,7 +263,9 @@ def draw_figures(study: engine.Study, out: Path) -> list[str]:
     drawn = {"answer.png": plots.plot_board(board, f"{study.spec.name}: each arm at its chosen LRs "
                                                    f"({study.steps([r for v in board.values() for r in v[0]])} steps)")
              if board else None,
-             "sweep.png": plots.plot_sweep(study.selection) if any(c.get("by_lr") for c in study.selection.values())
+             "sweep.png": plots.plot_sweep(study.selection, f"{study.spec.name}: mean dev loss over the sweep's seeds; "
+                                                            f"a star at each arm's best LR")
+             if any(c.get("by_lr") for c in study.selection.values())
              else None}
     for name, fig in drawn.items():
         if fig is None:
