@@ -1,2 +1,2 @@
-"""NormLab's norm study (v3): what a run ended as, seed-level statistics, LR selection on the dev split, and the
-warm worker that trains many small runs in one process. scripts/study.py is the entry point."""
+"""NormLab's norm study: a study file is a typed spec (spec.py) that the runner trains (runner.py) and the one
+analysis engine reports (engine.py, report.py). scripts/study.py and scripts/report.py are the entry points."""

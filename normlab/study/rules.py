@@ -1,7 +1,8 @@
-"""Study v4's decision rules, declared before its runs (docs/study-v4/predictions.md), as code a report cannot bend:
-the smallest p a planned test can reach, its power, the LR choice (best and runner-up, near ties flagged), the
-robustness rule (a claim must hold at both LRs), the horizon rule (an arm must have left the plateau early and the
-ranking must have settled), and the A/A control on two disjoint seed sets (docs/studies.md, "Study v4's rules").
+"""The decision rules every study is analysed by, as code a report cannot bend (first declared in
+docs/study-v4/predictions.md): the smallest p a planned test can reach and its power, the LR choice (best and
+runner-up, near ties flagged), the robustness rule (a claim must hold at both LRs), the horizon rule (an arm must
+have left the plateau early and the ranking must have settled), and the A/A control on two disjoint seed sets
+(docs/studies.md, "The analysis").
 """
 
 import itertools

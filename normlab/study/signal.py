@@ -1,7 +1,7 @@
-"""Study v4's mechanism measurement (docs/study-v4/predictions.md, M1): how alike the classifier's inputs are for
-different sentences, at initialization and over the first Adam steps. The pooled vector ([CLS], or the mean over
-real tokens) is all the classifier reads; if it is nearly the same for every sentence, the gradient cannot tell
-the classes apart and the loss sits on the ln 2 plateau.
+"""A study's `signal` measurement (study v4's M1, study v5's manipulation check): how alike the classifier's
+inputs are for different sentences, at initialization and over the first Adam steps. The pooled vector ([CLS], or
+the mean over real tokens) is all the classifier reads; if it is nearly the same for every sentence, the gradient
+cannot tell the classes apart and the loss sits on the ln 2 plateau.
 
     python -m normlab.study.signal --preset quick_v4 --out STUDY/signal.jsonl --selection STUDY/selection.json
 """
