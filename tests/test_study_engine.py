@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+from normlab.paths import REPO_ROOT
 from normlab.study import engine, rules
 from normlab.study.grid import StudyError
 from normlab.study.records import RECORDS
@@ -239,3 +240,15 @@ def test_provenance_says_what_a_part_trained_study_lacks_and_which_runs_no_invoc
     lines = provenance_lines(engine.Study(late, SELECTION, spec), {"invocations": calls})
     outside = sum(r["seed"] >= 8 for r in runs)
     assert lines[2].startswith(f"- **{outside} of {len(runs)} runs started outside every invocation listed**")
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in (REPO_ROOT / "configs" / "study").glob("*.yaml")))
+def test_every_preset_is_a_spec_that_can_decide_or_says_it_is_a_pilot(preset, capsys):
+    spec = StudySpec.load(REPO_ROOT / "configs" / "study" / f"{preset}.yaml")
+    floors = [t.floor() for t in spec.planned_tests()]
+    assert spec.pilot or all(f < spec.alpha for f in floors)
+    if spec.hypotheses:
+        assert f"study {spec.name}: floors" in capsys.readouterr().out
+    if preset == "smoke":
+        assert spec.pilot and floors == [1.0, 1.0] and spec.ranks() == 2 and spec.arms() == ["ln_pre", "rmsnorm",
+                                                                                             "batchnorm"]
