@@ -28,6 +28,7 @@ from normlab.errors import RecordsError
 from normlab.study.grid import StudyError
 from normlab.study.report import make_report
 from normlab.study.rerun import RERUN, write_rerun
+from normlab.study.study_dir import StudyDir
 
 
 def main(argv=None) -> int:
@@ -52,7 +53,7 @@ def main(argv=None) -> int:
             parser.error("--rerun-of writes no report: it goes without --out and --wandb")
         return rerun_main(args.source, args.rerun_of)
     mode = (args.wandb_mode or os.environ.get("WANDB_MODE") or "offline") if args.wandb else "disabled"
-    wandb_dir = args.wandb_dir or (args.source if (args.source / "study.json").is_file() else Path.cwd())
+    wandb_dir = args.wandb_dir or (args.source if StudyDir(args.source).is_study else Path.cwd())
     try:
         report = make_report(args.source, args.out, mode, wandb_dir)
     except (FileNotFoundError, RecordsError, StudyError) as err:

@@ -19,7 +19,7 @@ from normlab.data.sources import resolve_dataset
 from normlab.data.tokenizer import get_tokenizer
 from normlab.files.formats import read_json, read_yaml, write_jsonl
 from normlab.study.sharded import add_shard_options
-from normlab.study.study_dir import provenance, record_invocation
+from normlab.study.study_dir import E1, StudyDir, provenance, record_invocation
 from normlab.train.probes import block_parameters
 from normlab.train.step import model_inputs
 
@@ -96,9 +96,9 @@ def main(argv=None) -> int:
     parser = command_parser(__doc__)
     parser.add_argument("study_dir", type=Path)
     parser.add_argument("--preset", type=Path, default=None, help="a study YAML (default: STUDY/study.json)")
-    add_shard_options(parser, "measure", "e1.jsonl")
+    add_shard_options(parser, "measure", E1)
     args = parser.parse_args(argv)
-    source = read_yaml(args.preset) if args.preset else read_json(args.study_dir / "study.json")
+    source = read_yaml(args.preset) if args.preset else read_json(StudyDir(args.study_dir).study_json)
     if source is None:
         return error_exit("init_study.py", f"{args.study_dir / 'study.json'} not found: give a study directory that "
                                            f"scripts/study.py wrote, or the study file with --preset")
@@ -111,10 +111,10 @@ def main(argv=None) -> int:
                                            "study.py); give the study file with --preset")
     torch.set_num_threads(1)  # tiny models: one thread is as fast and leaves the other core to the study
     started = time.time()
-    run(source["init"], args.out or args.study_dir / "e1.jsonl", int(overrides.get("data.max_train_samples", 5120)),
+    run(source["init"], args.out or args.study_dir / E1, int(overrides.get("data.max_train_samples", 5120)),
         int(overrides.get("model.vocab_size", 4000)), shard=args.shard)
     # meta.json lists every invocation, E1's too; a shard's is recorded by the study that started it, as one
-    if (args.study_dir / "study.json").is_file() and args.shard == (0, 1):
+    if StudyDir(args.study_dir).is_study and args.shard == (0, 1):
         record_invocation(args.study_dir, shlex.join(["python", "scripts/init_study.py",
                                                       *(argv if argv is not None else sys.argv[1:])]),
                           started, in_process=True)

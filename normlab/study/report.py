@@ -17,8 +17,7 @@ from normlab.study import markdown as md
 from normlab.study import outcomes as oc
 from normlab.study.grid import StudyError
 from normlab.study.records import RECORDS, SCHEMA_VERSION, keep_committed, read_records, write_records
-from normlab.study.selection_file import read_selection
-from normlab.study.study_dir import COPIED, StudyDir
+from normlab.study.study_dir import COPIED, META, StudyDir
 
 
 def copy_records(study_dir: Path, out: Path) -> None:
@@ -26,12 +25,13 @@ def copy_records(study_dir: Path, out: Path) -> None:
     use it, commit, machine, start time), and its spec snapshot, LR selection and tables, into `out`. Where `out`
     already holds this study's committed records (its seeds continued in a fresh folder), those are kept and the
     study's join them (records.keep_committed); so are the invocations meta.json lists."""
-    if not (study_dir / "runs.jsonl").is_file():
-        raise FileNotFoundError(f"{study_dir}/runs.jsonl not found: score the study first "
+    study_dir, folder = StudyDir(study_dir), StudyDir(out)
+    if not study_dir.scored.is_file():
+        raise FileNotFoundError(f"{study_dir.scored} not found: score the study first "
                                 f"(python scripts/score_runs.py {study_dir})")
-    study = read_json(study_dir / "study.json")
+    study = read_json(study_dir.study_json)
     rows = []
-    for r in read_jsonl(study_dir / "runs.jsonl"):
+    for r in read_jsonl(study_dir.scored):
         entry = study["runs"].get(r["name"], {})
         r.update({k: entry[k] for k in ("experiments", "commit", "machine", "started_at") if k in entry})
         for key, score in r.get("scores", {}).items():
@@ -39,18 +39,18 @@ def copy_records(study_dir: Path, out: Path) -> None:
                 score.pop("pred", None)  # dev only chooses LRs, by its loss
         rows.append(r)
     calls = study.get("invocations", [])
-    if (out / RECORDS).is_file() and study_dir.resolve() != out.resolve():
-        if read_selection(study_dir / "selection.json") != read_selection(out / "selection.json"):
-            raise RecordsError(f"{study_dir}/selection.json differs from {out}/selection.json: its runs were given "
+    if (out / RECORDS).is_file() and study_dir.path.resolve() != out.resolve():
+        if study_dir.selection() != folder.selection():
+            raise RecordsError(f"{study_dir.selection_file} differs from {folder.selection_file}: its runs were given "
                                f"other LRs than the committed records there, so they cannot join them")
         rows = keep_committed(read_records(out / RECORDS), rows)
-        earlier = (read_json(out / "meta.json", {}) or {}).get("invocations", [])
+        earlier = folder.meta().get("invocations", [])
         calls = earlier + [c for c in calls if c not in earlier]
     write_records(out / RECORDS, [{"schema_version": SCHEMA_VERSION, **r} for r in rows])
     for name in COPIED:
-        if (study_dir / name).is_file() and study_dir.resolve() != out.resolve():
+        if (study_dir / name).is_file() and study_dir.path.resolve() != out.resolve():
             shutil.copyfile(study_dir / name, out / name)
-    atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": calls}, indent=1)
+    atomic_write_json(folder.meta_file, {"name": study.get("name"), "invocations": calls}, indent=1)
 
 
 def load(folder: Path) -> engine.Study:
@@ -75,12 +75,12 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabl
     if StudyDir(source).is_study:
         copy_records(source, out)
     elif source.resolve() != out.resolve():  # a folder of records, reported elsewhere
-        for name in (RECORDS, "meta.json", *COPIED):
+        for name in (RECORDS, META, *COPIED):
             if (source / name).is_file():
                 shutil.copyfile(source / name, out / name)
     analysis = engine.analyse(load(out))
     figures = draw_figures(analysis.study, out)
-    meta = read_json(out / "meta.json", {}) or {}
+    meta = StudyDir(out).meta()
     (out / "report.md").write_text(write_markdown(analysis, meta, figures))
     if wandb_mode != "disabled":
         (wandb_dir := Path(wandb_dir or source)).mkdir(parents=True, exist_ok=True)

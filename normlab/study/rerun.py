@@ -9,6 +9,7 @@ from pathlib import Path
 
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl
 from normlab.study.records import RECORDS, read_records, record_digest, write_records
+from normlab.study.study_dir import StudyDir
 
 RERUN = "rerun"  # the folder, inside the committed records' folder, that holds a rerun's digests
 PROVENANCE = ("experiments", "commit", "machine", "started_at", "duration_s")
@@ -46,17 +47,17 @@ def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> tuple[list
     committed record (compared at the steps they evaluated; the row keeps them as `eval_steps`), and how many of the
     differing runs trained with another CPU thread count than their committed record, or where it does not say."""
     study_dir, folder = Path(study_dir), Path(folder)
-    for path, what in ((study_dir / "runs.jsonl", "score the study first (python scripts/score_runs.py DIR)"),
+    for path, what in ((StudyDir(study_dir).scored, "score the study first (python scripts/score_runs.py DIR)"),
                        (folder / RECORDS, "give the folder of the committed records it retrains")):
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found: {what}")
     committed = {r["name"]: r for r in read_records(folder / RECORDS)}
-    study = read_json(study_dir / "study.json")
+    study = read_json(StudyDir(study_dir).study_json)
     out = folder / rerun
     out.mkdir(parents=True, exist_ok=True)
     differ, other_steps, other_threads = [], 0, 0
     rows = []
-    for record in read_jsonl(study_dir / "runs.jsonl"):
+    for record in read_jsonl(StudyDir(study_dir).scored):
         entry = study["runs"].get(record["name"], {})
         row = {"name": record["name"], **{k: entry[k] for k in PROVENANCE if k in entry},
                "status": record.get("status"), "record_sha256": record_digest(record),
@@ -71,6 +72,6 @@ def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> tuple[list
             other_threads += base is not None and (threads is None or threads != record.get("cpu_threads"))
         rows.append(row)
     write_records(out / RECORDS, rows)
-    atomic_write_json(out / "meta.json", {"name": study.get("name"), "invocations": study.get("invocations", [])},
+    atomic_write_json(StudyDir(out).meta_file, {"name": study.get("name"), "invocations": study.get("invocations", [])},
                       indent=1)
     return differ, len(rows), other_steps, other_threads

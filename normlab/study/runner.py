@@ -36,7 +36,7 @@ from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid i
 from normlab.study.selection_file import read_selection
 from normlab.study.sharded import run_sharded
 from normlab.study.spec import StudySpec
-from normlab.study.study_dir import StudyDir, git_commit, machine, record_invocation
+from normlab.study.study_dir import E1, SCORED, StudyDir, git_commit, machine, record_invocation
 
 TRAIN = REPO_ROOT / "train.py"
 
@@ -51,7 +51,7 @@ def run_settings(grid, run, study_dir: Path) -> tuple[str | None, dict]:
         settings["train.warmup_steps"] = warmup_steps
     tags = [t for t in (grid["name"], run.experiment, run.variant, f"warmup-{run.warmup}") if t]
     tags += [Path(config).stem] if config else []  # the variant file's tag, as train.py gives a run of it
-    settings.update({"output_dir": str(study_dir / "runs" / run.name), "wandb.group": grid["name"],
+    settings.update({"output_dir": str(StudyDir(study_dir).run(run.name)), "wandb.group": grid["name"],
                      "wandb.tags": tags, "train.resume": "auto"})
     if grid.get("wandb_project"):
         settings["wandb.project"] = grid["wandb_project"]
@@ -113,7 +113,7 @@ class Study:
     """study.json, kept current after every run (safe to read while the study runs)."""
 
     def __init__(self, study_dir: Path, grid: dict, grid_file: Path, command: str):
-        self.path = study_dir / "study.json"
+        self.path = StudyDir(study_dir).study_json
         self.lock = threading.Lock()
         StudyDir(study_dir).save_spec(grid_file)  # the spec every later report of this study reads
         old = read_json(self.path, {})
@@ -150,7 +150,7 @@ def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
         threads = cfg.train.cpu_threads  # the run's own thread count is what a Ray task reserves
     run_dir = write_run_config(cfg)
     cmd = list(launcher) + [str(TRAIN), "--config", str(run_dir.config_file)]
-    return Job(run.name, cmd, run_dir.path, study_dir / "logs" / f"{run.name}.log", run_dir.config_file,
+    return Job(run.name, cmd, run_dir.path, StudyDir(study_dir).log(run.name), run_dir.config_file,
                gpus=engine.gpus_per_run, cpus=threads or 1, env=env)
 
 
@@ -166,7 +166,7 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"]
     statuses, todo = {}, []
     for run in runs:
-        status = read_status(study_dir / "runs" / run.name)
+        status = read_status(StudyDir(study_dir).run(run.name))
         base = run.placement()
         if status in FINISHED:
             statuses[run.name] = status
@@ -221,17 +221,17 @@ def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool, sha
     each a process of its own (python -m normlab.cli.<name>). A study file without a `score` block gets neither
     records nor report (the report reads only the records)."""
     if run_e1:
-        init = read_json(study_dir / "study.json")["init"]
+        init = read_json(StudyDir(study_dir).study_json)["init"]
         order = {key: i for i, key in enumerate(itertools.product(init["placements"], init["depths"], init["seeds"]))}
         started, before = time.time(), os.times()
-        run_sharded("init_study", study_dir, "e1.jsonl", shards,
+        run_sharded("init_study", study_dir, E1, shards,
                     key=lambda row: order[row["placement"], row["depth"], row["seed"]])
         if shards > 1:  # the shards do not write study.json at once: their invocation is recorded here, as one
             record_invocation(study_dir, f"python scripts/init_study.py {study_dir} (in {shards} processes, "
                                          f"--shard K/{shards})", started, children_before=before)
     if not score:
         return
-    run_sharded("score_runs", study_dir, "runs.jsonl", shards, key=lambda row: row["name"])
+    run_sharded("score_runs", study_dir, SCORED, shards, key=lambda row: row["name"])
     if report:
         subprocess.run([sys.executable, "-m", "normlab.cli.report", str(study_dir)], cwd=REPO_ROOT)
 
@@ -239,7 +239,7 @@ def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool, sha
 def study_selection(grid, study_dir: Path) -> dict:
     """STUDY/selection.json; for a study whose LRs another study chose (`selection_from`, e.g. long_v4 takes
     quick_v4's), that study's file until this one has its own copy."""
-    selection = read_selection(study_dir / "selection.json")
+    selection = StudyDir(study_dir).selection()
     source = grid.get("selection_from")
     if selection or not source:
         return selection
@@ -270,9 +270,9 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
     from normlab.study.selection import select
 
     selection = study_selection(grid, study_dir)
-    if selection and not (study_dir / "selection.json").is_file():  # from selection_from: keep a copy, as read
+    if selection and not StudyDir(study_dir).selection_file.is_file():  # from selection_from: keep a copy, as read
         study_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(study_dir / "selection.json", selection, indent=1)
+        atomic_write_json(StudyDir(study_dir).selection_file, selection, indent=1)
     while True:
         runs = selected_runs(grid, only, selection)
         sweeps = {experiment for experiment, _, _ in pending_selections(grid, selection).values()}
@@ -282,7 +282,7 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
         for key, (experiment, variant, warmup) in pending_selections(grid, selection).items():
             sweep = [r for r in expand(grid, selection) if experiment in r.experiments
                      and r.variant == variant and r.warmup == warmup]
-            if all(read_status(study_dir / "runs" / r.name) in FINISHED for r in sweep):
+            if all(read_status(StudyDir(study_dir).run(r.name)) in FINISHED for r in sweep):
                 ready[key] = {}
                 for r in sweep:
                     ready[key].setdefault(r.lr, []).append(r.name)
@@ -302,7 +302,7 @@ def dry_run(grid, runs, study_dir: Path, overrides) -> int:
     from normlab.config.loader import flatten_config, load_config
 
     default = flatten_config(load_config())
-    statuses = [read_status(study_dir / "runs" / run.name) for run in runs]
+    statuses = [read_status(StudyDir(study_dir).run(run.name)) for run in runs]
     for run, status in zip(runs, statuses):
         action = f"skip ({status})" if status in FINISHED else "train"
         cfg = flatten_config(run_config(grid, run, study_dir, overrides))

@@ -18,6 +18,7 @@ from normlab.study.rules import choose_lrs
 from normlab.study.scoring import SCORE_DEFAULTS, score_run, score_sets
 from normlab.study.selection_file import lr_rows, read_selection
 from normlab.study.sharded import add_shard_options, run_sharded
+from normlab.study.study_dir import StudyDir
 
 DEV_LOSSES = "dev_losses.jsonl"
 
@@ -67,7 +68,7 @@ def dev_losses(study_dir: Path, names: list[str], score: dict, processes: int = 
 def select(study_dir: Path, candidates: dict, score: dict, processes: int = 1) -> dict:
     """{key: {lr: [run names]}} -> {key: choice}, for the keys not chosen before; merged into STUDY/selection.json
     (earlier choices are kept, in the present format: selection_file). The dev losses in `processes` processes."""
-    path = study_dir / "selection.json"
+    path = StudyDir(study_dir).selection_file
     chosen = read_selection(path)
     score = {**SCORE_DEFAULTS, **score}
     todo = {k: v for k, v in candidates.items() if k not in chosen}
@@ -95,11 +96,11 @@ def main(argv=None) -> int:
     k, n = args.shard
     names = args.runs.split(",")
     torch.set_num_threads(1)  # one thread a process: the cores the training used
-    cfg = RunDir(args.study_dir / "runs" / names[0]).read_config()
+    cfg = RunDir(StudyDir(args.study_dir).run(names[0])).read_config()
     dev = score_sets(cfg, args.dev_rows)["dev"]
     rows = []
     for name in names[k::n]:
-        loss = dev_loss(args.study_dir / "runs" / name, dev, args.batch_size)
+        loss = dev_loss(StudyDir(args.study_dir).run(name), dev, args.batch_size)
         rows.append({"name": name, "dev_loss": loss if math.isfinite(loss) else None})
     write_jsonl(args.out or args.study_dir / DEV_LOSSES, rows)
     return 0

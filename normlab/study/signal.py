@@ -22,7 +22,7 @@ from normlab.files.formats import read_yaml, write_jsonl
 from normlab.study.grid import REPO_ROOT, resolve_preset, selection_key
 from normlab.study.init_exp import fixed_batches
 from normlab.study.selection_file import read_selection
-from normlab.study.study_dir import provenance, record_invocation
+from normlab.study.study_dir import StudyDir, provenance, record_invocation
 
 
 def pooled_cosine(model, batch: dict) -> float:
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     started = time.time()
     run(preset, args.out, read_selection(args.selection) if args.selection else None)
-    if (args.out.parent / "study.json").is_file():  # written into a study: meta.json lists this invocation
+    if StudyDir(args.out.parent).is_study:  # written into a study: meta.json lists this invocation
         record_invocation(args.out.parent, shlex.join(["python", "-m", "normlab.study.signal",
                                                        *(argv if argv is not None else sys.argv[1:])]),
                           started, in_process=True)

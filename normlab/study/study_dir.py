@@ -16,8 +16,10 @@ from normlab.study.records import RECORDS, read_records
 from normlab.study.selection_file import read_selection
 
 SPEC, HOOKS = "spec.yaml", "hooks.py"  # the study file as it ran, and its hook file (measures)
+STUDY_JSON, SCORED, SELECTION, META = "study.json", "runs.jsonl", "selection.json", "meta.json"
+E1, SIGNAL, LABELS = "e1.jsonl", "signal.jsonl", "labels.json"
 TABLES = ("signal", "e1")  # extra per-arm or per-seed tables a study may write: NAME.jsonl
-COPIED = ("selection.json", "e1.jsonl", "labels.json", "signal.jsonl", SPEC, HOOKS)  # records folder: as written
+COPIED = (SELECTION, E1, LABELS, SIGNAL, SPEC, HOOKS)  # into a records folder as the study wrote them
 
 
 class StudyDir:
@@ -27,13 +29,25 @@ class StudyDir:
     def __truediv__(self, name: str) -> Path:
         return self.path / name
 
+    study_json = property(lambda self: self.path / STUDY_JSON, doc="the runner's record of the study and its runs")
+    scored = property(lambda self: self.path / SCORED, doc="every run's record, as scoring writes them")
+    selection_file = property(lambda self: self.path / SELECTION, doc="the LR choices")
+    meta_file = property(lambda self: self.path / META, doc="a records folder's name and invocations")
+
+    def run(self, name: str) -> Path:
+        """A run's directory (its RunDir)."""
+        return self.path / "runs" / name
+
+    def log(self, name: str) -> Path:
+        return self.path / "logs" / f"{name}.log"
+
     @property
     def is_study(self) -> bool:
         """A directory the runner trained into (not only a folder of records)."""
-        return (self.path / "study.json").is_file()
+        return self.study_json.is_file()
 
     def meta(self) -> dict:
-        return read_json(self.path / "meta.json", {}) or {}
+        return read_json(self.meta_file, {}) or {}
 
     def frozen_at(self) -> str | None:
         """The commit whose code regenerates this finished study's report (meta.json `report_commit`)."""
@@ -71,7 +85,7 @@ class StudyDir:
         return read_records(self.path / RECORDS)
 
     def selection(self) -> dict:
-        return read_selection(self.path / "selection.json")
+        return read_selection(self.selection_file)
 
     def tables(self) -> dict:
         return {name: read_jsonl(self.path / f"{name}.jsonl") for name in TABLES
@@ -105,7 +119,7 @@ def record_invocation(study_dir: Path, command: str, started: float, in_process:
                       children_before=None) -> None:
     """Append this command's commit, machine, wall time and CPU time to study.json: of the processes it started
     (since `children_before`, an earlier os.times()), or (in_process: E1 in one process) its own."""
-    path = study_dir / "study.json"
+    path = StudyDir(study_dir).study_json
     data = read_json(path)
     times = os.times()
     before = (children_before.children_user + children_before.children_system) if children_before else 0.0
