@@ -177,9 +177,10 @@ def _validate(cfg: RunConfig, resume_given: bool):
     if not d.name and not d.path:
         raise ConfigError("data.name and data.path are both empty; set data.name (Hub id) or data.path "
                           "(local file or folder)")
-    # NormLabConfig's own checks run here too, so a bad model key fails before any data loads; train.py builds the
-    # model's config again once the tokenizer and labels give vocab_size and num_labels
-    positions = model_config_from(cfg).max_position_embeddings
+    # NormLabConfig's own checks, so that a bad model key fails before any data loads (train.py builds the model's
+    # config once the tokenizer and labels give vocab_size and num_labels); its value read from the keys
+    model_config_from(cfg)
+    positions = cfg.model.get("max_position_embeddings", NormLabConfig.max_position_embeddings)
     if d.max_length > positions:
         raise ConfigError(f"data.max_length={d.max_length} exceeds model.max_position_embeddings={positions}; "
                           f"lower data.max_length or set model.max_position_embeddings={d.max_length} (or more)")
