@@ -205,7 +205,7 @@ def load_config(config_file: str | None = None, overrides=(), saved: tuple[dict,
     (mapping of keys, nested or dotted, to values; where it comes from) pairs merged in order before the
     overrides, as a program's settings (the study's runs)."""
     merged = _Layers(config_file, saved, layers)
-    return merged.checked(_parse_overrides(merged.cfg, overrides), resume_given=saved is None)
+    return merged.checked(_merge_overrides(merged.cfg, overrides), resume_given=saved is None)
 
 
 def load_resumed(saved: tuple[dict, str], overrides=()) -> tuple[RunConfig, RunConfig]:
@@ -213,10 +213,10 @@ def load_resumed(saved: tuple[dict, str], overrides=()) -> tuple[RunConfig, RunC
     on the defaults, the same with the command's `key=value` overrides), both checked."""
     merged = _Layers(None, saved, ())
     before = merged.checked([], resume_given=False)
-    return before, merged.checked(_parse_overrides(merged.cfg, overrides), resume_given=False)
+    return before, merged.checked(_merge_overrides(merged.cfg, overrides), resume_given=False)
 
 
-def _parse_overrides(cfg, overrides) -> list[str]:
+def _merge_overrides(cfg, overrides) -> list[str]:
     """Merge the command line's `key=value` items into `cfg`; -> the keys they name."""
     pairs = [_parse_override(item) for item in overrides]
     _merge(cfg, pairs, "command line")
