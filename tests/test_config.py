@@ -6,6 +6,7 @@ import yaml
 from model.configuration_normlab import NORM_PLACEMENTS, NORM_TYPES, NormLabConfig
 from normlab.config.loader import (
     CONFIG_DIR,
+    DEFAULT_CONFIG,
     ConfigError,
     flatten_config,
     load_config,
@@ -246,28 +247,29 @@ def _saved_run(tmp_path, config_file, overrides, record=True):
     from normlab.train.preflight import run_config
 
     out = tmp_path / "run"
-    cfg, rec, _ = run_config(config_file, [f"output_dir={out}", *overrides])
+    start = run_config(config_file, [f"output_dir={out}", *overrides])
     out.mkdir()
-    save_config(cfg, out / "config.yaml")
+    save_config(start.cfg, out / "config.yaml")
     if record:
-        (out / "run.json").write_text(json.dumps({**rec, "wandb_run_id": "ab12cd34"}))
-    return out, cfg
+        (out / "run.json").write_text(json.dumps({**start.record, "wandb_run_id": "ab12cd34"}))
+    return out, start.cfg
 
 
 def test_a_resume_restores_the_runs_config_and_states_each_allowed_change(tmp_path):
     from normlab.train.preflight import run_config
 
     out, cfg = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3", "train.max_steps=600"])
-    resumed, record, notes = run_config(None, [f"output_dir={out}", "train.resume=auto"])
-    assert resumed == {**cfg, "train": {**cfg["train"], "resume": "auto"}} and notes == []
-    assert record == {"config_file": "configs/post_ln.yaml"}  # the variant's tag comes back too
+    start = run_config(None, [f"output_dir={out}", "train.resume=auto"])
+    resumed = start.cfg
+    assert resumed == {**cfg, "train": {**cfg["train"], "resume": "auto"}} and start.notices == ()
+    assert start.record == {"config_file": "configs/post_ln.yaml"}  # the variant's tag comes back too
+    assert start.resume.checkpoint is None  # stopped before its first checkpoint: it starts again from step 0
     for same in ("post_ln", "configs/post_ln.yaml", str(CONFIG_DIR / "post_ln.yaml")):
-        assert run_config(same, [f"output_dir={out}", "train.resume=auto", "train.lr=1e-3"])[0] == resumed
-    more, _, notes = run_config(None, [f"output_dir={out}", "train.resume=auto", "train.max_steps=900",
-                                       "train.eval_steps=50"])
-    assert more["train"]["max_steps"] == 900 and more["model"] == cfg["model"]
-    assert notes == [f"resuming {out} with its saved config, changing train.eval_steps=50 (was 500), "
-                     f"train.max_steps=900 (was 600)"]
+        assert run_config(same, [f"output_dir={out}", "train.resume=auto", "train.lr=1e-3"]).cfg == resumed
+    more = run_config(None, [f"output_dir={out}", "train.resume=auto", "train.max_steps=900", "train.eval_steps=50"])
+    assert more.cfg["train"]["max_steps"] == 900 and more.cfg["model"] == cfg["model"]
+    assert more.notices == (f"resuming {out} with its saved config, changing train.eval_steps=50 (was 500), "
+                            f"train.max_steps=900 (was 600)",)
 
 
 @pytest.mark.parametrize("argv,words", [
@@ -293,12 +295,58 @@ def test_a_run_directory_from_before_run_json_checks_a_given_config_by_its_keys(
     from normlab.train.preflight import run_config
 
     out, cfg = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3"], record=False)
-    resumed, record, _ = run_config(None, [f"output_dir={out}", "train.resume=auto"])
-    assert resumed["train"]["lr"] == 1e-3 and record == {}  # the variant is unknown: run.json will not guess it
-    assert run_config("post_ln", [f"output_dir={out}", "train.resume=auto"])[1] == {
+    start = run_config(None, [f"output_dir={out}", "train.resume=auto"])
+    assert start.cfg["train"]["lr"] == 1e-3 and start.record == {}  # the variant is unknown: run.json won't guess it
+    assert run_config("post_ln", [f"output_dir={out}", "train.resume=auto"]).record == {
         "config_file": "configs/post_ln.yaml"}
     with pytest.raises(ConfigError, match="--config pre_ln sets model.norm_placement='pre' but the run in"):
         run_config("pre_ln", [f"output_dir={out}", "train.resume=auto"])
+
+
+def test_a_resume_reads_and_merges_the_runs_saved_config_once(tmp_path, monkeypatch):
+    """config.yaml read once; the defaults read twice: for the command's config (where the run is) and under the
+    run's own, which the command's overrides then update."""
+    import normlab.config.loader as loader
+    import normlab.run_dir as run_dir
+    from normlab.train.preflight import run_config
+
+    out, _ = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3"])
+    reads = []
+    for module in (loader, run_dir):
+        monkeypatch.setattr(module, "load_yaml_mapping",
+                            lambda path, read=module.load_yaml_mapping: reads.append(path) or read(path))
+    start = run_config("post_ln", [f"output_dir={out}", "train.resume=auto", "train.max_steps=900"])
+    assert start.cfg.train.max_steps == 900 and start.cfg.train.lr == 1e-3
+    assert reads.count(out / "config.yaml") == 1 and reads.count(DEFAULT_CONFIG) == 2, reads
+
+
+def test_resume_auto_where_no_run_is_refused_naming_the_runs_nearby(tmp_path):
+    """A typo'd output_dir: one line, the run directories beside it closest first, nothing created; a new run there
+    is asked for without train.resume. A directory a run was set up in (a study writes its config.yaml first)
+    resumes from step 0."""
+    from normlab.train.preflight import run_config
+
+    runs = tmp_path / "runs"
+    set_up = runs / "default"  # set up, not started: as a study leaves a run before launching it
+    save_config(load_config(overrides=[f"output_dir={set_up}", "train.resume=auto"]), set_up / "config.yaml")
+    (runs / "defaults-old").mkdir()
+    (runs / "defaults-old" / "summary.json").write_text("{}")
+    (runs / "zzz" / "checkpoints" / "step_10").mkdir(parents=True)
+    (runs / "notes" / "x").mkdir(parents=True)  # holds no run: not named
+    typo = runs / "defualt"
+    with pytest.raises(ConfigError) as err:
+        run_config(None, [f"output_dir={typo}", "train.resume=auto"])
+    nearby = ", ".join(str(runs / name) for name in ("default", "defaults-old", "zzz"))
+    assert str(err.value) == (f"train.resume=auto: nothing to resume in output_dir={typo} (it does not exist); run "
+                              f"directories nearby: {nearby}; to start a new run there, leave train.resume out (or "
+                              f"give train.resume=null)")
+    assert not typo.exists()
+    with pytest.raises(ConfigError, match="nothing to resume in output_dir=.*notes .no checkpoint, config.yaml or "):
+        run_config(None, [f"output_dir={runs / 'notes'}", "train.resume=auto"])
+    for fresh in ([], ["train.resume=null"]):
+        assert run_config(None, [f"output_dir={typo}", *fresh]).resume is None
+    study_run = run_config(None, [f"output_dir={set_up}", "train.resume=auto"])
+    assert study_run.resume.checkpoint is None and study_run.cfg.output_dir == str(set_up)
 
 
 def test_a_damaged_saved_config_is_named_on_resume(tmp_path):

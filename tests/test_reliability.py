@@ -210,6 +210,17 @@ def test_bad_input_is_one_line_and_deletes_nothing(reference, tmp_path, capsys):
     assert "train.max_steps" in err  # continuing a finished run means training it further
 
 
+def test_resume_auto_of_a_typod_output_dir_is_refused_naming_the_run_beside_it(reference, capsys):
+    """Never a new full run in place of a resume (HF's Trainer raises too): one line, exit 2, nothing written."""
+    typo = reference.with_name(reference.name + "s")
+    capsys.readouterr()
+    assert run_argv(f"output_dir={typo}", "train.resume=auto") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: train.resume=auto: nothing to resume in output_dir={typo}")
+    assert f"run directories nearby: {reference}" in err and "train.resume=null" in err
+    assert not typo.exists()
+
+
 def _write_csv(path, rows_, header="sentence,label"):
     path.write_text("\n".join([header, *rows_]) + "\n")
     return path

@@ -177,9 +177,10 @@ def _validate(cfg: RunConfig, resume_given: bool):
     if not d.name and not d.path:
         raise ConfigError("data.name and data.path are both empty; set data.name (Hub id) or data.path "
                           "(local file or folder)")
-    # NormLabConfig's own checks run here too, so a bad model key fails before any data loads; train.py builds the
-    # model's config again once the tokenizer and labels give vocab_size and num_labels
-    positions = model_config_from(cfg).max_position_embeddings
+    # NormLabConfig's own checks, so that a bad model key fails before any data loads (train.py builds the model's
+    # config once the tokenizer and labels give vocab_size and num_labels); its value read from the keys
+    model_config_from(cfg)
+    positions = cfg.model.get("max_position_embeddings", NormLabConfig.max_position_embeddings)
     if d.max_length > positions:
         raise ConfigError(f"data.max_length={d.max_length} exceeds model.max_position_embeddings={positions}; "
                           f"lower data.max_length or set model.max_position_embeddings={d.max_length} (or more)")
@@ -203,25 +204,50 @@ def load_config(config_file: str | None = None, overrides=(), saved: tuple[dict,
     `saved`: (a run's saved config, where it was read) in place of config_file, for a resumed run. `layers`:
     (mapping of keys, nested or dotted, to values; where it comes from) pairs merged in order before the
     overrides, as a program's settings (the study's runs)."""
-    files = [DEFAULT_CONFIG] + ([resolve_config_file(str(config_file))] if config_file else [])
-    try:  # each file: not YAML, or not a mapping
-        files = [(load_yaml_mapping(path), f"in {path}") for path in files]
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    cfg = OmegaConf.structured(RunConfig)
-    above_default = files[1:] + ([saved] if saved is not None else []) + list(layers)
-    for layer, source in files[:1] + above_default:
-        cfg = _merge(cfg, [(key, value, None) for key, value in flatten_config(layer).items()], source)
+    merged = _Layers(config_file, saved, layers)
+    return merged.checked(_merge_overrides(merged.cfg, overrides), resume_given=saved is None)
+
+
+def load_resumed(saved: tuple[dict, str], overrides=()) -> tuple[RunConfig, RunConfig]:
+    """A resumed run's config, its files read and merged once: (the run's saved config (as load_config's `saved`)
+    on the defaults, the same with the command's `key=value` overrides), both checked."""
+    merged = _Layers(None, saved, ())
+    before = merged.checked([], resume_given=False)
+    return before, merged.checked(_merge_overrides(merged.cfg, overrides), resume_given=False)
+
+
+def _merge_overrides(cfg, overrides) -> list[str]:
+    """Merge the command line's `key=value` items into `cfg`; -> the keys they name."""
     pairs = [_parse_override(item) for item in overrides]
-    cfg = _merge(cfg, pairs, "command line")
-    unset = [k for k in OmegaConf.missing_keys(cfg) if not k.startswith("model.")]
-    if unset:
-        raise ConfigError(f"{DEFAULT_CONFIG} has no value for {', '.join(sorted(unset))}; add it there")
-    named = [key for key, _, _ in pairs] + [key for layer, _ in above_default for key in flatten_config(layer)]
-    out = _default_names_stay_with_their_data(_typed(OmegaConf.to_container(cfg)), files[0][0],
-                                              "data.label_names" in named)
-    _validate(out, resume_given=saved is None)
-    return out
+    _merge(cfg, pairs, "command line")
+    return [key for key, _, _ in pairs]
+
+
+class _Layers:
+    """configs/default.yaml, then the layers above it (a variant file, a saved config, a program's settings) merged
+    onto the schema's OmegaConf config (`cfg`, which the command line's overrides may then update in place)."""
+
+    def __init__(self, config_file, saved, layers):
+        files = [DEFAULT_CONFIG] + ([resolve_config_file(str(config_file))] if config_file else [])
+        try:  # each file: not YAML, or not a mapping
+            files = [(load_yaml_mapping(path), f"in {path}") for path in files]
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.cfg, self.default = OmegaConf.structured(RunConfig), files[0][0]
+        above_default = files[1:] + ([saved] if saved is not None else []) + list(layers)
+        for layer, source in files[:1] + above_default:
+            _merge(self.cfg, [(key, value, None) for key, value in flatten_config(layer).items()], source)
+        self.named = [key for layer, _ in above_default for key in flatten_config(layer)]  # keys set above the defaults
+
+    def checked(self, also_named, resume_given: bool) -> RunConfig:
+        """`cfg` as it is now, as a checked RunConfig; `also_named`: the keys the command line set."""
+        unset = [k for k in OmegaConf.missing_keys(self.cfg) if not k.startswith("model.")]
+        if unset:
+            raise ConfigError(f"{DEFAULT_CONFIG} has no value for {', '.join(sorted(unset))}; add it there")
+        out = _default_names_stay_with_their_data(_typed(OmegaConf.to_container(self.cfg)), self.default,
+                                                  "data.label_names" in self.named + list(also_named))
+        _validate(out, resume_given)
+        return out
 
 
 def _default_names_stay_with_their_data(cfg: RunConfig, default: Mapping, named: bool) -> RunConfig:

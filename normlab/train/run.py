@@ -31,12 +31,13 @@ from transformers.dynamic_module_utils import custom_object_save
 
 import normlab.kernels
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
-from normlab.config.loader import REPO_ROOT, RunConfig, flatten_config, model_config_from, parse_cli, save_config
+from normlab.config.loader import RunConfig, flatten_config, model_config_from, parse_cli, save_config
 from normlab.data.batching import build_dataloaders
 from normlab.data.sources import label_names
 from normlab.data.tokenizer import load_tokenized
 from normlab.files.formats import atomic_write_text
 from normlab.files.writes import WriteError
+from normlab.paths import REPO_ROOT
 from normlab.run_dir import MODEL_DIR_CONFIG, RunDir
 from normlab.tracking import wandb_run
 from normlab.tracking.metrics_jsonl import MetricsWriter
@@ -51,12 +52,11 @@ from normlab.train.checkpointing import (
     record_write_failure,
     restore_after_first,
     save_checkpoint,
-    validate_checkpoint,
 )
 from normlab.train.cpu_share import StarvationWatch
 from normlab.train.evaluation import evaluate
 from normlab.train.optim import adamw
-from normlab.train.preflight import preflight, run_config
+from normlab.train.preflight import Resume, RunStart, preflight, run_config
 from normlab.train.probes import StabilityProbe
 from normlab.train.progress_bars import bars_on
 from normlab.train.run_summary import best_key, format_summary
@@ -72,8 +72,7 @@ def main(argv=None) -> int:
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         config_file, overrides, debug = parse_cli(argv)
-        cfg, record, notices = run_config(config_file, overrides)  # a resume: the run's own saved config
-        return train(cfg, record, notices)
+        return train(run_config(config_file, overrides))  # a resume: the run's own saved config, its checkpoint
     except WriteError as e:  # a full disk, no permission: what, where, why, and what to do
         if debug:
             raise
@@ -90,13 +89,15 @@ def main(argv=None) -> int:
 # the run: setup, then the loop with its logging, evaluation and checkpoints, then the end
 
 
-def train(cfg: RunConfig, record: dict | None = None, notices=()) -> int:
-    """One run of `cfg`. `record`: what run.json keeps of the command (normlab.train.preflight.run_config), its
-    config_file naming the variant, a wandb tag; `notices`: what resolving the config had to say."""
-    resume_path, more_notices, trackers, wandb_mode = preflight(cfg)
+def train(start: RunStart) -> int:
+    """One run of `start.cfg` (normlab.train.preflight.run_config): `start.record` is what run.json keeps of the
+    command, its config_file naming the variant, a wandb tag; `start.notices` what resolving the config had to say;
+    `start.resume` the checkpoint a resume continues."""
+    cfg, resume_path = start.cfg, start.resume.checkpoint if start.resume else None
+    more_notices, trackers, wandb_mode = preflight(cfg, start.resume)
     accelerator = make_accelerator(cfg, trackers)
     bars_on()  # off in a redirected log: before the data's and the weights' bars
-    for message in [*notices, *more_notices]:
+    for message in [*start.notices, *more_notices]:
         accelerator.print(f"note: {message}", file=sys.stderr)
     set_seed(cfg.seed)  # same seed on every process: identical init (DDP also broadcasts it)
     wall_start, run = time.time(), None
@@ -108,13 +109,13 @@ def train(cfg: RunConfig, record: dict | None = None, notices=()) -> int:
                                                                         *eval_loaders.values())
         eval_loaders = dict(zip(eval_loaders, prepared))
         scheduler, total_steps = build_scheduler(cfg, accelerator, optimizer, len(train_loader))
-        state, resume_rng = resume_state(accelerator, resume_path, len(train_loader))
+        state, resume_rng = resume_state(accelerator, start.resume, len(train_loader))
         if resume_path is not None and nothing_to_do(cfg, accelerator, state, total_steps, resume_path):
             return EXIT_OK  # nothing written: final/, summary.json and the W&B run stay as they are
         if resume_path is not None:
             accelerator.print(f"resumed from {resume_path} (step {state.step}, epoch {state.epoch})")
         run = RunWriter(cfg, accelerator, model, tokenizer, state, resume_path is not None, wandb_mode,
-                        record or {}, total_steps, wall_start)
+                        start.record, total_steps, wall_start)
         batches = micro_batches(accelerator, train_loader, batch_sampler, state, resume_rng)
         with StopSignal().installed() as stop:
             status, facts = train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loaders,
@@ -404,12 +405,12 @@ class TrainerState:
                    st["wall_time_s"], st["wandb_run_id"])
 
 
-def resume_state(accelerator, resume_path: Path | None, batches_per_epoch: int) -> tuple[TrainerState, dict | None]:
+def resume_state(accelerator, resume: Resume | None, batches_per_epoch: int) -> tuple[TrainerState, dict | None]:
     """The trainer state to start from, after loading the checkpoint's weights, optimizer, schedule and RNG; and
     when resuming mid-epoch, the RNG state to restore after the first batch."""
-    if resume_path is None:
+    if resume is None or resume.checkpoint is None:
         return TrainerState(), None
-    st = validate_checkpoint(resume_path)
+    resume_path, st = resume.checkpoint, resume.state
     if st["num_processes"] != accelerator.num_processes:  # the data position and RNG files are per process
         raise CheckpointError(f"checkpoint {resume_path} was written by {st['num_processes']} processes; resume "
                               f"with the same number (accelerate launch --num_processes {st['num_processes']})")
