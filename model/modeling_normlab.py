@@ -344,6 +344,15 @@ class NormLabPreTrainedModel(PreTrainedModel):
         trust_remote_code model's own norm classes."""
         return batch_statistics_norms(self)
 
+    @classmethod
+    def builds_batch_statistics(cls, config: NormLabConfig) -> bool:
+        """Whether this model built from `config` has a module that normalizes with batch statistics: a block's
+        norm, the final norm, the pooled-vector centring, whatever the config adds. Asked of the modules themselves
+        (`batch_statistics_norms`), built on the meta device (no memory, no init values), where there is a config
+        but no weights to load (the study deciding how to score a run)."""
+        with torch.device("meta"):
+            return bool(cls(config).batch_statistics_norms())
+
     def taps(self) -> dict[str, nn.Module]:
         """The points of the forward a probe observes, by name, for each encoder block i in order:
             layers.{i}                   the block itself: its parameters and norms are measured per block

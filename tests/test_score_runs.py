@@ -66,3 +66,27 @@ def test_the_dev_rows_are_the_last_training_rows_and_must_not_have_been_trained_
         score_runs.score_sets(load_config(overrides=["data.dev_rows=100"]), 200)
     with pytest.raises(SystemExit, match="trained on every training row"):
         score_runs.score_sets(load_config(overrides=["data.max_train_samples=null"]), 200)
+
+
+@pytest.mark.parametrize("overrides, full", [
+    ([], False),
+    (["model.final_norm=masked_batchnorm"], True),  # the final norm alone uses batch statistics
+    (["model.center_pooled=true"], True),  # the pooled-vector centring alone
+    (["model.norm=powernorm"], True),
+])
+def test_runs_with_any_batch_statistics_module_get_the_batch_statistics_scorings(tmp_path, monkeypatch, overrides,
+                                                                                  full):
+    """Not only the block norm decides: a run whose one batch-statistics module is the final norm or the pooled
+    vector's centring is scored with batch statistics too (score_run's `full_batchings`)."""
+    from normlab.config.loader import load_config
+    from normlab.run_dir import RunDir
+
+    run = RunDir(tmp_path / "runs" / "r")
+    run.save_config(load_config(None, ["model.norm=layernorm", *overrides]))
+    run.write_summary({"status": "completed"})
+    run.final.mkdir()
+    asked = []
+    monkeypatch.setattr(score_runs, "score_run", lambda path, sets, full_batchings, bs: asked.append(full_batchings)
+                        or ({}, None))
+    score_runs.record(tmp_path, "r", {"experiment": "e2"}, sets={}, batch_size=8)
+    assert asked == [full]

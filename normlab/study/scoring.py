@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
-from model.norms import real_token_mask, uses_batch_statistics
+from model.norms import real_token_mask
 from normlab.command import command_parser
+from normlab.config.loader import model_config_from
 from normlab.data.batching import MLM_PROBABILITY, encode_rows, row_batches
 from normlab.data.sources import DEV_SPLIT, DataError, resolve_dataset
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl, write_jsonl
@@ -180,7 +181,9 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
     if run.metrics_file.is_file():
         rec["curves"] = curves(read_jsonl(run.metrics_file))
     if rec["status"] == "completed" and run.has_final():
-        full = rec["experiment"] == "e3" or uses_batch_statistics(rec["norm"])
+        # batch statistics anywhere (blocks, final norm, pooled vector), not only the block norm rec["norm"] names
+        full = rec["experiment"] == "e3" or NormLabForSequenceClassification.builds_batch_statistics(
+            model_config_from(cfg))
         rec["scores"], gap = score_run(run.path, sets, full, batch_size)
         if gap is not None:
             rec["running_stats"] = gap
