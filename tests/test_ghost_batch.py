@@ -305,3 +305,54 @@ def test_ghost_batches_under_gradient_checkpointing(norm, checkpointing):
     assert int(state["normlab.encoder.layers.0.attn_norm.num_batches_tracked"]) == 3  # once per step, not twice
     for name, value in state.items():
         assert torch.equal(checkpointed.state_dict()[name], value), name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Two processes (CPU, gloo): a group lives in one process's batch
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _two_process_worker(rank, world_size, init_file):
+    torch.set_num_threads(1)  # forked from a process whose thread pool may be initialized
+    torch.manual_seed(0)
+    x, mask = _batch(0, lengths=(6, 3, 5, 2, 4, 6, 2, 3))  # the global batch: 4 sentences per process
+    c = torch.randn(x.shape)
+    # g = 2: two groups per process; g = 4: one per process, which must not be synced into one of 8 sentences
+    cases = [(name, g) for name in ("masked_batchnorm", "powernorm") for g in (2, 4)]
+    single = {}
+    for name, g in cases:  # one process on the global batch, before the process group exists
+        ref = _norm(name, group_size=g, powernorm_warmup_steps=1).train()
+        _randomize(ref)
+        norm = copy.deepcopy(ref)
+        for _ in range(2):  # PowerNorm: step 2 after warmup
+            xg = x.clone().requires_grad_(True)
+            y = ref(xg, mask)
+            (y * c).sum().backward()
+        single[name, g] = (norm, y.detach(), xg.grad, ref)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        rows = slice(4 * rank, 4 * rank + 4)
+        for (name, g), (norm, y_single, dx_single, ref) in single.items():
+            for _ in range(2):
+                xg = x[rows].clone().requires_grad_(True)
+                y = norm(xg, mask[rows])
+                (y * c[rows]).sum().backward()
+            real = mask[rows]
+            torch.testing.assert_close(y.detach()[real], y_single[rows][real], atol=1e-5, rtol=1e-5)
+            for buffer in ("running_mean", "running_var", "running_psi2"):  # the mean over every process's groups
+                if hasattr(ref, buffer):
+                    torch.testing.assert_close(getattr(norm, buffer), getattr(ref, buffer), atol=1e-6, rtol=1e-5,
+                                               msg=lambda m: f"{name} g={g} {buffer}: {m}")
+            torch.testing.assert_close(xg.grad[real], dx_single[rows][real], atol=1e-5, rtol=1e-5)
+            if name == "powernorm":  # its gradient statistic: a mean over the global batch's tokens
+                torch.testing.assert_close(norm.ema_gz, ref.ema_gz, atol=1e-6, rtol=1e-5)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_groups_are_per_process_and_running_statistics_agree_across_processes(tmp_path):
+    """Each process's groups are normalized alone (never all-reduced, even one group per process), and the running
+    statistics move towards the mean over every process's groups: the outputs and running statistics of one
+    process on the global batch."""
+    torch.multiprocessing.start_processes(_two_process_worker, args=(2, str(tmp_path / "init")), nprocs=2, join=True,
+                                          start_method="fork")
