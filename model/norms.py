@@ -290,7 +290,8 @@ class BatchStatNorm(Norm, nn.Module):
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}{groups}"
 
     def _check_count(self, count):
-        count = float(torch.as_tensor(count).min())  # a number, or one per group
+        if torch.is_tensor(count):  # one per group (G,): the smallest decides
+            count = float(count.min())
         if count < 2:
             where = "" if self.group_size is None else f" per group of {self.group_size} sentences (bn_group_size)"
             raise ValueError(
