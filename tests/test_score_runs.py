@@ -90,3 +90,13 @@ def test_runs_with_any_batch_statistics_module_get_the_batch_statistics_scorings
                         or ({}, None))
     score_runs.record(tmp_path, "r", {"experiment": "e2"}, sets={}, batch_size=8)
     assert asked == [full]
+
+
+def test_the_records_keep_the_batch_statistics_and_precise_bn_accuracies_of_runs_with_precise_bn():
+    """A run with precise BN keeps all three accuracies of each evaluation; a run without keeps its record as every
+    earlier study's (eval/accuracy_batch_stats alone is not kept: committed records must stay byte for byte)."""
+    plain = {"step": 32, "eval/loss": 0.5, "eval/accuracy": 0.75, "eval/accuracy_batch_stats": 0.74}
+    precise = {**plain, "eval/accuracy_precise_bn": 0.76}
+    assert score_runs.curves([plain])["eval"] == [{"step": 32, "loss": 0.5, "accuracy": 0.75}]
+    assert score_runs.curves([precise])["eval"] == [{"step": 32, "loss": 0.5, "accuracy": 0.75,
+                                                     "accuracy_batch_stats": 0.74, "accuracy_precise_bn": 0.76}]
