@@ -19,9 +19,10 @@ def _check_choice(name, value, choices):
         raise ValueError(f"NormLabConfig.{name}={value!r} is not valid; choose one of: {', '.join(choices)}")
 
 
-def _check_positive(name, value):
+def _check_positive(name, value, meaning=None):
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"NormLabConfig.{name}={value!r} must be a positive integer")
+        what = f" ({meaning})" if meaning else ""
+        raise ValueError(f"NormLabConfig.{name}={value!r} must be a positive integer{what}")
 
 
 def _check_probability(name, value):
@@ -46,6 +47,10 @@ class NormLabConfig(PreTrainedConfig):
         embedding_norm: normalize the embedding output (a `norm`). `None` picks the usual choice for the placement:
             yes for `post`/`deepnorm` (BERT), no for `pre`/`sandwich` (GPT-2/Megatron style).
         bn_momentum: running-statistics momentum of the batch-statistics norms (torch convention).
+        bn_group_size: ghost batches: the batch-statistics norms (block, final, pooled-vector) take their statistics
+            per group of this many consecutive sentences of the batch (real tokens only where the norm masks), not
+            over the whole batch; a last run of fewer sentences joins the group before it. `None` (the default):
+            the whole batch. Changes the noise of the statistics, not the optimizer's batch (docs/model.md).
         powernorm_alpha_fwd, powernorm_alpha_bkw, powernorm_warmup_steps: PowerNorm (Shen et al. 2020, Alg. 1).
         dyt_alpha_init: initial scalar alpha of DyT (Zhu et al. 2025).
         qk_norm: normalize queries and keys per head before the dot product (Wortsman et al. 2023).
@@ -73,6 +78,7 @@ class NormLabConfig(PreTrainedConfig):
     final_norm: str | None = None
     embedding_norm: bool | None = None
     bn_momentum: float = 0.1
+    bn_group_size: int | None = None
     powernorm_alpha_fwd: float = 0.9
     powernorm_alpha_bkw: float = 0.9
     powernorm_warmup_steps: int = 1000
@@ -119,6 +125,8 @@ class NormLabConfig(PreTrainedConfig):
             raise ValueError(f"NormLabConfig.norm_eps={self.norm_eps!r} must be > 0")
         if not 0.0 < self.bn_momentum <= 1.0:
             raise ValueError(f"NormLabConfig.bn_momentum={self.bn_momentum!r} must be in (0, 1]")
+        if self.bn_group_size is not None:
+            _check_positive("bn_group_size", self.bn_group_size, "sentences per group, or None for the whole batch")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(
                 f"NormLabConfig.pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})"

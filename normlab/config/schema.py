@@ -132,6 +132,7 @@ class TrainSection(Section):
     mixed_precision: typing.Optional[str] = _key(choices=MIXED_PRECISIONS)
     tf32: bool = _key()
     eval_steps: int = _key(ge=1)
+    precise_bn_batches: int = _key(ge=0)
     save_steps: int = _key(ge=1)
     save_total_limit: int = _key(ge=1)
     log_steps: int = _key(ge=1)

@@ -54,7 +54,7 @@ from normlab.train.checkpointing import (
     save_checkpoint,
 )
 from normlab.train.cpu_share import StarvationWatch
-from normlab.train.evaluation import evaluate
+from normlab.train.evaluation import evaluate, precise_bn, precise_bn_batches
 from normlab.train.optim import adamw
 from normlab.train.preflight import Resume, RunStart, preflight, run_config
 from normlab.train.probes import StabilityProbe
@@ -104,6 +104,7 @@ def train(start: RunStart) -> int:
     try:
         tokenizer, dsd, train_loader, eval_loaders = build_data(cfg, accelerator)
         batch_sampler = train_loader.batch_sampler  # ours (deterministic per (seed, epoch)), before prepare wraps it
+        precise_batches = precise_bn_batches(train_loader, cfg.train.precise_bn_batches)
         model, optimizer, kernels = build_model(cfg, tokenizer, dsd, accelerator.device)
         model, optimizer, train_loader, *prepared = accelerator.prepare(model, optimizer, train_loader,
                                                                         *eval_loaders.values())
@@ -119,7 +120,7 @@ def train(start: RunStart) -> int:
         batches = micro_batches(accelerator, train_loader, batch_sampler, state, resume_rng)
         with StopSignal().installed() as stop:
             status, facts = train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loaders,
-                                       state, run, stop, total_steps)
+                                       state, run, stop, total_steps, precise_batches)
         run.progress.close()
         summary = finish(cfg, accelerator, model, state, run, status,
                          {"total_steps": total_steps, "kernels": kernels, **facts})
@@ -138,8 +139,9 @@ def train(start: RunStart) -> int:
 
 
 def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loaders, state, run, stop,
-               total_steps) -> tuple[str, dict]:
-    """One iteration per micro-batch, an optimizer step every grad_accum_steps of them. -> (the run's status:
+               total_steps, precise_batches=()) -> tuple[str, dict]:
+    """One iteration per micro-batch, an optimizer step every grad_accum_steps of them; `precise_batches`: the
+    training batches precise BN recomputes the statistics over at each evaluation (none: off). -> (the run's status:
     completed, diverged (a non-finite loss or gradient) or interrupted (SIGTERM/SIGINT, after a checkpoint); the
     summary's measurements of the loop: step time, and for the BN family the running statistics' spread)."""
     t, unwrapped, facts = cfg.train, accelerator.unwrap_model(model), {}
@@ -174,7 +176,7 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
         if last and unwrapped.batch_statistics_norms():  # before evaluation, whose forward may re-sync buffers
             facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped)
         if state.step % t.eval_steps == 0 or last:
-            run_eval(cfg, accelerator, model, eval_loaders, state, run)
+            run_eval(cfg, accelerator, model, eval_loaders, state, run, precise_batches)
         # a finished run ends with a checkpoint; the rotation keeps the one at the best evaluation's step, if saved
         # (as HF's Trainer, no extra saves: a study evaluating every 32 steps would checkpoint at every gain)
         if state.step % t.save_steps == 0 or last or done.interrupted:
@@ -207,10 +209,11 @@ def log_divergence(accelerator, probe, state, run, grad_norm: float, lr: float) 
                       f"{grad_norm}); stopping, status diverged", file=sys.stderr)
 
 
-def run_eval(cfg, accelerator, model, eval_loaders, state, run) -> None:
+def run_eval(cfg, accelerator, model, eval_loaders, state, run, precise_batches=()) -> None:
     """Evaluate eval_split (eval/*) and the dev rows if held out (dev/*), keep the best, log; the BN family also
-    with the batches' own statistics (its train/eval gap). With dev rows the best evaluation is chosen on them, so
-    that the best checkpoint's eval/accuracy is not picked on the split it reports."""
+    with the batches' own statistics (its train/eval gap) and, given `precise_batches`, with statistics recomputed
+    over them (precise BN: the running statistics' own error). With dev rows the best evaluation is chosen on them,
+    so that the best checkpoint's eval/accuracy is not picked on the split it reports."""
     acc, st, task, seed = accelerator, state, cfg.task, cfg.seed
     unwrapped = acc.unwrap_model(model)
     metrics = {}
@@ -219,6 +222,10 @@ def run_eval(cfg, accelerator, model, eval_loaders, state, run) -> None:
     if unwrapped.batch_statistics_norms():
         metrics["eval/accuracy_batch_stats"] = evaluate(acc, model, eval_loaders["eval"], task, seed,
                                                         batch_stats=True)["eval/accuracy"]
+        if precise_batches:
+            with precise_bn(acc, model, precise_batches):
+                metrics["eval/accuracy_precise_bn"] = evaluate(acc, model, eval_loaders["eval"], task,
+                                                               seed)["eval/accuracy"]
     key = best_key(metrics)
     if st.best is None or metrics[key] > st.best[key]:
         st.best = {"step": st.step, **metrics}
