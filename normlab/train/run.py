@@ -116,12 +116,12 @@ def train(cfg: RunConfig, record: dict | None = None, notices=()) -> int:
         run = RunWriter(cfg, accelerator, model, tokenizer, state, resume_path is not None, wandb_mode,
                         record or {}, total_steps, wall_start)
         batches = micro_batches(accelerator, train_loader, batch_sampler, state, resume_rng)
-        with StopSignal().installed() as stop:
+        with StopSignal().installed() as stop:  # until summary.json: a launcher's late echo of a stop must not kill it
             status, facts = train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loaders,
                                        state, run, stop, total_steps)
-        run.progress.close()
-        summary = finish(cfg, accelerator, model, state, run, status,
-                         {"total_steps": total_steps, "kernels": kernels, **facts})
+            run.progress.close()
+            summary = finish(cfg, accelerator, model, state, run, status,
+                             {"total_steps": total_steps, "kernels": kernels, **facts})
     except WriteError as err:  # summary.json says so if it still can; the error names the last complete checkpoint
         if run is not None:
             run.progress.close()
