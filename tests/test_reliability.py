@@ -1,7 +1,7 @@
 """Nothing is lost, nothing is a puzzle: SIGTERM saves and exits cleanly (under `accelerate launch` too, whoever
-gets the signal), a `kill -9` run resumes to
-bitwise the same weights, checkpoints are atomic and a damaged one is named, divergence is a status, the same
-seed gives the same losses, and bad input is one line on stderr with nothing deleted."""
+gets the signal), a `kill -9` run resumes to bitwise the same weights, checkpoints are atomic and a damaged one is
+named, divergence is a status, the same seed gives the same losses, and bad input is one line on stderr with nothing
+deleted."""
 
 import os
 import shutil
@@ -87,7 +87,7 @@ LAUNCHED_STOPS = [
     # the launcher's SIGTERM is the only one train.py gets; W&B on, as in the default run (offline here)
     ("launcher", signal.SIGTERM, 128 + signal.SIGTERM, ["wandb.mode=offline"]),
     ("training process", signal.SIGTERM, 0, []),
-    ("group", signal.SIGTERM, 128 + signal.SIGTERM, []),  # a scheduler, `docker stop`, `timeout`: train.py gets two
+    ("group", signal.SIGTERM, 128 + signal.SIGTERM, []),  # `timeout`, a scheduler: train.py gets two
     ("group", signal.SIGINT, 128 + signal.SIGINT, []),  # Ctrl-C: train.py gets SIGINT, then the launcher's SIGTERM
 ]
 

@@ -5,11 +5,11 @@ import sys
 import time
 from contextlib import contextmanager
 
-# One stop usually arrives more than once. A scheduler, `docker stop`, `timeout`, `kill -- -PGID` and Ctrl-C signal
-# every process of the job, and the launcher passes its own signal on to the training process a few milliseconds
-# later: accelerate launch's single-process launcher answers SIGTERM or SIGINT with a SIGTERM to its child, torchrun's
-# agent (accelerate launch with several processes) with the same signal to each worker. A person who means "abort
-# now" sends again seconds later. So signals within this many seconds of the first one are that same request.
+# One stop usually arrives more than once. `timeout`, `kill -- -PGID`, Ctrl-C and schedulers signal every process
+# of the job, and the launcher passes its own signal on to the training process a few milliseconds later:
+# accelerate launch's single-process launcher answers SIGTERM or SIGINT with a SIGTERM to its child, torchrun's agent
+# (accelerate launch with several processes) with the same signal to each worker. A person who means "abort now"
+# sends again seconds later. So signals within this many seconds of the first one are that same request.
 SAME_REQUEST_S = 2.0
 
 
