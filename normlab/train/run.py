@@ -20,6 +20,7 @@ import math  # noqa: E402 - (every import from here on: after the wait policy)
 import sys
 import time
 import uuid
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -118,12 +119,12 @@ def train(start: RunStart) -> int:
         run = RunWriter(cfg, accelerator, model, tokenizer, state, resume_path is not None, wandb_mode,
                         start.record, total_steps, wall_start)
         batches = micro_batches(accelerator, train_loader, batch_sampler, state, resume_rng)
-        with StopSignal().installed() as stop:
+        with StopSignal().installed() as stop:  # until summary.json: a launcher's late echo of a stop must not kill it
             status, facts = train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loaders,
                                        state, run, stop, total_steps, precise_batches)
-        run.progress.close()
-        summary = finish(cfg, accelerator, model, state, run, status,
-                         {"total_steps": total_steps, "kernels": kernels, **facts})
+            run.progress.close()
+            summary = finish(cfg, accelerator, model, state, run, status,
+                             {"total_steps": total_steps, "kernels": kernels, **facts})
     except WriteError as err:  # summary.json says so if it still can; the error names the last complete checkpoint
         if run is not None:
             run.progress.close()
@@ -132,7 +133,8 @@ def train(start: RunStart) -> int:
                                  **({"step": state.step} if run else {}))
         raise
     finally:
-        accelerator.end_training()  # closes the offline W&B run: its folder is complete before it is named
+        with run.wandb_calls() if run is not None else nullcontext():
+            accelerator.end_training()  # closes the offline W&B run: its folder is complete before it is named
     wandb_url = getattr(run.wb, "url", None) if wandb_mode == "online" else None
     accelerator.print(format_summary(summary, cfg.output_dir, cfg.data.eval_split, wandb_mode, wandb_url))
     return EXIT_OK
@@ -232,7 +234,8 @@ def run_eval(cfg, accelerator, model, eval_loaders, state, run, precise_batches=
     st.last_eval = metrics
     run.log({"step": st.step, "epoch": st.epoch, **metrics})
     if run.wb is not None:
-        wandb_run.log_depth_charts(run.wb, run.writer.path)
+        with run.wandb_calls():
+            wandb_run.log_depth_charts(run.wb, run.writer.path)
     if acc.is_main_process:
         run.progress.write(f"step {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
@@ -276,14 +279,16 @@ def finish(cfg, accelerator, model, state, run, status: str, facts: dict) -> dic
     if status == "completed":
         summary["final_model"] = str(save_final(accelerator, model, run.tokenizer, cfg, summary))
     if run.wb is not None:
-        if status != "completed":  # no final evaluation drew the depth charts up to the end
-            wandb_run.log_depth_charts(run.wb, run.writer.path)
-        if status == "completed" and cfg.wandb.log_model:
-            wandb_run.log_model(run.wb, summary["final_model"], cfg, summary)
+        with run.wandb_calls():
+            if status != "completed":  # no final evaluation drew the depth charts up to the end
+                wandb_run.log_depth_charts(run.wb, run.writer.path)
+            if status == "completed" and cfg.wandb.log_model:
+                wandb_run.log_model(run.wb, summary["final_model"], cfg, summary)
     if accelerator.is_main_process:
         run.dir.write_summary(summary)
         if run.wb is not None:
-            wandb_run.write_summary(run.wb, summary)
+            with run.wandb_calls():
+                wandb_run.write_summary(run.wb, summary)
     if run.writer is not None:
         run.writer.close()
     return summary
@@ -472,7 +477,27 @@ class RunWriter:
     def log(self, row: dict) -> None:
         if self.writer is not None:
             self.writer.write(row)
-        self.accelerator.log(row, step=row["step"])  # `step` too: every wandb panel's x-axis (define_metrics)
+        with self.wandb_calls():
+            self.accelerator.log(row, step=row["step"])  # `step` too: every wandb panel's x-axis (define_metrics)
+
+    @contextmanager
+    def wandb_calls(self):
+        """Around calls that reach W&B. accelerate launch answers a stop signal by signalling every process under it,
+        W&B's service process too, which ends at once: W&B's next call raises ConnectionError. Then the run says so
+        once and goes on to its checkpoint and summary.json without W&B (metrics.jsonl has every step)."""
+        try:
+            yield
+        except ConnectionError as err:
+            if self.wb is None:  # not W&B's
+                raise
+            print(f"note: W&B's service process is gone ({err}): W&B logging ends here, metrics.jsonl has every "
+                  f"step", file=sys.stderr)
+            self.accelerator.trackers = [t for t in self.accelerator.trackers if t.name != "wandb"]
+            self.wb = None
+            import wandb
+
+            with suppress(ConnectionError):
+                wandb.teardown()  # frees what is left, and its exit hook that would raise the same error again
 
     def wall_time_s(self, state: TrainerState) -> float:
         """The run's wall time so far: its earlier processes' (resumed runs) and this one's."""
@@ -486,7 +511,8 @@ class RunWriter:
                                keep=cfg.train.save_total_limit, protect=state.best and state.best["step"],
                                model_files=lambda folder: save_model_files(self.model, folder, self.tokenizer, cfg))
         if self.wb is not None and cfg.wandb.log_checkpoints:
-            wandb_run.log_checkpoint(self.wb, path, state.step)
+            with self.wandb_calls():
+                wandb_run.log_checkpoint(self.wb, path, state.step)
 
 
 def _init_trackers(accelerator, cfg: RunConfig, wandb_mode: str, run_id: str, variant: str | None) -> bool:
