@@ -25,8 +25,8 @@ from normlab.train.run_summary import resume_command
 # What a resumed run may change (docs/training.md, "Resuming a run"): how long it trains, how often it logs,
 # evaluates and saves, how it runs (threads, kernels, compilation) and what it reports to W&B; nothing that changes
 # what is trained. Any other difference from the run's saved config is refused.
-RESUMABLE = ("train.max_steps", "train.epochs", "train.eval_steps", "train.save_steps", "train.log_steps",
-             "train.save_total_limit", "train.cpu_threads", "train.kernels", "train.compile",
+RESUMABLE = ("train.max_steps", "train.epochs", "train.eval_steps", "train.eval_count", "train.save_steps",
+             "train.log_steps", "train.save_total_limit", "train.cpu_threads", "train.kernels", "train.compile",
              "train.compile_backend", "train.tf32", "wandb.mode", "wandb.log_model", "wandb.log_checkpoints")
 ALWAYS_GIVEN = ("train.resume", "output_dir")  # the resume command's own: where the run is, and how to continue it
 
