@@ -13,6 +13,7 @@ import yaml
 from model.configuration_normlab import NormLabConfig
 from normlab.config.keys import describe
 from normlab.config.schema import RunConfig
+from normlab.paths import REPO_ROOT
 
 WIDTH = 100
 BOUND_SIGNS = {"ge": ">=", "gt": ">", "lt": "<"}
@@ -93,7 +94,8 @@ def help_text(path: Path, word: str | None = None) -> str:
     rows = [r for r in key_rows(path) if word is None or word.lower() in r[0].lower()]
     if not rows:
         return f"no config key contains {word!r}; train.py --help-config lists them all"
-    out = [textwrap.fill(NOTE.format(path=path), WIDTH), ""]
+    shown = Path(path).relative_to(REPO_ROOT) if Path(path).is_relative_to(REPO_ROOT) else path
+    out = [textwrap.fill(NOTE.format(path=shown), WIDTH), ""]
     for key, default, doc in rows:
         out.append(f"{key} = {default}")
         if doc:
