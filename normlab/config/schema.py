@@ -127,7 +127,7 @@ class TrainSection(Section):
     grad_accum_steps: int = _key(ge=1)
     epochs: int = _key(ge=1)
     max_steps: typing.Optional[int] = _key(ge=1)
-    warmup_steps: typing.Optional[int] = _key(ge=0)  # wins over warmup_ratio when set (normlab/train/run_length.py)
+    warmup_steps: typing.Optional[int] = _key(ge=0)  # wins over warmup_ratio when set (normlab/config/run_length.py)
     warmup_ratio: typing.Optional[float] = _key(ge=0, lt=1)
     scheduler: str = _key(choices=tuple(s.value for s in SchedulerType))
     max_grad_norm: float = _key(gt=0)
