@@ -458,3 +458,21 @@ def test_wandb_environment_variables_set_what_the_config_does_not(monkeypatch, t
     assert (w.project, w.entity, w.group, w.tags) == ("mine", "their-team", "their-group", ["x"])
     monkeypatch.setenv("WANDB_PROJECT", "")  # empty: unset, as wandb reads it
     assert load_config().wandb.project == "normlab"
+
+
+def test_a_checkpoint_from_before_the_length_scaled_keys_still_resumes():
+    """A checkpoint's config written before data.eval_fraction, train.warmup_ratio, train.eval_count and
+    wandb.entity existed lacks them; their defaults keep what such a run did, so they are no difference. A value
+    that does differ is still refused."""
+    from normlab.train.preflight import check_resume_config
+
+    cfg = load_config(None, ["train.warmup_steps=200", "train.eval_steps=500", "train.resume=auto"])
+    old = cfg.to_dict()
+    for section, key in (("data", "eval_fraction"), ("train", "warmup_ratio"), ("train", "eval_count"),
+                         ("wandb", "entity")):
+        del old[section][key]
+    check_resume_config(cfg, old, "ckpt")
+    with pytest.raises(ConfigError, match="checkpoint ckpt was trained with train.warmup_steps=100; resume with"):
+        check_resume_config(cfg, {**old, "train": {**old["train"], "warmup_steps": 100}}, "ckpt")
+    with pytest.raises(ConfigError, match="trained with model.qk_norm=None"):  # a model key it did not set
+        check_resume_config(load_config(None, ["model.qk_norm=true"]), old, "ckpt")

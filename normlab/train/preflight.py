@@ -65,8 +65,12 @@ def check_output_dir(cfg: RunConfig) -> None:
 
 def check_resume_config(cfg: RunConfig, ckpt_cfg: dict, path: Path) -> None:
     """ConfigError when the checkpoint was trained with another model/data/batch setup (a config.yaml edited by
-    hand, or a checkpoint of another run)."""
-    fatal = [k for k in config_diff(ckpt_cfg, cfg) if k not in RESUMABLE + ALWAYS_GIVEN]
+    hand, or a checkpoint of another run). A run key the checkpoint's config lacks was added to NormLab since it was
+    written, with a default that keeps what the run did: not a difference (a model key it lacks had
+    NormLabConfig's default, and is one)."""
+    saved = flatten_config(ckpt_cfg)
+    fatal = [k for k in config_diff(ckpt_cfg, cfg)
+             if k not in RESUMABLE + ALWAYS_GIVEN and (k in saved or k.startswith("model."))]
     if fatal:
         shown = ", ".join(f"{k}={flatten_config(ckpt_cfg).get(k)!r}" for k in fatal[:4])
         raise ConfigError(
