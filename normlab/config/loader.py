@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import math
 import operator
+import os
 import sys
 import typing
 from collections.abc import Mapping
@@ -34,9 +35,14 @@ HINTS = {
     "model.num_labels": "the number of labels is data.num_labels (null: inferred from the training labels)",
     "model.max_length": "the truncation length is data.max_length",
 }
+# The W&B settings wandb.init reads from the environment (docs/wandb.md): the config's keys they set, unless a layer
+# above configs/default.yaml does (a variant file, a resumed run's saved config, an override).
+WANDB_ENV = {"WANDB_PROJECT": "wandb.project", "WANDB_ENTITY": "wandb.entity", "WANDB_RUN_GROUP": "wandb.group",
+             "WANDB_TAGS": "wandb.tags"}
 BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "lt": ("<", operator.lt)}
 USAGE = ("{prog} [--config FILE|NAME] [--debug] [key.sub=value ...]   "
          "e.g. --config post_ln model.norm=rmsnorm train.lr=1e-3")
+HELP_CONFIG = "--help-config[=WORD]: every config key (or those whose name contains WORD), its default and what it does"
 
 
 def usage() -> str:
@@ -235,7 +241,7 @@ class _Layers:
             raise ConfigError(str(e)) from None
         self.cfg, self.default = OmegaConf.structured(RunConfig), files[0][0]
         above_default = files[1:] + ([saved] if saved is not None else []) + list(layers)
-        for layer, source in files[:1] + above_default:
+        for layer, source in files[:1] + environment_layers() + above_default:
             _merge(self.cfg, [(key, value, None) for key, value in flatten_config(layer).items()], source)
         self.named = [key for layer, _ in above_default for key in flatten_config(layer)]  # keys set above the defaults
 
@@ -248,6 +254,13 @@ class _Layers:
                                                   "data.label_names" in self.named + list(also_named))
         _validate(out, resume_given)
         return out
+
+
+def environment_layers() -> list[tuple[dict, str]]:
+    """({config key: value}, where it comes from) of each WANDB_ENV variable that is set and not empty; WANDB_TAGS
+    is comma-separated, as wandb reads it."""
+    return [({key: os.environ[var]}, f"from ${var}") for var, key in WANDB_ENV.items()
+            if os.environ.get(var, "").strip()]
 
 
 def _default_names_stay_with_their_data(cfg: RunConfig, default: Mapping, named: bool) -> RunConfig:
@@ -333,7 +346,12 @@ def parse_cli(argv=None):
         elif arg == "--debug":
             debug = True
         elif arg in ("-h", "--help"):
-            print(f"usage: {usage()}")
+            print(f"usage: {usage()}\n  {HELP_CONFIG}")
+            raise SystemExit(0)
+        elif arg == "--help-config" or arg.startswith("--help-config="):
+            from normlab.config.help import help_text
+
+            print(help_text(DEFAULT_CONFIG, arg.partition("=")[2] or None))
             raise SystemExit(0)
         elif arg.startswith("-") and "=" not in arg:
             hint = _as_override(arg.lstrip("-"), next(args, None))  # `--max_steps 200`: train.max_steps=200

@@ -28,9 +28,10 @@ from normlab.train.run_summary import resume_command
 # What a resumed run may change (docs/training.md, "Resuming a run"): how long it trains, how often it logs,
 # evaluates and saves, how it runs (threads, kernels, compilation) and what it reports to W&B; nothing that changes
 # what is trained. Any other difference from the run's saved config is refused.
-RESUMABLE = ("train.max_steps", "train.epochs", "train.eval_steps", "train.precise_bn_batches", "train.save_steps",
-             "train.log_steps", "train.save_total_limit", "train.cpu_threads", "train.kernels", "train.compile",
-             "train.compile_backend", "train.tf32", "wandb.mode", "wandb.log_model", "wandb.log_checkpoints")
+RESUMABLE = ("train.max_steps", "train.epochs", "train.eval_steps", "train.eval_count", "train.precise_bn_batches",
+             "train.save_steps", "train.log_steps", "train.save_total_limit", "train.cpu_threads", "train.kernels",
+             "train.compile", "train.compile_backend", "train.tf32", "wandb.mode", "wandb.log_model",
+             "wandb.log_checkpoints")
 ALWAYS_GIVEN = ("train.resume", "output_dir")  # the resume command's own: where the run is, and how to continue it
 
 
@@ -68,8 +69,12 @@ def check_output_dir(cfg: RunConfig) -> None:
 
 def check_resume_config(cfg: RunConfig, ckpt_cfg: dict, path: Path) -> None:
     """ConfigError when the checkpoint was trained with another model/data/batch setup (a config.yaml edited by
-    hand, or a checkpoint of another run)."""
-    fatal = [k for k in config_diff(ckpt_cfg, cfg) if k not in RESUMABLE + ALWAYS_GIVEN]
+    hand, or a checkpoint of another run). A run key the checkpoint's config lacks was added to NormLab since it was
+    written, with a default that keeps what the run did: not a difference (a model key it lacks had
+    NormLabConfig's default, and is one)."""
+    saved = flatten_config(ckpt_cfg)
+    fatal = [k for k in config_diff(ckpt_cfg, cfg)
+             if k not in RESUMABLE + ALWAYS_GIVEN and (k in saved or k.startswith("model."))]
     if fatal:
         shown = ", ".join(f"{k}={flatten_config(ckpt_cfg).get(k)!r}" for k in fatal[:4])
         raise ConfigError(

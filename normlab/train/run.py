@@ -26,18 +26,19 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
-from tqdm.auto import tqdm
 from transformers import get_scheduler
 from transformers.dynamic_module_utils import custom_object_save
 
 import normlab.kernels
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
 from normlab.config.loader import RunConfig, flatten_config, model_config_from, parse_cli, save_config
+from normlab.config.run_length import eval_interval, warmup_steps
 from normlab.data.batching import build_dataloaders
 from normlab.data.sources import label_names
 from normlab.data.tokenizer import load_tokenized
 from normlab.files.formats import atomic_write_text
 from normlab.files.writes import WriteError
+from normlab.kernels.build_progress import seconds_building
 from normlab.paths import REPO_ROOT
 from normlab.run_dir import MODEL_DIR_CONFIG, RunDir
 from normlab.tracking import wandb_run
@@ -59,7 +60,7 @@ from normlab.train.evaluation import evaluate, precise_bn, precise_bn_batches
 from normlab.train.optim import adamw
 from normlab.train.preflight import Resume, RunStart, preflight, run_config
 from normlab.train.probes import StabilityProbe
-from normlab.train.progress_bars import bars_on
+from normlab.train.progress_bars import bars_on, step_progress
 from normlab.train.run_summary import best_key, format_summary
 from normlab.train.spikes import LossSpikeDetector
 from normlab.train.step import StepClock, train_step
@@ -106,7 +107,9 @@ def train(start: RunStart) -> int:
         tokenizer, dsd, train_loader, eval_loaders = build_data(cfg, accelerator)
         batch_sampler = train_loader.batch_sampler  # ours (deterministic per (seed, epoch)), before prepare wraps it
         precise_batches = precise_bn_batches(train_loader, cfg.train.precise_bn_batches)
+        building = seconds_building()
         model, optimizer, kernels = build_model(cfg, tokenizer, dsd, accelerator.device)
+        building = seconds_building() - building  # the C++ build, if this run had to: not training time
         model, optimizer, train_loader, *prepared = accelerator.prepare(model, optimizer, train_loader,
                                                                         *eval_loaders.values())
         eval_loaders = dict(zip(eval_loaders, prepared))
@@ -124,7 +127,7 @@ def train(start: RunStart) -> int:
                                        state, run, stop, total_steps, precise_batches)
             run.progress.close()
             summary = finish(cfg, accelerator, model, state, run, status,
-                             {"total_steps": total_steps, "kernels": kernels, **facts})
+                             {"total_steps": total_steps, "kernels": kernels, "kernel_build_s": building, **facts})
     except WriteError as err:  # summary.json says so if it still can; the error names the last complete checkpoint
         if run is not None:
             run.progress.close()
@@ -148,7 +151,7 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
     summary's measurements of the loop: step time, and for the BN family the running statistics' spread)."""
     t, unwrapped, facts = cfg.train, accelerator.unwrap_model(model), {}
     probe = StabilityProbe(unwrapped)  # before the first forward: its hooks must be traced too
-    clock, status = StepClock(), "completed"
+    clock, status, eval_every = StepClock(), "completed", eval_interval(t, total_steps)
     watch = None  # a CPU run's first local process says once when other processes starve it
     if accelerator.device.type == "cpu" and accelerator.is_local_main_process:
         watch = StarvationWatch(torch.get_num_threads(), say=lambda text: run.progress.write(text, sys.stderr))
@@ -177,7 +180,7 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
         last = state.step == total_steps
         if last and unwrapped.batch_statistics_norms():  # before evaluation, whose forward may re-sync buffers
             facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped)
-        if state.step % t.eval_steps == 0 or last:
+        if state.step % eval_every == 0 or last:
             run_eval(cfg, accelerator, model, eval_loaders, state, run, precise_batches)
         # a finished run ends with a checkpoint; the rotation keeps the one at the best evaluation's step, if saved
         # (as HF's Trainer, no extra saves: a study evaluating every 32 steps would checkpoint at every gain)
@@ -258,13 +261,14 @@ def bn_stats_spread(accelerator, model) -> float:
 
 def finish(cfg, accelerator, model, state, run, status: str, facts: dict) -> dict:
     """The end: final/ (completed runs only) and summary.json; returns the summary. `facts`: what train() and the
-    loop know of the run (total_steps, kernels, step_time_s, and for the BN family its running statistics' spread
-    across processes)."""
+    loop know of the run (total_steps, kernels, kernel_build_s, step_time_s, and for the BN family its running
+    statistics' spread across processes)."""
     checkpoints = list_checkpoints(run.dir.path)
     summary = {
         "status": status, "step": state.step, "total_steps": facts["total_steps"], "epoch": state.epoch,
         "final": state.last_eval, "best": state.best, "loss_spikes": state.spikes.spikes,
         "wall_time_s": round(run.wall_time_s(state), 2),
+        "kernel_build_s": round(facts["kernel_build_s"], 2),  # part of wall_time_s
         "step_time_s": facts["step_time_s"],
         "num_processes": accelerator.num_processes,
         "cpu_threads": torch.get_num_threads() if accelerator.device.type == "cpu" else None,  # per process
@@ -386,7 +390,7 @@ def build_scheduler(cfg: RunConfig, accelerator, optimizer, batches_per_epoch: i
     total_steps = t.max_steps or t.epochs * math.ceil(batches_per_epoch / t.grad_accum_steps)
     # The prepared scheduler steps once per process per optimizer step, hence the factor.
     scheduler = accelerator.prepare(get_scheduler(
-        t.scheduler, optimizer, num_warmup_steps=t.warmup_steps * P, num_training_steps=total_steps * P))
+        t.scheduler, optimizer, num_warmup_steps=warmup_steps(t, total_steps) * P, num_training_steps=total_steps * P))
     return scheduler, total_steps
 
 
@@ -468,11 +472,10 @@ class RunWriter:
         variant = Path(record["config_file"]).stem if record.get("config_file") else None
         if variant is not None and (REPO_ROOT / record["config_file"]).resolve() == self.dir.config_file.resolve():
             variant = None  # launched with its own resolved config (a study's run): no variant file to tag
-        self.wandb_on = _init_trackers(accelerator, cfg, wandb_mode, state.wandb_run_id, variant)
+        self.wandb_on = _init_trackers(accelerator, cfg, wandb_mode, state.wandb_run_id, variant, total_steps)
         if self.wandb_on and accelerator.is_main_process:
             self.wb = accelerator.get_tracker("wandb", unwrap=True)
-        self.progress = tqdm(total=total_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
-                             disable=not accelerator.is_local_main_process or not bars_on())
+        self.progress = step_progress(total_steps, state.step, accelerator.is_local_main_process)
 
     def log(self, row: dict) -> None:
         if self.writer is not None:
@@ -515,11 +518,12 @@ class RunWriter:
                 wandb_run.log_checkpoint(self.wb, path, state.step)
 
 
-def _init_trackers(accelerator, cfg: RunConfig, wandb_mode: str, run_id: str, variant: str | None) -> bool:
+def _init_trackers(accelerator, cfg: RunConfig, wandb_mode: str, run_id: str, variant: str | None,
+                   total_steps: int) -> bool:
     """Start the trackers; True when wandb is among them."""
     if not accelerator.log_with:
         return False
-    init_kwargs = {"wandb": wandb_run.init_kwargs(cfg, wandb_mode, run_id, variant)}
+    init_kwargs = {"wandb": wandb_run.init_kwargs(cfg, wandb_mode, run_id, variant, total_steps)}
     flat = {k: (", ".join(map(str, v)) if isinstance(v, list) else ("null" if v is None else v))
             for k, v in flatten_config(cfg).items()}  # flat scalars: what every tracker accepts
     accelerator.init_trackers(cfg.wandb.project, config=flat, init_kwargs=init_kwargs)
