@@ -125,10 +125,38 @@ def _load_elsewhere(tmp_path, *folders) -> dict:
             in json.loads(res.stdout.strip().splitlines()[-1]).items()}
 
 
-def test_user_norms_train_save_and_load_where_their_package_is_absent(user_pkg, tmp_path):
-    # 1. a run names the class by module:Class; final/ and the checkpoint carry its module
-    out = tmp_path / "run"
-    path = f"{PKG}.scale:ScaleNorm"
+def _assert_loaded_elsewhere(tmp_path, expected: dict) -> None:
+    """Each folder, loaded where the user's package is absent, runs its saved copy of the norm's code and gives
+    the `expected` logits."""
+    loaded = _load_elsewhere(tmp_path, *expected)
+    for folder, logits in expected.items():
+        module, got = loaded[str(folder)]
+        assert module.startswith("transformers_modules.") and module.split(".")[-1] in (f"norm_{PKG}_scale", "norms")
+        torch.testing.assert_close(got, logits, rtol=1e-5, atol=1e-6, msg=lambda m: f"{folder}: {m}")
+
+
+def test_registered_norms_and_presets_load_where_their_package_is_absent(user_pkg, tmp_path):
+    """register_norm from outside: the decorator's name, a preset of the user's class, a preset of NormLab's DyT."""
+    from normlab_test_user_pkg.scale import ScaleNorm
+
+    register_norm(ScaleNorm, name="scalenorm_g1", g=1.0)
+    register_norm(DyT, name="dyt_alpha1", alpha_init=1.0)
+    assert {"scalenorm", "scalenorm_g1", "dyt_alpha1"} <= set(NORM_TYPES)
+    torch.manual_seed(0)
+    model = NormLabForSequenceClassification(_tiny("scalenorm_g1", final_norm="dyt_alpha1", embedding_norm=True))
+    assert model.normlab.embeddings.norm.g.item() == 1.0 and model.normlab.encoder.final_norm.alpha.item() == 1.0
+    model.eval().save_pretrained(tmp_path / "saved")
+    saved_norms = (tmp_path / "saved" / "saved_norms.py").read_text()
+    assert "register_norm(ScaleNorm, name='scalenorm_g1', g=1.0)" in saved_norms
+    assert "register_norm(DyT, name='dyt_alpha1', alpha_init=1.0)" in saved_norms
+    with torch.no_grad():
+        _assert_loaded_elsewhere(tmp_path, {tmp_path / "saved": model(IDS).logits})
+
+
+@pytest.mark.slow
+def test_a_run_with_a_user_norm_loads_where_its_package_is_absent(user_pkg, tmp_path):
+    """`model.norm=module:Class` on the command line: trained, and final/ and the checkpoint carry its module."""
+    out, path = tmp_path / "run", f"{PKG}.scale:ScaleNorm"
     assert run_here(out, f"model.norm={path}", "train.max_steps=3", "train.eval_steps=3", "train.save_steps=3") == 0
     final, checkpoint = out / "final", out / "checkpoints" / "step_3"
     assert json.loads((final / "config.json").read_text())["norm"] == path  # as written: loads here by import
@@ -137,25 +165,8 @@ def test_user_norms_train_save_and_load_where_their_package_is_absent(user_pkg, 
     trained = NormLabForSequenceClassification.from_pretrained(final).eval()
     scale = trained.normlab.encoder.final_norm
     assert type(scale).__name__ == "ScaleNorm" and scale.g.item() != pytest.approx(4.0)  # trained away from sqrt(16)
-    # 2. register_norm from outside: the decorator's name, a preset of the user's class, a preset of NormLab's DyT
-    from normlab_test_user_pkg.scale import ScaleNorm
-
-    register_norm(ScaleNorm, name="scalenorm_g1", g=1.0)
-    register_norm(DyT, name="dyt_alpha1", alpha_init=1.0)
-    assert {"scalenorm", "scalenorm_g1", "dyt_alpha1"} <= set(NORM_TYPES)
-    torch.manual_seed(0)
-    saved = NormLabForSequenceClassification(_tiny("scalenorm_g1", final_norm="dyt_alpha1",
-                                                   embedding_norm=True)).eval()
-    assert saved.normlab.embeddings.norm.g.item() == 1.0 and saved.normlab.encoder.final_norm.alpha.item() == 1.0
-    saved.save_pretrained(tmp_path / "saved")
-    # 3. elsewhere: the saved code, not the user's package, gives the same logits
-    loaded = _load_elsewhere(tmp_path, final, checkpoint, tmp_path / "saved")
     with torch.no_grad():
-        expected = {final: trained(IDS).logits, checkpoint: trained(IDS).logits, tmp_path / "saved": saved(IDS).logits}
-    for folder, logits in expected.items():
-        module, got = loaded[str(folder)]
-        assert module.startswith("transformers_modules.") and module.split(".")[-1] in (f"norm_{PKG}_scale", "norms")
-        torch.testing.assert_close(got, logits, rtol=1e-5, atol=1e-6, msg=lambda m: f"{folder}: {m}")
+        _assert_loaded_elsewhere(tmp_path, {final: trained(IDS).logits, checkpoint: trained(IDS).logits})
 
 
 def test_norm_names_are_checked_when_the_config_is(user_pkg, tmp_path, capsys):
