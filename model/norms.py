@@ -489,14 +489,14 @@ def _origin(cls) -> str:
 
 
 class RegisteredNames(Sequence):
-    """The registered names (those whose class passes `keep`), read from the registry at each use: a norm
-    registered after import (register_norm, a `module:Class` name) is a valid name from then on."""
+    """The registered names (only the batch-statistics family's with `batch_stats_only`), read from the registry at
+    each use: a norm registered after import (register_norm, a `module:Class` name) is a valid name from then on."""
 
-    def __init__(self, keep=lambda cls: True):
-        self._keep = keep
+    def __init__(self, batch_stats_only: bool = False):
+        self.batch_stats_only = batch_stats_only
 
     def _names(self) -> tuple[str, ...]:
-        return tuple(name for name, cls in NORM_REGISTRY.items() if self._keep(cls))
+        return tuple(name for name, cls in NORM_REGISTRY.items() if cls.batch_stats or not self.batch_stats_only)
 
     def __getitem__(self, i):
         return self._names()[i]
@@ -519,7 +519,7 @@ register_norm(LayerNorm, name="layernorm_nobias", bias=False)  # gain, no shift 
 
 BUILTIN_NORMS = frozenset(NORM_REGISTRY)  # the names this file defines: a checkpoint's own norms.py has them
 NORM_TYPES = RegisteredNames()  # every valid `config.norm` name, at the time it is asked
-BATCH_STAT_NORMS = RegisteredNames(lambda cls: cls.batch_stats)  # to enumerate, not to ask
+BATCH_STAT_NORMS = RegisteredNames(batch_stats_only=True)  # to enumerate, not to ask
 
 
 def _import_norm(path: str, key: str) -> type:
