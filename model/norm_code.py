@@ -40,8 +40,12 @@ def _carried_files() -> frozenset[str]:
 
 
 @functools.cache
+def _distributions() -> dict:
+    return importlib.metadata.packages_distributions()  # top-level import name -> the installed distributions
+
+
 def _installed(top: str) -> bool:
-    return top in sys.stdlib_module_names or top in importlib.metadata.packages_distributions()
+    return top in sys.stdlib_module_names or top in _distributions()
 
 
 def _beside_norms(module) -> bool:
