@@ -10,7 +10,7 @@ from .norm_code import check_norm_code, save_norm_code
 from .norms import NORM_TYPES, norm_class, uses_batch_statistics
 
 # A saved model's copy of this module registers the norms it carries that NormLab does not define (norm_code.py).
-from .saved_norms import SAVED_NORMS  # noqa: F401, I001 - imported for its registrations, after norms.py
+from .saved_norms import SAVED_NORMS  # noqa: F401 - imported for its registrations
 
 NORM_PLACEMENTS = ("post", "pre", "sandwich", "deepnorm")
 # Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.

@@ -76,7 +76,7 @@ class ModelKeys(Section):
 
 def _key(**checks):
     """A schema key without a default (configs/default.yaml holds the values); `checks` (choices=, ge=, gt=, lt=,
-    nonempty=True) apply to the merged config."""
+    nonempty=True, norm=True: a registered norm name or a module:Class) apply to the merged config."""
     return dataclasses.field(default=MISSING, metadata=checks)
 
 
