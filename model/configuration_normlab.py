@@ -4,8 +4,13 @@ field is typed and checked when the config is built, so a typo in `norm=` fails 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-# The norm names and the batch-statistics family come from the norm classes themselves (norms.py).
-from .norms import NORM_TYPES, uses_batch_statistics
+from .norm_code import check_norm_code, save_norm_code
+
+# The norm names and the batch-statistics family come from the registry (norms.py), read when a config is checked.
+from .norms import NORM_TYPES, norm_class, uses_batch_statistics
+
+# A saved model's copy of this module registers the norms it carries that NormLab does not define (norm_code.py).
+from .saved_norms import SAVED_NORMS  # noqa: F401 - imported for its registrations
 
 NORM_PLACEMENTS = ("post", "pre", "sandwich", "deepnorm")
 # Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
@@ -37,7 +42,9 @@ class NormLabConfig(PreTrainedConfig):
     except that the normalization layer (`norm`) and where it sits in a block (`norm_placement`) are chosen here.
 
     Args:
-        norm: one of `NORM_TYPES`, the names registered in norms.py's `NORM_REGISTRY`.
+        norm: one of `NORM_TYPES`, the names registered in norms.py's `NORM_REGISTRY` (NormLab's, and those a user
+            registered with `register_norm`), or `module:Class` of a norm of one's own, imported when the config is
+            built and kept as written (docs/model.md, "A norm of your own").
         norm_placement: `post` (BERT: norm(x + f(x))), `pre` (x + f(norm(x)), final norm after the last block),
             `sandwich` (Peri-LN: x + norm_out(f(norm_in(x)))), `deepnorm` (post with residual scaled by
             (2N)^(1/4) and some projections initialised with gain (8N)^(-1/4); Wang et al. 2022).
@@ -100,11 +107,11 @@ class NormLabConfig(PreTrainedConfig):
 
     def _check_values(self):
         # Called from __post_init__, not a `validate_*` hook: a plain ValueError, not huggingface_hub's wrapper.
-        _check_choice("norm", self.norm, NORM_TYPES)
+        norm_class(self.norm, key="NormLabConfig.norm")
         _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
         _check_choice("pooling", self.pooling, POOLINGS)
         if self.final_norm is not None:
-            _check_choice("final_norm", self.final_norm, NORM_TYPES)
+            norm_class(self.final_norm, key="NormLabConfig.final_norm")
             if self.final_norm != self.norm and self.norm_placement not in PLACEMENTS_WITH_FINAL_NORM:
                 raise ValueError(
                     f"NormLabConfig.final_norm={self.final_norm!r} needs a placement with a final norm "
@@ -131,6 +138,14 @@ class NormLabConfig(PreTrainedConfig):
             raise ValueError(
                 f"NormLabConfig.pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})"
             )
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """PreTrainedConfig's; refused, before config.json or a model's weights are written, when a norm's code
+        cannot travel. The modules of the norms NormLab does not define are saved beside the model code
+        (norm_code.py), so that the folder loads with `trust_remote_code=True` where their package is absent."""
+        check_norm_code(self)
+        super().save_pretrained(save_directory, *args, **kwargs)
+        save_norm_code(self, save_directory)
 
     def norms_used(self) -> tuple[str, ...]:
         """The `NORM_TYPES` names this model builds: the blocks' (also the embeddings' and the MLM head's), then

@@ -21,6 +21,8 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ValidationError
 
 from model.configuration_normlab import NormLabConfig
+from model.norm_code import check_norm_code
+from model.norms import NORM_TYPES, norm_class
 from normlab.config.keys import bad_choice, describe, suggest
 from normlab.config.schema import TRACKERS, ModelKeys, RunConfig, Section
 from normlab.errors import ConfigError
@@ -144,6 +146,18 @@ def _check_choice(key: str, value, choices):
         raise ConfigError(bad_choice(key, value, choices))
 
 
+def _check_norm(key: str, value):
+    """A registered norm name (read now: a user's register_norm counts), or a module:Class imported now."""
+    if value in NORM_TYPES:
+        return
+    if ":" not in str(value):
+        raise ConfigError(bad_choice(key, value, NORM_TYPES) + ", or module:Class of a norm of your own")
+    try:
+        norm_class(value, key=key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def _check_section(section: Section, prefix: str = ""):
     """Each key's metadata checks (choices, bounds, non-empty); null passes where the type allows it. The model
     section checks only the keys it gives."""
@@ -155,6 +169,8 @@ def _check_section(section: Section, prefix: str = ""):
             _check_section(value, key + ".")
         elif value is None:
             continue
+        elif checks.get("norm"):
+            _check_norm(key, value)
         elif "choices" in checks:
             _check_choice(key, value, checks["choices"])
         elif checks.get("nonempty") and not str(value).strip():
@@ -183,10 +199,14 @@ def _validate(cfg: RunConfig, resume_given: bool):
     if not d.name and not d.path:
         raise ConfigError("data.name and data.path are both empty; set data.name (Hub id) or data.path "
                           "(local file or folder)")
-    # NormLabConfig's own checks, so that a bad model key fails before any data loads (train.py builds the model's
-    # config once the tokenizer and labels give vocab_size and num_labels); its value read from the keys
-    model_config_from(cfg)
-    positions = cfg.model.get("max_position_embeddings", NormLabConfig.max_position_embeddings)
+    # NormLabConfig's own checks run here too, so a bad model key fails before any data loads; train.py builds the
+    # model's config again once the tokenizer and labels give vocab_size and num_labels
+    model_config = model_config_from(cfg)
+    try:  # a run saves its model: a norm whose code cannot travel is refused now, not at the first checkpoint
+        check_norm_code(model_config)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    positions = model_config.max_position_embeddings
     if d.max_length > positions:
         raise ConfigError(f"data.max_length={d.max_length} exceeds model.max_position_embeddings={positions}; "
                           f"lower data.max_length or set model.max_position_embeddings={d.max_length} (or more)")

@@ -76,20 +76,23 @@ class ModelKeys(Section):
 
 def _key(**checks):
     """A schema key without a default (configs/default.yaml holds the values); `checks` (choices=, ge=, gt=, lt=,
-    nonempty=True) apply to the merged config."""
+    nonempty=True, norm=True: a registered norm name or a module:Class) apply to the merged config."""
     return dataclasses.field(default=MISSING, metadata=checks)
 
 
 def _model_section():
     """Every NormLabConfig field as an optional key (`float | int` read as float), with the model's choices."""
-    choices = {"norm": NORM_TYPES, "final_norm": NORM_TYPES, "norm_placement": NORM_PLACEMENTS, "pooling": POOLINGS,
-               "hidden_act": HIDDEN_ACTS}
+    choices = {"norm_placement": NORM_PLACEMENTS, "pooling": POOLINGS, "hidden_act": HIDDEN_ACTS}
     fields = []
     for name, annotation in inspect.get_annotations(NormLabConfig).items():
         kinds = typing.get_args(annotation) or (annotation,)
         kind = float if float in kinds else next(k for k in kinds if k is not type(None))
         kind = typing.Optional[kind] if type(None) in kinds else kind
-        fields.append((name, kind, _key(choices=choices[name]) if name in choices else _key()))
+        if name in ("norm", "final_norm"):  # the registry's names when checked, or a module:Class of one's own
+            checks = _key(choices=NORM_TYPES, norm=True)
+        else:
+            checks = _key(choices=choices[name]) if name in choices else _key()
+        fields.append((name, kind, checks))
     return dataclasses.make_dataclass("ModelSection", fields)
 
 
