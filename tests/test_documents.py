@@ -105,6 +105,15 @@ def test_a_bad_size_set_is_refused_in_one_line_with_the_valid_choices(sizes, pro
     assert "give distinct odd sizes >= 1, e.g. data.doc_sizes=[1, 3, 5, 7], or null" in message
 
 
+def test_train_refuses_a_bad_size_set_in_one_line_before_it_loads(tmp_path, capsys):
+    from train_utils import run_here
+
+    assert run_here(tmp_path / "run", "data.doc_sizes=[4]") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: data.doc_sizes=[4]: size 4 is even")
+    assert not (tmp_path / "run").exists()
+
+
 def test_too_many_held_out_sentences_or_classes_are_refused(sentences, tmp_path):
     folder, train = sentences
     with pytest.raises(DataError, match=r"data.doc_eval_sentences=500 holds out every sentence"):
