@@ -89,9 +89,11 @@ def test_the_same_seed_gives_the_same_documents_and_another_seed_others(sentence
     assert built["a"]["validation"][0] != built["c"]["validation"][0]
 
 
-def test_the_run_seed_does_not_change_the_documents(sentences):
+def test_neither_the_run_seed_nor_the_sizes_order_changes_the_documents(sentences, tmp_path, monkeypatch):
     folder, _ = sentences
-    a, b = documents(folder, "seed=1"), documents(folder, "seed=2")
+    a = documents(folder, "seed=1")
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "other"))  # built afresh
+    b = documents(folder, "seed=2", "data.doc_sizes=[7,5,3,1]")
     assert sentence_ids(a["train"]) == sentence_ids(b["train"])
 
 
@@ -114,10 +116,12 @@ def test_train_refuses_a_bad_size_set_in_one_line_before_it_loads(tmp_path, caps
     assert not (tmp_path / "run").exists()
 
 
-def test_too_many_held_out_sentences_or_classes_are_refused(sentences, tmp_path):
+def test_too_many_held_out_sentences_one_split_or_three_classes_are_refused(sentences, tmp_path):
     folder, train = sentences
     with pytest.raises(DataError, match=r"data.doc_eval_sentences=500 holds out every sentence"):
         documents(folder, "data.doc_eval_sentences=500")
+    with pytest.raises(DataError, match=r"data.eval_split='train' is the training split"):
+        documents(folder, "data.eval_split=train")
     three = tmp_path / "three"
     three.mkdir()
     train.assign(label=[i % 3 for i in range(len(train))]).to_parquet(three / "train.parquet", index=False)

@@ -34,8 +34,10 @@ def doc_sizes_problem(sizes) -> str | None:
 
 
 def documents_cache_key(texts: list[str], labels: list, d) -> str:
-    """Hash of everything the documents depend on: the recipe, the settings and the sentences with their labels."""
-    settings = f"{DOCUMENTS_RECIPE}|{sorted(d.doc_sizes)}|{d.doc_seed}|{d.doc_eval_sentences}|{len(texts)}"
+    """Hash of everything the documents depend on: the recipe, the settings, the names they are stored under (splits,
+    columns) and the sentences with their labels."""
+    settings = (f"{DOCUMENTS_RECIPE}|{sorted(d.doc_sizes)}|{d.doc_seed}|{d.doc_eval_sentences}|{len(texts)}|"
+                f"{d.train_split}|{d.eval_split}|{d.text_column}|{d.label_column}")
     h = hashlib.sha256(settings.encode())
     for text, label in zip(texts, labels):
         h.update(f"{text}\x00{label}\x00".encode("utf-8", "surrogatepass"))
@@ -55,7 +57,8 @@ def split_sentences(texts: list[str], seed: int, eval_sentences: int) -> tuple[n
 def cut_documents(pool: np.ndarray, sizes, rng: np.random.Generator) -> list[list[int]]:
     """`pool` cut into consecutive documents whose sizes are drawn uniformly from `sizes`; the few sentences left
     after the last whole document (fewer than max(sizes)) are dropped."""
-    ks = rng.choice(np.asarray(sizes), size=len(pool) // min(sizes) + 1)
+    # sorted: the order the sizes are given in must not change the documents (nor their cache key)
+    ks = rng.choice(np.asarray(sorted(sizes)), size=len(pool) // min(sizes) + 1)
     ends = np.cumsum(ks)
     ends = ends[ends <= len(pool)]
     return [pool[start:end].tolist() for start, end in zip(np.concatenate([[0], ends[:-1]]), ends)]
@@ -115,6 +118,10 @@ def compose_documents(dsd, d, source: str):
     problem = doc_sizes_problem(d.doc_sizes)
     if problem:
         raise DataError(problem)
+    if d.eval_split == d.train_split:
+        raise DataError(f"data.eval_split={d.eval_split!r} is the training split: with data.doc_sizes the eval "
+                        f"documents are made of held-out training sentences and named data.eval_split; give it "
+                        f"another name (e.g. validation)")
     sentences = dsd[d.train_split]
     _check_text(sentences, d.train_split, d.text_column, source)  # a missing or empty sentence: the usual error
     if d.doc_eval_sentences >= len(sentences):
