@@ -15,16 +15,19 @@ PROG = "padding.py"
 
 def describe(cfg, dsd, tokenized) -> list[str]:
     """Lines about the training rows: how many, their lengths in tokens, and the documents' sizes."""
+    from normlab.data.documents import SENTENCE_IDS
+    from normlab.data.sources import column
+
     d = cfg.data
-    lengths = np.asarray(tokenized[d.train_split]["length"])
+    lengths = np.asarray(column(tokenized[d.train_split], "length"))
     rows = dsd[d.train_split]
     what = "sentences"
-    if "sentence_ids" in rows.column_names:  # documents (normlab/data/documents.py)
-        sizes = Counter(len(ids) for ids in rows["sentence_ids"])
+    if SENTENCE_IDS in rows.column_names:  # documents (data.doc_sizes)
+        sizes = Counter(len(ids) for ids in column(rows, SENTENCE_IDS))
         what = "documents (" + ", ".join(f"{n:,} of {k}" for k, n in sorted(sizes.items())) + " sentences)"
     return [f"{len(rows):,} training {what}, {len(dsd[d.eval_split]):,} {d.eval_split} rows",
             f"tokens per row: mean {lengths.mean():.1f}, median {np.median(lengths):.0f}, max {lengths.max()}; "
-            f"{(lengths >= d.max_length).mean():.1%} truncated at data.max_length={d.max_length}"]
+            f"{(lengths >= d.max_length).mean():.1%} reach data.max_length={d.max_length} (truncated)"]
 
 
 def padding_lines(result: dict) -> list[str]:

@@ -20,7 +20,7 @@ def tokens_per_s(run: str) -> float:
 
 
 ratios, throughput = collections.defaultdict(list), collections.defaultdict(list)
-for folder in sorted(glob.glob(f"{RUNS}/*-[3-6]-*")):
+for folder in sorted(glob.glob(f"{RUNS}/*-*-*")):  # the paired runs: RUN-ROUND-ARM
     name = os.path.basename(folder)
     if not name.startswith("ref_sentences") and os.path.exists(f"{folder}/summary.json"):
         arm, rnd, _ = name.split("-")
