@@ -25,6 +25,7 @@ from model.norm_code import check_norm_code
 from model.norms import NORM_TYPES, norm_class
 from normlab.config.keys import bad_choice, describe, suggest
 from normlab.config.schema import TRACKERS, ModelKeys, RunConfig, Section
+from normlab.data.documents import doc_sizes_problem
 from normlab.errors import ConfigError
 from normlab.files.formats import atomic_write_text, load_yaml_mapping
 from normlab.paths import REPO_ROOT
@@ -199,6 +200,9 @@ def _validate(cfg: RunConfig, resume_given: bool):
     if not d.name and not d.path:
         raise ConfigError("data.name and data.path are both empty; set data.name (Hub id) or data.path "
                           "(local file or folder)")
+    problem = doc_sizes_problem(d.doc_sizes)
+    if problem:
+        raise ConfigError(problem)
     # NormLabConfig's own checks run here too, so a bad model key fails before any data loads; train.py builds the
     # model's config again once the tokenizer and labels give vocab_size and num_labels
     model_config = model_config_from(cfg)

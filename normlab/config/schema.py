@@ -118,6 +118,9 @@ class DataSection(Section):
     dev_rows: typing.Optional[int] = _key(ge=1)
     group_by_length: bool = _key()
     tokenizer: typing.Optional[str] = _key()
+    doc_sizes: typing.Optional[typing.List[int]] = _key()  # checked in normlab/config/loader.py (odd, distinct)
+    doc_seed: int = _key(ge=0, lt=2**32)
+    doc_eval_sentences: int = _key(ge=1)
 
 
 @dataclasses.dataclass(**SECTION)

@@ -338,6 +338,10 @@ def resolve_dataset(d, with_labels: bool):
         if split not in dsd:
             raise DataError(f"split {split!r} not in {source} (splits: {', '.join(dsd)}); set "
                             f"data.{'train' if split == splits[0] else 'eval'}_split to one of them")
+    if d.doc_sizes:  # documents of the training split's sentences become both splits
+        from normlab.data.documents import compose_documents
+
+        dsd = compose_documents(dsd, d, source)
     out = datasets.DatasetDict()
     for split, limit in zip(splits, (d.max_train_samples, d.max_eval_samples)):
         ds = dsd[split]
