@@ -4,8 +4,13 @@ field is typed and checked when the config is built, so a typo in `norm=` fails 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-# The norm names and the batch-statistics family come from the norm classes themselves (norms.py).
-from .norms import NORM_TYPES, uses_batch_statistics
+from .norm_code import check_norm_code, save_norm_code
+
+# The norm names and the batch-statistics family come from the registry (norms.py), read when a config is checked.
+from .norms import NORM_TYPES, norm_class, uses_batch_statistics
+
+# A saved model's copy of this module registers the norms it carries that NormLab does not define (norm_code.py).
+from .saved_norms import SAVED_NORMS  # noqa: F401 - imported for its registrations
 
 NORM_PLACEMENTS = ("post", "pre", "sandwich", "deepnorm")
 # Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
@@ -19,9 +24,10 @@ def _check_choice(name, value, choices):
         raise ValueError(f"NormLabConfig.{name}={value!r} is not valid; choose one of: {', '.join(choices)}")
 
 
-def _check_positive(name, value):
+def _check_positive(name, value, meaning=None):
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"NormLabConfig.{name}={value!r} must be a positive integer")
+        what = f" ({meaning})" if meaning else ""
+        raise ValueError(f"NormLabConfig.{name}={value!r} must be a positive integer{what}")
 
 
 def _check_probability(name, value):
@@ -36,7 +42,9 @@ class NormLabConfig(PreTrainedConfig):
     except that the normalization layer (`norm`) and where it sits in a block (`norm_placement`) are chosen here.
 
     Args:
-        norm: one of `NORM_TYPES`, the names registered in norms.py's `NORM_REGISTRY`.
+        norm: one of `NORM_TYPES`, the names registered in norms.py's `NORM_REGISTRY` (NormLab's, and those a user
+            registered with `register_norm`), or `module:Class` of a norm of one's own, imported when the config is
+            built and kept as written (docs/model.md, "A norm of your own").
         norm_placement: `post` (BERT: norm(x + f(x))), `pre` (x + f(norm(x)), final norm after the last block),
             `sandwich` (Peri-LN: x + norm_out(f(norm_in(x)))), `deepnorm` (post with residual scaled by
             (2N)^(1/4) and some projections initialised with gain (8N)^(-1/4); Wang et al. 2022).
@@ -46,6 +54,10 @@ class NormLabConfig(PreTrainedConfig):
         embedding_norm: normalize the embedding output (a `norm`). `None` picks the usual choice for the placement:
             yes for `post`/`deepnorm` (BERT), no for `pre`/`sandwich` (GPT-2/Megatron style).
         bn_momentum: running-statistics momentum of the batch-statistics norms (torch convention).
+        bn_group_size: ghost batches: the batch-statistics norms (block, final, pooled-vector) take their statistics
+            per group of this many consecutive sentences of the batch (real tokens only where the norm masks), not
+            over the whole batch; a last run of fewer sentences joins the group before it. `None` (the default):
+            the whole batch. Changes the noise of the statistics, not the optimizer's batch (docs/model.md).
         powernorm_alpha_fwd, powernorm_alpha_bkw, powernorm_warmup_steps: PowerNorm (Shen et al. 2020, Alg. 1).
         dyt_alpha_init: initial scalar alpha of DyT (Zhu et al. 2025).
         qk_norm: normalize queries and keys per head before the dot product (Wortsman et al. 2023).
@@ -73,6 +85,7 @@ class NormLabConfig(PreTrainedConfig):
     final_norm: str | None = None
     embedding_norm: bool | None = None
     bn_momentum: float = 0.1
+    bn_group_size: int | None = None
     powernorm_alpha_fwd: float = 0.9
     powernorm_alpha_bkw: float = 0.9
     powernorm_warmup_steps: int = 1000
@@ -94,11 +107,11 @@ class NormLabConfig(PreTrainedConfig):
 
     def _check_values(self):
         # Called from __post_init__, not a `validate_*` hook: a plain ValueError, not huggingface_hub's wrapper.
-        _check_choice("norm", self.norm, NORM_TYPES)
+        norm_class(self.norm, key="NormLabConfig.norm")
         _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
         _check_choice("pooling", self.pooling, POOLINGS)
         if self.final_norm is not None:
-            _check_choice("final_norm", self.final_norm, NORM_TYPES)
+            norm_class(self.final_norm, key="NormLabConfig.final_norm")
             if self.final_norm != self.norm and self.norm_placement not in PLACEMENTS_WITH_FINAL_NORM:
                 raise ValueError(
                     f"NormLabConfig.final_norm={self.final_norm!r} needs a placement with a final norm "
@@ -119,10 +132,20 @@ class NormLabConfig(PreTrainedConfig):
             raise ValueError(f"NormLabConfig.norm_eps={self.norm_eps!r} must be > 0")
         if not 0.0 < self.bn_momentum <= 1.0:
             raise ValueError(f"NormLabConfig.bn_momentum={self.bn_momentum!r} must be in (0, 1]")
+        if self.bn_group_size is not None:
+            _check_positive("bn_group_size", self.bn_group_size, "sentences per group, or None for the whole batch")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(
                 f"NormLabConfig.pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})"
             )
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """PreTrainedConfig's; refused, before config.json or a model's weights are written, when a norm's code
+        cannot travel. The modules of the norms NormLab does not define are saved beside the model code
+        (norm_code.py), so that the folder loads with `trust_remote_code=True` where their package is absent."""
+        check_norm_code(self)
+        super().save_pretrained(save_directory, *args, **kwargs)
+        save_norm_code(self, save_directory)
 
     def norms_used(self) -> tuple[str, ...]:
         """The `NORM_TYPES` names this model builds: the blocks' (also the embeddings' and the MLM head's), then

@@ -25,7 +25,15 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 
 from .configuration_normlab import PLACEMENTS_WITH_FINAL_NORM, NormLabConfig
-from .norms import NORM_REGISTRY, BatchCentering, Norm, batch_statistics_norms, build_norm, set_batch_stats_in_eval
+from .norms import (
+    NORM_REGISTRY,
+    BatchCentering,
+    Norm,
+    batch_statistics_norms,
+    build_norm,
+    ghost_groups,
+    set_batch_stats_in_eval,
+)
 
 
 def deepnorm_alpha(num_layers: int) -> float:
@@ -336,6 +344,15 @@ class NormLabPreTrainedModel(PreTrainedModel):
         trust_remote_code model's own norm classes."""
         return batch_statistics_norms(self)
 
+    @classmethod
+    def builds_batch_statistics(cls, config: NormLabConfig) -> bool:
+        """Whether this model built from `config` has a module that normalizes with batch statistics: a block's
+        norm, the final norm, the pooled-vector centring, whatever the config adds. Asked of the modules themselves
+        (`batch_statistics_norms`), built on the meta device (no memory, no init values), where there is a config
+        but no weights to load (the study deciding how to score a run)."""
+        with torch.device("meta"):
+            return bool(cls(config).batch_statistics_norms())
+
     def taps(self) -> dict[str, nn.Module]:
         """The points of the forward a probe observes, by name, for each encoder block i in order:
             layers.{i}                   the block itself: its parameters and norms are measured per block
@@ -411,10 +428,13 @@ class NormLabModel(NormLabPreTrainedModel):
         output_attentions = output_attentions if output_attentions is not None else c.output_attentions
         output_hidden_states = output_hidden_states if output_hidden_states is not None else c.output_hidden_states
         mask = _padding_mask(attention_mask)  # (B, L) bool or None
+        batch_size = (input_ids if input_ids is not None else inputs_embeds).shape[0]
         packed = (
             self.unpad
             # the naive BN must see the padding: that is its point
             and not any(NORM_REGISTRY[n].sees_padding for n in c.norms_used())
+            # ghost batches: a norm finds each token's sentence, hence its group, as its row of the (B, L) grid
+            and ghost_groups(batch_size, c.bn_group_size) == 1
             and not torch.compiler.is_compiling()  # packing has data-dependent shapes
         )
         layout = TokenLayout(mask, packed, attention_dtype(self.embeddings.word_embeddings.weight))
@@ -443,7 +463,8 @@ class NormLabForSequenceClassification(NormLabPreTrainedModel):
         self.num_labels = config.num_labels
         self.normlab = NormLabModel(config)
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.center = BatchCentering(config.hidden_size, momentum=config.bn_momentum) if config.center_pooled else None
+        self.center = (BatchCentering(config.hidden_size, momentum=config.bn_momentum, group_size=config.bn_group_size)
+                       if config.center_pooled else None)
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()

@@ -6,6 +6,7 @@ import yaml
 from model.configuration_normlab import NORM_PLACEMENTS, NORM_TYPES, NormLabConfig
 from normlab.config.loader import (
     CONFIG_DIR,
+    DEFAULT_CONFIG,
     ConfigError,
     flatten_config,
     load_config,
@@ -246,28 +247,29 @@ def _saved_run(tmp_path, config_file, overrides, record=True):
     from normlab.train.preflight import run_config
 
     out = tmp_path / "run"
-    cfg, rec, _ = run_config(config_file, [f"output_dir={out}", *overrides])
+    start = run_config(config_file, [f"output_dir={out}", *overrides])
     out.mkdir()
-    save_config(cfg, out / "config.yaml")
+    save_config(start.cfg, out / "config.yaml")
     if record:
-        (out / "run.json").write_text(json.dumps({**rec, "wandb_run_id": "ab12cd34"}))
-    return out, cfg
+        (out / "run.json").write_text(json.dumps({**start.record, "wandb_run_id": "ab12cd34"}))
+    return out, start.cfg
 
 
 def test_a_resume_restores_the_runs_config_and_states_each_allowed_change(tmp_path):
     from normlab.train.preflight import run_config
 
     out, cfg = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3", "train.max_steps=600"])
-    resumed, record, notes = run_config(None, [f"output_dir={out}", "train.resume=auto"])
-    assert resumed == {**cfg, "train": {**cfg["train"], "resume": "auto"}} and notes == []
-    assert record == {"config_file": "configs/post_ln.yaml"}  # the variant's tag comes back too
+    start = run_config(None, [f"output_dir={out}", "train.resume=auto"])
+    resumed = start.cfg
+    assert resumed == {**cfg, "train": {**cfg["train"], "resume": "auto"}} and start.notices == ()
+    assert start.record == {"config_file": "configs/post_ln.yaml"}  # the variant's tag comes back too
+    assert start.resume.checkpoint is None  # stopped before its first checkpoint: it starts again from step 0
     for same in ("post_ln", "configs/post_ln.yaml", str(CONFIG_DIR / "post_ln.yaml")):
-        assert run_config(same, [f"output_dir={out}", "train.resume=auto", "train.lr=1e-3"])[0] == resumed
-    more, _, notes = run_config(None, [f"output_dir={out}", "train.resume=auto", "train.max_steps=900",
-                                       "train.eval_steps=50"])
-    assert more["train"]["max_steps"] == 900 and more["model"] == cfg["model"]
-    assert notes == [f"resuming {out} with its saved config, changing train.eval_steps=50 (was 500), "
-                     f"train.max_steps=900 (was 600)"]
+        assert run_config(same, [f"output_dir={out}", "train.resume=auto", "train.lr=1e-3"]).cfg == resumed
+    more = run_config(None, [f"output_dir={out}", "train.resume=auto", "train.max_steps=900", "train.eval_steps=50"])
+    assert more.cfg["train"]["max_steps"] == 900 and more.cfg["model"] == cfg["model"]
+    assert more.notices == (f"resuming {out} with its saved config, changing train.eval_steps=50 (was None), "
+                            f"train.max_steps=900 (was 600)",)
 
 
 @pytest.mark.parametrize("argv,words", [
@@ -293,12 +295,58 @@ def test_a_run_directory_from_before_run_json_checks_a_given_config_by_its_keys(
     from normlab.train.preflight import run_config
 
     out, cfg = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3"], record=False)
-    resumed, record, _ = run_config(None, [f"output_dir={out}", "train.resume=auto"])
-    assert resumed["train"]["lr"] == 1e-3 and record == {}  # the variant is unknown: run.json will not guess it
-    assert run_config("post_ln", [f"output_dir={out}", "train.resume=auto"])[1] == {
+    start = run_config(None, [f"output_dir={out}", "train.resume=auto"])
+    assert start.cfg["train"]["lr"] == 1e-3 and start.record == {}  # the variant is unknown: run.json won't guess it
+    assert run_config("post_ln", [f"output_dir={out}", "train.resume=auto"]).record == {
         "config_file": "configs/post_ln.yaml"}
     with pytest.raises(ConfigError, match="--config pre_ln sets model.norm_placement='pre' but the run in"):
         run_config("pre_ln", [f"output_dir={out}", "train.resume=auto"])
+
+
+def test_a_resume_reads_and_merges_the_runs_saved_config_once(tmp_path, monkeypatch):
+    """config.yaml read once; the defaults read twice: for the command's config (where the run is) and under the
+    run's own, which the command's overrides then update."""
+    import normlab.config.loader as loader
+    import normlab.run_dir as run_dir
+    from normlab.train.preflight import run_config
+
+    out, _ = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3"])
+    reads = []
+    for module in (loader, run_dir):
+        monkeypatch.setattr(module, "load_yaml_mapping",
+                            lambda path, read=module.load_yaml_mapping: reads.append(path) or read(path))
+    start = run_config("post_ln", [f"output_dir={out}", "train.resume=auto", "train.max_steps=900"])
+    assert start.cfg.train.max_steps == 900 and start.cfg.train.lr == 1e-3
+    assert reads.count(out / "config.yaml") == 1 and reads.count(DEFAULT_CONFIG) == 2, reads
+
+
+def test_resume_auto_where_no_run_is_refused_naming_the_runs_nearby(tmp_path):
+    """A typo'd output_dir: one line, the run directories beside it closest first, nothing created; a new run there
+    is asked for without train.resume. A directory a run was set up in (a study writes its config.yaml first)
+    resumes from step 0."""
+    from normlab.train.preflight import run_config
+
+    runs = tmp_path / "runs"
+    set_up = runs / "default"  # set up, not started: as a study leaves a run before launching it
+    save_config(load_config(overrides=[f"output_dir={set_up}", "train.resume=auto"]), set_up / "config.yaml")
+    (runs / "defaults-old").mkdir()
+    (runs / "defaults-old" / "summary.json").write_text("{}")
+    (runs / "zzz" / "checkpoints" / "step_10").mkdir(parents=True)
+    (runs / "notes" / "x").mkdir(parents=True)  # holds no run: not named
+    typo = runs / "defualt"
+    with pytest.raises(ConfigError) as err:
+        run_config(None, [f"output_dir={typo}", "train.resume=auto"])
+    nearby = ", ".join(str(runs / name) for name in ("default", "defaults-old", "zzz"))
+    assert str(err.value) == (f"train.resume=auto: nothing to resume in output_dir={typo} (it does not exist); run "
+                              f"directories nearby: {nearby}; to start a new run there, leave train.resume out (or "
+                              f"give train.resume=null)")
+    assert not typo.exists()
+    with pytest.raises(ConfigError, match="nothing to resume in output_dir=.*notes .no checkpoint, config.yaml or "):
+        run_config(None, [f"output_dir={runs / 'notes'}", "train.resume=auto"])
+    for fresh in ([], ["train.resume=null"]):
+        assert run_config(None, [f"output_dir={typo}", *fresh]).resume is None
+    study_run = run_config(None, [f"output_dir={set_up}", "train.resume=auto"])
+    assert study_run.resume.checkpoint is None and study_run.cfg.output_dir == str(set_up)
 
 
 def test_a_damaged_saved_config_is_named_on_resume(tmp_path):
@@ -356,3 +404,123 @@ def test_normlab_train_is_train_py_and_exits_2_on_a_bad_config(tmp_path, capsys)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == ["error: train.lr=-1.0 must be > 0"]
     assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# what a run derives from its length: warmup and evaluation interval (normlab/config/run_length.py)
+
+
+def test_the_default_run_keeps_its_200_warmup_steps_and_evaluations_every_500():
+    """The defaults scale with the run's length now; the default run (one epoch of SST-2's training split in batches
+    of 32, as batching.py counts them) still warms up for 200 steps and evaluates every 500, as when both were
+    constants."""
+    import math
+
+    import pyarrow.parquet as pq
+
+    from normlab.config.run_length import eval_interval, warmup_steps
+
+    cfg = load_config()
+    train_rows = pq.ParquetFile(CONFIG_DIR.parent.parent / "shared" / "datasets" / "sst2" / "train.parquet")
+    steps = math.ceil(train_rows.metadata.num_rows / cfg.train.batch_size)
+    assert steps == 2105  # the README's "2,105 optimizer steps"
+    assert warmup_steps(cfg.train, steps) == 200 and eval_interval(cfg.train, steps) == 500
+    # the README's short run: no longer all warmup, and four evaluations instead of one
+    assert warmup_steps(cfg.train, 200) == 19 and eval_interval(cfg.train, 200) == 50
+
+
+@pytest.mark.parametrize("steps", [1, 7, 200, 416, 2105, 10_000])
+def test_the_warmup_ratio_gives_hf_trainings_warmup_steps(steps):
+    from transformers import TrainingArguments
+
+    from normlab.config.run_length import warmup_steps
+
+    for ratio in (0.095, 0.1, 0.5):
+        hf = TrainingArguments(output_dir="unused", warmup_steps=ratio, report_to=[]).get_warmup_steps(steps)
+        assert warmup_steps(load_config(None, [f"train.warmup_ratio={ratio}"]).train, steps) == hf
+
+
+def test_steps_given_win_over_what_the_length_derives():
+    from normlab.config.run_length import eval_interval, warmup_steps
+
+    given = load_config(None, ["train.warmup_steps=0", "train.eval_steps=30", "train.eval_count=100"]).train
+    assert (warmup_steps(given, 2105), eval_interval(given, 2105)) == (0, 30)  # 0 is no warmup, not "unset"
+    none = load_config(None, ["train.warmup_ratio=null"]).train
+    assert warmup_steps(none, 2105) == 0
+    counted = load_config(None, ["train.eval_count=10"]).train
+    # the run's steps / eval_count, rounded down to one significant digit: at least eval_count evaluations
+    assert [eval_interval(counted, n) for n in (5, 10, 99, 416, 2105, 123_456)] == [1, 1, 9, 40, 200, 10_000]
+    for bad, words in (("train.warmup_ratio=1", "train.warmup_ratio=1.0 must be >= 0 and < 1"),
+                       ("train.eval_count=0", "train.eval_count=0 must be >= 1"),
+                       ("data.eval_fraction=0", "data.eval_fraction=0.0 must be > 0 and < 1")):
+        with pytest.raises(ConfigError, match=words):
+            load_config(None, [bad])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# train.py --help-config: the keys, read off the schema and configs/default.yaml
+
+
+def test_help_config_lists_every_key_with_its_default_and_doc(capsys):
+    from normlab.config.schema import MODEL_KEYS
+
+    with pytest.raises(SystemExit) as done:
+        parse_cli(["--help-config"])
+    assert done.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = {line.split(" = ")[0]: line.split(" = ", 1)[1] for line in lines if " = " in line
+              and not line.startswith(" ")}
+    expected = {k for k in flatten_config(load_config()) if not k.startswith("model.")} | {
+        f"model.{k}" for k in MODEL_KEYS}
+    assert set(listed) == expected
+    assert listed["train.lr"] == "0.0005 (float; > 0)" and listed["model.norm_eps"].startswith("1.0e-05 (float")
+    assert listed["train.kernels"] == "auto (str; one of: auto, reference)"
+    doc = lines[lines.index("train.warmup_steps = null (int or null; >= 0)") + 1]
+    assert doc.strip() == "optimizer steps of linear warmup (0: none); when set, wins over warmup_ratio"
+    doc = lines[lines.index("data.label_names = [negative, positive] (list of str or null)") + 1]
+    assert doc.strip().startswith("names of classes 0, 1, ... (id2label)")  # a comment continued over lines
+    with pytest.raises(SystemExit):
+        parse_cli(["--help-config=WANDB"])
+    assert [line.split(" = ")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("wandb.")] == [
+        "wandb.mode", "wandb.project", "wandb.entity", "wandb.group", "wandb.tags", "wandb.report_to",
+        "wandb.log_model", "wandb.log_checkpoints"]
+    with pytest.raises(SystemExit):
+        parse_cli(["--help"])
+    assert "--help-config" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# W&B's environment variables: below every layer but the defaults
+
+
+def test_wandb_environment_variables_set_what_the_config_does_not(monkeypatch, tmp_path):
+    monkeypatch.setenv("WANDB_PROJECT", "their-project")
+    monkeypatch.setenv("WANDB_ENTITY", "their-team")
+    monkeypatch.setenv("WANDB_RUN_GROUP", "their-group")
+    monkeypatch.setenv("WANDB_TAGS", "a, b")
+    w = load_config().wandb
+    assert (w.project, w.entity, w.group, w.tags) == ("their-project", "their-team", "their-group", ["a", "b"])
+    variant = tmp_path / "v.yaml"
+    variant.write_text("wandb: {project: mine}\n")
+    w = load_config(str(variant), ["wandb.tags=[x]"]).wandb
+    assert (w.project, w.entity, w.group, w.tags) == ("mine", "their-team", "their-group", ["x"])
+    monkeypatch.setenv("WANDB_PROJECT", "")  # empty: unset, as wandb reads it
+    assert load_config().wandb.project == "normlab"
+
+
+def test_a_checkpoint_from_before_the_length_scaled_keys_still_resumes():
+    """A checkpoint's config written before data.eval_fraction, train.warmup_ratio, train.eval_count and
+    wandb.entity existed lacks them; their defaults keep what such a run did, so they are no difference. A value
+    that does differ is still refused."""
+    from normlab.train.preflight import check_resume_config
+
+    cfg = load_config(None, ["train.warmup_steps=200", "train.eval_steps=500", "train.resume=auto"])
+    old = cfg.to_dict()
+    for section, key in (("data", "eval_fraction"), ("train", "warmup_ratio"), ("train", "eval_count"),
+                         ("wandb", "entity")):
+        del old[section][key]
+    check_resume_config(cfg, old, "ckpt")
+    with pytest.raises(ConfigError, match="checkpoint ckpt was trained with train.warmup_steps=100; resume with"):
+        check_resume_config(cfg, {**old, "train": {**old["train"], "warmup_steps": 100}}, "ckpt")
+    with pytest.raises(ConfigError, match="trained with model.qk_norm=None"):  # a model key it did not set
+        check_resume_config(load_config(None, ["model.qk_norm=true"]), old, "ckpt")

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from datasets import Dataset
 from torch.utils.data import DataLoader
 
 from normlab.config.loader import REPO_ROOT, load_config
@@ -239,6 +240,47 @@ def test_single_file_is_split_90_10_deterministically_and_dev_means_validation(t
     write(train.iloc[:30], tmp_path / "glue" / "train.tsv", "tsv")
     write(validation.iloc[:10], tmp_path / "glue" / "dev.tsv", "tsv")
     assert len(resolve(cfg_with(f"data.path={tmp_path / 'glue'}", NAMED))["validation"]) == 10
+
+
+def test_the_single_files_split_is_data_eval_fraction(tmp_path, sst2_rows):
+    """data.eval_fraction of the rows, rounded up as HF's train_test_split rounds a fraction: 0.1 is the 90/10
+    split above, row for row."""
+    write(sst2_rows[0].iloc[:100], tmp_path / "all.parquet", "parquet")
+    path = f"data.path={tmp_path / 'all.parquet'}"
+    quarter = resolve(cfg_with(path, NAMED, "data.eval_fraction=0.25"))
+    assert (len(quarter["train"]), len(quarter["validation"])) == (75, 25)
+    tenth = resolve(cfg_with(path, NAMED))
+    hf = Dataset.from_pandas(sst2_rows[0].iloc[:100], preserve_index=False).train_test_split(test_size=0.1, seed=0)
+    assert col(tenth["validation"], "idx") == col(hf["test"], "idx")
+    write(sst2_rows[0].iloc[:3], tmp_path / "three.parquet", "parquet")
+    with pytest.raises(DataError, match=r"has 3 rows; data.eval_fraction=0.7 of them would leave none for train"):
+        resolve(cfg_with(f"data.path={tmp_path / 'three.parquet'}", NAMED, "data.eval_fraction=0.7"))
+
+
+def test_string_labels_are_the_classes_data_label_names_names(tmp_path, sst2_rows):
+    """Labels written as class names: each name's class id is its position in data.label_names, as the same rows
+    with integer labels."""
+    train = sst2_rows[0].iloc[:40]
+    as_text = train.assign(label=train.label.map({0: "neg", 1: "pos"}))
+    for frame, folder in ((train, "ids"), (as_text, "names")):
+        (tmp_path / folder).mkdir()
+        write(frame, tmp_path / folder / "train.csv", "csv")
+        write(frame.iloc[:10], tmp_path / folder / "validation.csv", "csv")
+    ids = resolve(cfg_with(f"data.path={tmp_path / 'ids'}", "data.label_names=[neg,pos]"))
+    names = resolve(cfg_with(f"data.path={tmp_path / 'names'}", "data.label_names=[neg,pos]"))
+    for split, frame in (("train", train), ("validation", train.iloc[:10])):
+        assert col(names[split], "label") == col(ids[split], "label") == list(frame.label)
+    assert label_names(names, cfg_with().data) == ["neg", "pos"]
+    swapped = resolve(cfg_with(f"data.path={tmp_path / 'names'}", "data.label_names=[pos,neg]"))
+    assert col(swapped["train"], "label") == [1 - y for y in col(ids["train"], "label")]
+    odd = as_text.label.replace({"pos": "positive"})
+    msg = bad(tmp_path / "odd", as_text.assign(label=odd), "data.label_names=[neg,pos]", fmt="csv")
+    assert msg.startswith(f"{(odd == 'positive').sum()} rows in split 'train' of ") and msg.endswith(
+        f"have labels that data.label_names=[neg, pos] does not name: 'positive' (first: row "
+        f"{list(odd).index('positive')}); add them to data.label_names or fix those rows")
+    msg = bad(tmp_path / "unnamed", as_text, fmt="csv")
+    assert "are strings (e.g. 'neg'), not class ids; name the classes in class-id order with data.label_names " \
+           "(e.g. data.label_names=[neg,pos])" in msg
 
 
 # ----------------------------------------------------------------------------------------------------------

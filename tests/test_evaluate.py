@@ -132,6 +132,31 @@ def test_table_output_and_other_column_names(run_dir, tmp_path, capsys):
     assert [sum(row) for row in counts] == [int((frame.stars == 0).sum()), int((frame.stars == 1).sum())]
 
 
+def test_data_reads_the_runs_own_columns_by_default(run_dir, tmp_path, capsys):
+    """--data without --text-column/--label-column: the columns the run trained on (its saved data.text_column and
+    data.label_column), here a run whose data named them review and stars; the flags still win."""
+    import yaml
+
+    other = tmp_path / "reviews_run"
+    shutil.copytree(run_dir / "final", other / "final")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["data"].update(text_column="review", label_column="stars")
+    (other / "config.yaml").write_text(yaml.safe_dump(config))
+    frame = pd.read_parquet(VALIDATION).head(20)
+    path = tmp_path / "reviews.csv"
+    frame.rename(columns={"sentence": "review", "label": "stars"}).to_csv(path, index=False)
+    code, out, err = run_main(capsys, other, "--data", path, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert (result["dataset"]["text_column"], result["dataset"]["label_column"]) == ("review", "stars")
+    frame.to_csv(tmp_path / "plain.csv", index=False)
+    code, plain, err = run_main(capsys, run_dir, "--data", tmp_path / "plain.csv", "--json")  # sentence, label
+    assert code == 0, err
+    assert result["confusion_matrix"] == json.loads(plain)["confusion_matrix"]
+    code, _, err = run_main(capsys, other, "--data", tmp_path / "plain.csv", "--text-column", "sentence")
+    assert code == 2 and "no column 'stars'" in err and "--label-column" in err
+
+
 def test_text_predictions(run_dir, capsys):
     texts = ["a gorgeous , witty , seductive movie .", "a dull , tedious mess ."]
     code, out, err = run_main(capsys, run_dir, "--text", texts[0], "--text", texts[1], "--json")

@@ -11,6 +11,7 @@ import tempfile
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.func import functional_call
 
 from model.configuration_normlab import NORM_TYPES, NormLabConfig
@@ -25,6 +26,7 @@ from model.norms import (
     NaiveBatchNorm,
     PowerNorm,
     build_norm,
+    register_norm,
     set_batch_stats_in_eval,
     uses_batch_statistics,
 )
@@ -236,7 +238,7 @@ def test_naive_std_layernorm_is_wrong_on_low_variance_input():
 
 
 def test_registry_matches_norm_types_and_build_norm():
-    assert tuple(NORM_REGISTRY) == NORM_TYPES
+    assert tuple(NORM_REGISTRY) == tuple(NORM_TYPES)
     for name in NORM_TYPES:
         norm = build_norm(_config(name))
         assert isinstance(norm, NORM_REGISTRY[name])
@@ -271,6 +273,24 @@ def test_rmsnorm_matches_torch():
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(2, 5, D) * 3
     _assert_close(ours(x, torch.ones(2, 5)), ref(x), atol=1e-6, rtol=1e-6)
+
+
+def test_preset_entries_are_their_class_with_the_preset_arguments():
+    """A registry entry may fix constructor arguments (HF's ACT2CLS idea): the weightless RMSNorm and the
+    LayerNorm without shift are RMSNorm and LayerNorm, built with the config's eps plus the preset."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, D) * 3
+    plain = build_norm(_config("rmsnorm_noweight", norm_eps=1e-6))
+    assert isinstance(plain, NORM_REGISTRY["rmsnorm"]) and not list(plain.parameters()) and plain.eps == 1e-6
+    _assert_close(plain(x, torch.ones(2, 5)), nn.RMSNorm(D, eps=1e-6, elementwise_affine=False)(x), atol=1e-6)
+    ln = build_norm(_config("layernorm_nobias", norm_eps=1e-6))
+    assert ln.bias is None and ln.eps == 1e-6
+    with torch.no_grad():
+        ln.weight.normal_()
+    _assert_close(ln(x), F.layer_norm(x, (D,), ln.weight, None, 1e-6), atol=1e-6)
+    with pytest.raises(ValueError, match="unexpected keyword argument 'alpah_init'"):
+        register_norm(NORM_REGISTRY["dyt"], name="dyt_typo", alpah_init=1.0)
+    assert "dyt_typo" not in NORM_TYPES
 
 
 def test_dyt_formula_and_identity():

@@ -1,7 +1,9 @@
-"""Nothing is lost, nothing is a puzzle: SIGTERM saves and exits cleanly, a `kill -9` run resumes to
-bitwise the same weights, checkpoints are atomic and a damaged one is named, divergence is a status, the same
-seed gives the same losses, and bad input is one line on stderr with nothing deleted."""
+"""Nothing is lost, nothing is a puzzle: SIGTERM saves and exits cleanly (under `accelerate launch` too, whoever
+gets the signal), a `kill -9` run resumes to bitwise the same weights, checkpoints are atomic and a damaged one is
+named, divergence is a status, the same seed gives the same losses, and bad input is one line on stderr with nothing
+deleted."""
 
+import os
 import shutil
 import signal
 import subprocess
@@ -12,6 +14,8 @@ import pytest
 
 from train_utils import (
     REFERENCE,
+    REPO,
+    accelerate_cmd,
     assert_same_weights,
     env,
     final_weights,
@@ -72,6 +76,49 @@ def test_sigterm_saves_a_checkpoint_and_the_resumed_run_has_the_same_losses(refe
     assert summary(out)["status"] == "completed"
     assert losses(out) == losses(reference)  # metrics.jsonl rewound to the checkpoint, then the same losses
     assert [r for r in rows(out) if "eval/loss" in r] == [r for r in rows(reference) if "eval/loss" in r]
+    assert_same_weights(final_weights(out), final_weights(reference))
+
+
+# (who gets the signal, which one, the launcher's exit status, overrides). accelerate's single-process launcher
+# answers a SIGTERM or SIGINT of its own with a SIGTERM to train.py and to every process under it, W&B's service
+# process included, and a SIGKILL 5 s later: train.py must take that SIGTERM as the same request, not as a second
+# one that aborts, and go on to its checkpoint without W&B.
+LAUNCHED_STOPS = [
+    # the launcher's SIGTERM is the only one train.py gets; W&B on, as in the default run (offline here)
+    ("launcher", signal.SIGTERM, 128 + signal.SIGTERM, ["wandb.mode=offline"]),
+    ("training process", signal.SIGTERM, 0, []),
+    ("group", signal.SIGTERM, 128 + signal.SIGTERM, []),  # `timeout`, a scheduler: train.py gets two
+    ("group", signal.SIGINT, 128 + signal.SIGINT, []),  # Ctrl-C: train.py gets SIGINT, then the launcher's SIGTERM
+]
+
+
+@pytest.mark.parametrize("target,signum,launcher_status,overrides", LAUNCHED_STOPS,
+                         ids=["launcher-term-wandb", "child-term", "group-term", "group-int"])
+def test_a_stop_under_accelerate_launch_saves_and_the_resumed_run_has_the_same_losses(
+        reference, tmp_path, target, signum, launcher_status, overrides):
+    import psutil
+
+    out = tmp_path / "run"
+    # a process group of its own, as a job's: the group's signal reaches the launcher and train.py, not pytest
+    proc = subprocess.Popen(accelerate_cmd(out, *REFERENCE, *overrides), cwd=REPO, env=env(),
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_step(proc, out, 6)
+        trainer = psutil.Process(proc.pid).children()[0].pid  # train.py, which the launcher started
+        {"launcher": lambda: os.kill(proc.pid, signum), "training process": lambda: os.kill(trainer, signum),
+         "group": lambda: os.killpg(proc.pid, signum)}[target]()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == launcher_status and "Traceback" not in err, err[-3000:]
+    s = summary(out)
+    assert s["status"] == "interrupted" and 6 <= s["step"] < 40
+    assert s["last_checkpoint"].endswith(f"step_{s['step']}") and Path(s["last_checkpoint"]).is_dir()
+
+    assert run_argv(f"output_dir={out}", "train.resume=auto") == 0  # the command the continue line gives
+    assert summary(out)["status"] == "completed"
+    assert losses(out) == losses(reference)
     assert_same_weights(final_weights(out), final_weights(reference))
 
 
@@ -208,6 +255,17 @@ def test_bad_input_is_one_line_and_deletes_nothing(reference, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "finished run" in err and f"output_dir={reference}-2" in err and "train.resume=auto" in err
     assert "train.max_steps" in err  # continuing a finished run means training it further
+
+
+def test_resume_auto_of_a_typod_output_dir_is_refused_naming_the_run_beside_it(reference, capsys):
+    """Never a new full run in place of a resume (HF's Trainer raises too): one line, exit 2, nothing written."""
+    typo = reference.with_name(reference.name + "s")
+    capsys.readouterr()
+    assert run_argv(f"output_dir={typo}", "train.resume=auto") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: train.resume=auto: nothing to resume in output_dir={typo}")
+    assert f"run directories nearby: {reference}" in err and "train.resume=null" in err
+    assert not typo.exists()
 
 
 def _write_csv(path, rows_, header="sentence,label"):

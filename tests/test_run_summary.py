@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from normlab.train.run_summary import format_summary, tokens_per_s
 from train_utils import run_here
 
@@ -25,7 +27,7 @@ def _run_dir(tmp_path, rates=(1000.0, 14671.0, 15000.0)):
 def test_completed_run_names_accuracy_time_model_and_wandb(tmp_path):
     out = _run_dir(tmp_path)
     text = format_summary(COMPLETED, out, "validation", wandb_mode="offline")
-    first, model, _best, wandb, charts = text.splitlines()
+    first, model, _best, wandb, charts, compare = text.splitlines()
     assert first == ("completed in 67 s (14,671 tokens/s): validation accuracy 0.810 (best 0.812 at step 2000), "
                      "loss 0.440")
     assert "runs/default/final" in model and f"python scripts/evaluate.py {out}" in model
@@ -33,6 +35,7 @@ def test_completed_run_names_accuracy_time_model_and_wandb(tmp_path):
     assert wandb == (f"  W&B:    {out / 'wandb'} (offline run ab12cd34, 2 parts: it was resumed)    upload: "
                      f"wandb sync {out / 'wandb'}")
     assert f"python scripts/wandb_charts.py {out}" in charts
+    assert compare.startswith(f"  compare: normlab-compare {out} OTHER_RUN ...") and "scripts/compare.py" in compare
 
 
 def test_the_best_checkpoint_is_named_when_it_beat_the_final_one(tmp_path):
@@ -74,13 +77,17 @@ def test_a_real_run_ends_with_the_summary_and_names_its_labels(tmp_path, capsys)
     assert run_here(out, "train.max_steps=6", "train.eval_steps=3", "train.kernels=reference",
                     "wandb.mode=offline", "wandb.log_model=false") == 0
     captured = capsys.readouterr()
-    lines = captured.out.strip().splitlines()[-4:]
+    lines = captured.out.strip().splitlines()[-5:]
     # stderr is not a terminal here: no progress bar redraws (carriage returns), neither ours nor transformers'
     assert "\r" not in captured.err + captured.out and "Writing model shards" not in captured.err
     assert "step 3: eval/loss" in captured.out  # the evaluations still say how far it is
+    progress = [line for line in captured.err.splitlines() if line.startswith("train: step ")]
+    assert progress[-1].startswith("train: step 6/6 (100%), ") and " left, " in progress[-1]  # and where it ends
     assert lines[0].startswith("completed in ") and "tokens/s): validation accuracy " in lines[0]
     assert f"model:  {out / 'final'}" in lines[1]
     assert f"wandb sync {out / 'wandb'}" in lines[2]
+    assert lines[4] == f"  compare: normlab-compare {out} OTHER_RUN ...    (compare.png, metrics side by side; or " \
+                       f"python scripts/compare.py)"
     # SST-2's classes by name (data.label_names): config.json, the model card and a pipeline's output
     config = json.loads((out / "final" / "config.json").read_text())
     assert config["id2label"] == {"0": "negative", "1": "positive"}
@@ -89,6 +96,23 @@ def test_a_real_run_ends_with_the_summary_and_names_its_labels(tmp_path, capsys)
 
     classify = pipeline("text-classification", model=str(out / "final"), trust_remote_code=True, device="cpu")
     assert classify("a gorgeous film")[0]["label"] in ("negative", "positive")
+
+
+def test_a_short_run_warms_up_and_evaluates_in_proportion_to_its_length(tmp_path, capsys):
+    """With the defaults' warmup_ratio (0.095) and eval_count (4), a 20-step run warms up for ceil(1.9) = 2 steps
+    (HF's linear schedule: the LR each step used is lr * min(s / 2, (20 - s) / 18) at s = step - 1) and
+    evaluates every 5 steps, where the constants gave 200 steps of warmup and one evaluation at the end."""
+    from train_utils import rows, summary
+
+    out = tmp_path / "run"
+    assert run_here(out, "train.warmup_steps=null", "train.max_steps=20", "train.kernels=reference") == 0
+    capsys.readouterr()
+    lr = 2e-3  # train_utils.TINY's
+    logged = [r for r in rows(out) if "train/lr" in r]
+    expected = [lr * min(s / 2, (20 - s) / 18) for s in range(20)]
+    assert [r["train/lr"] for r in logged] == pytest.approx(expected)
+    assert [r["step"] for r in rows(out) if "eval/accuracy" in r] == [5, 10, 15, 20]
+    assert summary(out)["status"] == "completed"
 
 
 def test_the_model_cards_best_line_is_readable():
@@ -120,3 +144,43 @@ def test_progress_bars_show_on_a_terminal_only():
         assert not bars_on(io.StringIO()) and not hf_logging.is_progress_bar_enabled()
     finally:
         hf_logging.enable_progress_bar()
+
+
+def test_the_kernel_build_is_said_apart_from_the_runs_time(tmp_path):
+    built = format_summary({**COMPLETED, "wall_time_s": 206.6, "kernel_build_s": 139.2}, _run_dir(tmp_path),
+                           "validation").splitlines()[0]
+    assert built.startswith("completed in 67 s (14,671 tokens/s), after 139 s building the C++ kernels (once: "
+                            "later runs load them): validation accuracy 0.810")
+    cached = format_summary({**COMPLETED, "kernel_build_s": 0.0}, _run_dir(tmp_path / "b"), "validation")
+    assert cached.startswith("completed in 67 s (14,671 tokens/s): ") and "building" not in cached
+
+
+def test_a_log_gets_a_progress_line_at_a_steady_interval():
+    """Redirected (not a terminal), the loop's progress is one plain line every `every` seconds (a fake clock
+    here), tqdm's numbers without carriage returns; close() adds the last step's line if it was not shown."""
+    import io
+
+    from normlab.train.progress_bars import ProgressLines, step_progress
+
+    now, log = [0.0], io.StringIO()
+    progress = ProgressLines(total=100, initial=10, every=30.0, stream=log, clock=lambda: now[0])  # resumed at 10
+    for step in range(11, 101):
+        now[0] += 1.0
+        progress.set_postfix(loss=f"{1 / step:.4f}")
+        progress.update(1)
+    progress.close()
+    assert log.getvalue().splitlines() == [
+        "train: step 40/100 (40%), 00:30 elapsed, 01:00 left, 1.00step/s, loss 0.0250",
+        "train: step 70/100 (70%), 01:00 elapsed, 00:30 left, 1.00step/s, loss 0.0143",
+        "train: step 100/100 (100%), 01:30 elapsed, 00:00 left, 1.00step/s, loss 0.0100"]
+    now, log = [0.0], io.StringIO()
+    short = ProgressLines(total=10, every=30.0, stream=log, clock=lambda: now[0])
+    for _ in range(5):
+        now[0] += 2.0
+        short.update(1)
+    short.write("step 5: eval/loss 0.5", file=log)  # as tqdm.write: a line of its own
+    short.close()  # interrupted at step 5
+    assert log.getvalue() == ("step 5: eval/loss 0.5\n"  # and tqdm inverts a slow rate
+                              "train: step 5/10 (50%), 00:10 elapsed, 00:10 left, 2.00s/step\n")
+    assert isinstance(step_progress(10, 0, speaks=True, stream=io.StringIO()), ProgressLines)
+    assert step_progress(10, 0, speaks=False, stream=io.StringIO()).disable  # a silent tqdm on other processes

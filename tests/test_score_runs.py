@@ -66,3 +66,37 @@ def test_the_dev_rows_are_the_last_training_rows_and_must_not_have_been_trained_
         score_runs.score_sets(load_config(overrides=["data.dev_rows=100"]), 200)
     with pytest.raises(SystemExit, match="trained on every training row"):
         score_runs.score_sets(load_config(overrides=["data.max_train_samples=null"]), 200)
+
+
+@pytest.mark.parametrize("overrides, full", [
+    ([], False),
+    (["model.final_norm=masked_batchnorm"], True),  # the final norm alone uses batch statistics
+    (["model.center_pooled=true"], True),  # the pooled-vector centring alone
+    (["model.norm=powernorm"], True),
+])
+def test_runs_with_any_batch_statistics_module_get_the_batch_statistics_scorings(tmp_path, monkeypatch, overrides,
+                                                                                  full):
+    """Not only the block norm decides: a run whose one batch-statistics module is the final norm or the pooled
+    vector's centring is scored with batch statistics too (score_run's `full_batchings`)."""
+    from normlab.config.loader import load_config
+    from normlab.run_dir import RunDir
+
+    run = RunDir(tmp_path / "runs" / "r")
+    run.save_config(load_config(None, ["model.norm=layernorm", *overrides]))
+    run.write_summary({"status": "completed"})
+    run.final.mkdir()
+    asked = []
+    monkeypatch.setattr(score_runs, "score_run", lambda path, sets, full_batchings, bs: asked.append(full_batchings)
+                        or ({}, None))
+    score_runs.record(tmp_path, "r", {"experiment": "e2"}, sets={}, batch_size=8)
+    assert asked == [full]
+
+
+def test_the_records_keep_the_batch_statistics_and_precise_bn_accuracies_of_runs_with_precise_bn():
+    """A run with precise BN keeps all three accuracies of each evaluation; a run without keeps its record as every
+    earlier study's (eval/accuracy_batch_stats alone is not kept: committed records must stay byte for byte)."""
+    plain = {"step": 32, "eval/loss": 0.5, "eval/accuracy": 0.75, "eval/accuracy_batch_stats": 0.74}
+    precise = {**plain, "eval/accuracy_precise_bn": 0.76}
+    assert score_runs.curves([plain])["eval"] == [{"step": 32, "loss": 0.5, "accuracy": 0.75}]
+    assert score_runs.curves([precise])["eval"] == [{"step": 32, "loss": 0.5, "accuracy": 0.75,
+                                                     "accuracy_batch_stats": 0.74, "accuracy_precise_bn": 0.76}]

@@ -65,6 +65,21 @@ def test_training_run_is_grouped_tagged_and_plotted_against_the_optimizer_step(t
         assert {k: h[k] for k in row} == pytest.approx(row)
 
 
+def test_wandbs_environment_variables_reach_the_run_unless_the_config_sets_them(tmp_path, monkeypatch):
+    """WANDB_PROJECT, WANDB_ENTITY, WANDB_RUN_GROUP and WANDB_TAGS, as wandb.init reads them: here the config sets
+    only the group, which wins; the tags join the automatic ones. The offline run's record holds what wandb got."""
+    for var, value in {"WANDB_PROJECT": "their-project", "WANDB_ENTITY": "their-team",
+                       "WANDB_RUN_GROUP": "their-group", "WANDB_TAGS": "night,ablation"}.items():
+        monkeypatch.setenv(var, value)
+    out = tmp_path / "run"
+    assert run_here(out, "wandb.mode=offline", "wandb.group=mine", "wandb.log_model=false", "train.max_steps=2",
+                    "train.kernels=reference") == 0
+    (run,) = offline_runs(out / "wandb")
+    assert (run.project, run.entity, run.group) == ("their-project", "their-team", "mine")
+    assert {"night", "ablation", "custom_layernorm", "pre", "warmup=4", "seed=42"} <= set(run.tags)
+    assert run.config["wandb.project"] == "their-project"  # config.yaml too: a resume keeps the same W&B run
+
+
 def test_depth_charts_hold_every_layer_as_a_line(trained):
     out, run = trained
     charts = run.charts()

@@ -10,16 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+from normlab.paths import REPO_ROOT
 from normlab.run_dir import RunDir
 from normlab.train.machine import available_cpus, cpu_name, load_average
 from normlab.train.run_summary import tokens_per_s
 
 GOAL = 2.5  # a concurrent run's time per token over the lone run's, at most
-REPO = Path(__file__).resolve().parents[2]
 
 
 def train_cmd(out: Path, steps: int, overrides) -> list[str]:
-    return [sys.executable, str(REPO / "train.py"), f"output_dir={out}", f"train.max_steps={steps}",
+    return [sys.executable, str(REPO_ROOT / "train.py"), f"output_dir={out}", f"train.max_steps={steps}",
             "wandb.mode=disabled", *overrides]
 
 
@@ -34,11 +34,11 @@ def settle(quiet_load: float, timeout_s: float) -> list[float] | None:
 
 def run_together(folders, steps: int, overrides, log_dir: Path) -> dict:
     """Start one training per folder at once; wait for all. -> folder name -> its rate, threads and wall time."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "WANDB_MODE": "disabled"}
     procs = {}
     for out in folders:
         log = open(log_dir / f"{out.name}.log", "w")  # noqa: SIM115 - closed below, after the process ends
-        procs[out] = (subprocess.Popen(train_cmd(out, steps, overrides), cwd=REPO, env=env, stdout=log,
+        procs[out] = (subprocess.Popen(train_cmd(out, steps, overrides), cwd=REPO_ROOT, env=env, stdout=log,
                                        stderr=subprocess.STDOUT), log, time.monotonic())
     results = {}
     for out, (proc, log, started) in procs.items():

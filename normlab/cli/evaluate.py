@@ -25,6 +25,7 @@ from normlab.run_dir import MODEL_DIR_CONFIG, RunDir, model_dir_config
 from normlab.tracking.wandb_run import keep_offline_files_in, resolve_mode
 
 DEFAULT_BATCH_SIZE = 64  # evaluation with the running statistics: the batch size changes only the speed
+DEFAULT_COLUMNS = ("sentence", "label")  # --data's columns for a model without a saved run config (SST-2's)
 
 
 class EvalError(ValueError):
@@ -194,20 +195,28 @@ def run_split(checkpoint: Path, split: str):
     return resolve_dataset(d, with_labels=False)[split], d
 
 
+def data_columns(args, checkpoint: Path) -> tuple[str, str]:
+    """(text column, label column) of --data: --text-column and --label-column where given, else the run's own
+    (data.text_column and data.label_column of its saved config), else DEFAULT_COLUMNS."""
+    cfg = run_config(checkpoint) if args.text_column is None or args.label_column is None else None
+    own = (cfg.data.text_column, cfg.data.label_column) if cfg is not None else DEFAULT_COLUMNS
+    return args.text_column or own[0], args.label_column or own[1]
+
+
 def labeled_examples(args, checkpoint: Path, names: list[str]):
     """(texts, label ids, {"source", "split"}) of --data FILE, else of the run's split (default validation)."""
     if args.data is not None:
         from normlab.data.sources import read_data_file
 
         ds = read_data_file(args.data)  # the reader training uses for data.path
-        text_column, label_column = args.text_column, args.label_column
+        text_column, label_column = data_columns(args, checkpoint)
         source = str(Path(args.data))
-        where = {"source": source, "split": None}
+        where = {"source": source, "split": None, "text_column": text_column, "label_column": label_column}
     else:
         split = args.split or "validation"
         ds, d = run_split(checkpoint, split)
         text_column, label_column = d.text_column, d.label_column
-        where = {"source": d.path or d.name, "split": split}
+        where = {"source": d.path or d.name, "split": split, "text_column": None, "label_column": None}
         source = f"split {split!r} of {where['source']}"
     missing = [c for c in (text_column, label_column) if c not in ds.column_names]
     if missing:
@@ -326,8 +335,7 @@ def evaluate(args):
         result["batch_size"] = batch_size_for(args, checkpoint)
         examples = score(accelerator, model, tokenizer, texts, labels, result["batch_size"], args.batch_stats)
         examples["text"] = list(texts)
-        result["dataset"] = {**where, "text_column": args.text_column if args.data else None,
-                             "label_column": args.label_column if args.data else None}
+        result["dataset"] = where
         result.update(classification_metrics(examples["label"], examples["prediction"], names))
         losses = examples["loss"]
         result["loss"] = sum(losses) / len(losses) if losses else float("nan")
@@ -347,7 +355,8 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
     run_dir = run_dir_of(checkpoint)  # a run's final/ or checkpoint: log next to the training run
     in_run = run_dir is not None
     trained = (run_dir.read_summary() or {}) if in_run else {}
-    project = (cfg.wandb.project if cfg is not None else None) or "normlab"
+    project = (cfg.wandb.project if cfg is not None else os.environ.get("WANDB_PROJECT")) or "normlab"
+    entity = cfg.wandb.entity if cfg is not None else None  # None: wandb reads $WANDB_ENTITY
     group = (cfg.wandb.group if cfg is not None else None) or (
         f"{m['norm']}-{m['norm_placement']}" if m.get("norm") else None)
     name = (run_dir.path.name if in_run else checkpoint.name) + "-eval"
@@ -356,7 +365,7 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
               "norm": result["norm"], "norm_placement": result["norm_placement"]}
     if in_run and mode == "offline":
         keep_offline_files_in(run_dir)  # the predictions table stays with the run, as train.py's files
-    run = wandb.init(project=project, group=group, job_type="eval", name=name, mode=mode, config=config,
+    run = wandb.init(project=project, entity=entity, group=group, job_type="eval", name=name, mode=mode, config=config,
                      tags=[t for t in (result["norm"], result["norm_placement"], "eval") if t],
                      dir=str(run_dir.path) if in_run else None, reinit="finish_previous",
                      settings=wandb.Settings(silent=True))
@@ -388,8 +397,10 @@ def main(argv=None) -> int:
     parser.add_argument("checkpoint", help="a run directory (uses its final/) or an HF model directory")
     parser.add_argument("--split", default=None, help="split of the run's dataset (default: validation)")
     parser.add_argument("--data", default=None, help="evaluate a parquet/csv/tsv/jsonl file instead")
-    parser.add_argument("--text-column", default="sentence", help="text column of --data (default: sentence)")
-    parser.add_argument("--label-column", default="label", help="label column of --data (default: label)")
+    parser.add_argument("--text-column", default=None,
+                        help="text column of --data (default: the run's data.text_column, else sentence)")
+    parser.add_argument("--label-column", default=None,
+                        help="label column of --data (default: the run's data.label_column, else label)")
     parser.add_argument("--text", action="append", default=[], help="predict this text (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--batch-size", type=int, default=None,

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import math
 import operator
+import os
 import sys
 import typing
 from collections.abc import Mapping
@@ -20,8 +21,11 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ValidationError
 
 from model.configuration_normlab import NormLabConfig
+from model.norm_code import check_norm_code
+from model.norms import NORM_TYPES, norm_class
 from normlab.config.keys import bad_choice, describe, suggest
 from normlab.config.schema import TRACKERS, ModelKeys, RunConfig, Section
+from normlab.data.documents import doc_sizes_problem
 from normlab.errors import ConfigError
 from normlab.files.formats import atomic_write_text, load_yaml_mapping
 from normlab.paths import REPO_ROOT
@@ -34,9 +38,14 @@ HINTS = {
     "model.num_labels": "the number of labels is data.num_labels (null: inferred from the training labels)",
     "model.max_length": "the truncation length is data.max_length",
 }
+# The W&B settings wandb.init reads from the environment (docs/wandb.md): the config's keys they set, unless a layer
+# above configs/default.yaml does (a variant file, a resumed run's saved config, an override).
+WANDB_ENV = {"WANDB_PROJECT": "wandb.project", "WANDB_ENTITY": "wandb.entity", "WANDB_RUN_GROUP": "wandb.group",
+             "WANDB_TAGS": "wandb.tags"}
 BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "lt": ("<", operator.lt)}
 USAGE = ("{prog} [--config FILE|NAME] [--debug] [key.sub=value ...]   "
          "e.g. --config post_ln model.norm=rmsnorm train.lr=1e-3")
+HELP_CONFIG = "--help-config[=WORD]: every config key (or those whose name contains WORD), its default and what it does"
 
 
 def usage() -> str:
@@ -138,6 +147,18 @@ def _check_choice(key: str, value, choices):
         raise ConfigError(bad_choice(key, value, choices))
 
 
+def _check_norm(key: str, value):
+    """A registered norm name (read now: a user's register_norm counts), or a module:Class imported now."""
+    if value in NORM_TYPES:
+        return
+    if ":" not in str(value):
+        raise ConfigError(bad_choice(key, value, NORM_TYPES) + ", or module:Class of a norm of your own")
+    try:
+        norm_class(value, key=key)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def _check_section(section: Section, prefix: str = ""):
     """Each key's metadata checks (choices, bounds, non-empty); null passes where the type allows it. The model
     section checks only the keys it gives."""
@@ -149,6 +170,8 @@ def _check_section(section: Section, prefix: str = ""):
             _check_section(value, key + ".")
         elif value is None:
             continue
+        elif checks.get("norm"):
+            _check_norm(key, value)
         elif "choices" in checks:
             _check_choice(key, value, checks["choices"])
         elif checks.get("nonempty") and not str(value).strip():
@@ -177,9 +200,17 @@ def _validate(cfg: RunConfig, resume_given: bool):
     if not d.name and not d.path:
         raise ConfigError("data.name and data.path are both empty; set data.name (Hub id) or data.path "
                           "(local file or folder)")
+    problem = doc_sizes_problem(d.doc_sizes)
+    if problem:
+        raise ConfigError(problem)
     # NormLabConfig's own checks run here too, so a bad model key fails before any data loads; train.py builds the
     # model's config again once the tokenizer and labels give vocab_size and num_labels
-    positions = model_config_from(cfg).max_position_embeddings
+    model_config = model_config_from(cfg)
+    try:  # a run saves its model: a norm whose code cannot travel is refused now, not at the first checkpoint
+        check_norm_code(model_config)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    positions = model_config.max_position_embeddings
     if d.max_length > positions:
         raise ConfigError(f"data.max_length={d.max_length} exceeds model.max_position_embeddings={positions}; "
                           f"lower data.max_length or set model.max_position_embeddings={d.max_length} (or more)")
@@ -203,25 +234,57 @@ def load_config(config_file: str | None = None, overrides=(), saved: tuple[dict,
     `saved`: (a run's saved config, where it was read) in place of config_file, for a resumed run. `layers`:
     (mapping of keys, nested or dotted, to values; where it comes from) pairs merged in order before the
     overrides, as a program's settings (the study's runs)."""
-    files = [DEFAULT_CONFIG] + ([resolve_config_file(str(config_file))] if config_file else [])
-    try:  # each file: not YAML, or not a mapping
-        files = [(load_yaml_mapping(path), f"in {path}") for path in files]
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    cfg = OmegaConf.structured(RunConfig)
-    above_default = files[1:] + ([saved] if saved is not None else []) + list(layers)
-    for layer, source in files[:1] + above_default:
-        cfg = _merge(cfg, [(key, value, None) for key, value in flatten_config(layer).items()], source)
+    merged = _Layers(config_file, saved, layers)
+    return merged.checked(_merge_overrides(merged.cfg, overrides), resume_given=saved is None)
+
+
+def load_resumed(saved: tuple[dict, str], overrides=()) -> tuple[RunConfig, RunConfig]:
+    """A resumed run's config, its files read and merged once: (the run's saved config (as load_config's `saved`)
+    on the defaults, the same with the command's `key=value` overrides), both checked."""
+    merged = _Layers(None, saved, ())
+    before = merged.checked([], resume_given=False)
+    return before, merged.checked(_merge_overrides(merged.cfg, overrides), resume_given=False)
+
+
+def _merge_overrides(cfg, overrides) -> list[str]:
+    """Merge the command line's `key=value` items into `cfg`; -> the keys they name."""
     pairs = [_parse_override(item) for item in overrides]
-    cfg = _merge(cfg, pairs, "command line")
-    unset = [k for k in OmegaConf.missing_keys(cfg) if not k.startswith("model.")]
-    if unset:
-        raise ConfigError(f"{DEFAULT_CONFIG} has no value for {', '.join(sorted(unset))}; add it there")
-    named = [key for key, _, _ in pairs] + [key for layer, _ in above_default for key in flatten_config(layer)]
-    out = _default_names_stay_with_their_data(_typed(OmegaConf.to_container(cfg)), files[0][0],
-                                              "data.label_names" in named)
-    _validate(out, resume_given=saved is None)
-    return out
+    _merge(cfg, pairs, "command line")
+    return [key for key, _, _ in pairs]
+
+
+class _Layers:
+    """configs/default.yaml, then the layers above it (a variant file, a saved config, a program's settings) merged
+    onto the schema's OmegaConf config (`cfg`, which the command line's overrides may then update in place)."""
+
+    def __init__(self, config_file, saved, layers):
+        files = [DEFAULT_CONFIG] + ([resolve_config_file(str(config_file))] if config_file else [])
+        try:  # each file: not YAML, or not a mapping
+            files = [(load_yaml_mapping(path), f"in {path}") for path in files]
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.cfg, self.default = OmegaConf.structured(RunConfig), files[0][0]
+        above_default = files[1:] + ([saved] if saved is not None else []) + list(layers)
+        for layer, source in files[:1] + environment_layers() + above_default:
+            _merge(self.cfg, [(key, value, None) for key, value in flatten_config(layer).items()], source)
+        self.named = [key for layer, _ in above_default for key in flatten_config(layer)]  # keys set above the defaults
+
+    def checked(self, also_named, resume_given: bool) -> RunConfig:
+        """`cfg` as it is now, as a checked RunConfig; `also_named`: the keys the command line set."""
+        unset = [k for k in OmegaConf.missing_keys(self.cfg) if not k.startswith("model.")]
+        if unset:
+            raise ConfigError(f"{DEFAULT_CONFIG} has no value for {', '.join(sorted(unset))}; add it there")
+        out = _default_names_stay_with_their_data(_typed(OmegaConf.to_container(self.cfg)), self.default,
+                                                  "data.label_names" in self.named + list(also_named))
+        _validate(out, resume_given)
+        return out
+
+
+def environment_layers() -> list[tuple[dict, str]]:
+    """({config key: value}, where it comes from) of each WANDB_ENV variable that is set and not empty; WANDB_TAGS
+    is comma-separated, as wandb reads it."""
+    return [({key: os.environ[var]}, f"from ${var}") for var, key in WANDB_ENV.items()
+            if os.environ.get(var, "").strip()]
 
 
 def _default_names_stay_with_their_data(cfg: RunConfig, default: Mapping, named: bool) -> RunConfig:
@@ -307,7 +370,12 @@ def parse_cli(argv=None):
         elif arg == "--debug":
             debug = True
         elif arg in ("-h", "--help"):
-            print(f"usage: {usage()}")
+            print(f"usage: {usage()}\n  {HELP_CONFIG}")
+            raise SystemExit(0)
+        elif arg == "--help-config" or arg.startswith("--help-config="):
+            from normlab.config.help import help_text
+
+            print(help_text(DEFAULT_CONFIG, arg.partition("=")[2] or None))
             raise SystemExit(0)
         elif arg.startswith("-") and "=" not in arg:
             hint = _as_override(arg.lstrip("-"), next(args, None))  # `--max_steps 200`: train.max_steps=200

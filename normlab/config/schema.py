@@ -76,20 +76,23 @@ class ModelKeys(Section):
 
 def _key(**checks):
     """A schema key without a default (configs/default.yaml holds the values); `checks` (choices=, ge=, gt=, lt=,
-    nonempty=True) apply to the merged config."""
+    nonempty=True, norm=True: a registered norm name or a module:Class) apply to the merged config."""
     return dataclasses.field(default=MISSING, metadata=checks)
 
 
 def _model_section():
     """Every NormLabConfig field as an optional key (`float | int` read as float), with the model's choices."""
-    choices = {"norm": NORM_TYPES, "final_norm": NORM_TYPES, "norm_placement": NORM_PLACEMENTS, "pooling": POOLINGS,
-               "hidden_act": HIDDEN_ACTS}
+    choices = {"norm_placement": NORM_PLACEMENTS, "pooling": POOLINGS, "hidden_act": HIDDEN_ACTS}
     fields = []
     for name, annotation in inspect.get_annotations(NormLabConfig).items():
         kinds = typing.get_args(annotation) or (annotation,)
         kind = float if float in kinds else next(k for k in kinds if k is not type(None))
         kind = typing.Optional[kind] if type(None) in kinds else kind
-        fields.append((name, kind, _key(choices=choices[name]) if name in choices else _key()))
+        if name in ("norm", "final_norm"):  # the registry's names when checked, or a module:Class of one's own
+            checks = _key(choices=NORM_TYPES, norm=True)
+        else:
+            checks = _key(choices=choices[name]) if name in choices else _key()
+        fields.append((name, kind, checks))
     return dataclasses.make_dataclass("ModelSection", fields)
 
 
@@ -108,12 +111,16 @@ class DataSection(Section):
     label_names: typing.Optional[typing.List[str]] = _key()
     train_split: str = _key(nonempty=True)
     eval_split: str = _key(nonempty=True)
+    eval_fraction: float = _key(gt=0, lt=1)  # of a single data file's rows (normlab/data/sources.py)
     max_length: int = _key(ge=1)
     max_train_samples: typing.Optional[int] = _key(ge=1)
     max_eval_samples: typing.Optional[int] = _key(ge=1)
     dev_rows: typing.Optional[int] = _key(ge=1)
     group_by_length: bool = _key()
     tokenizer: typing.Optional[str] = _key()
+    doc_sizes: typing.Optional[typing.List[int]] = _key()  # checked in normlab/config/loader.py (odd, distinct)
+    doc_seed: int = _key(ge=0, lt=2**32)
+    doc_eval_sentences: int = _key(ge=1)
 
 
 @dataclasses.dataclass(**SECTION)
@@ -126,12 +133,15 @@ class TrainSection(Section):
     grad_accum_steps: int = _key(ge=1)
     epochs: int = _key(ge=1)
     max_steps: typing.Optional[int] = _key(ge=1)
-    warmup_steps: int = _key(ge=0)
+    warmup_steps: typing.Optional[int] = _key(ge=0)  # wins over warmup_ratio when set (normlab/config/run_length.py)
+    warmup_ratio: typing.Optional[float] = _key(ge=0, lt=1)
     scheduler: str = _key(choices=tuple(s.value for s in SchedulerType))
     max_grad_norm: float = _key(gt=0)
     mixed_precision: typing.Optional[str] = _key(choices=MIXED_PRECISIONS)
     tf32: bool = _key()
-    eval_steps: int = _key(ge=1)
+    eval_steps: typing.Optional[int] = _key(ge=1)  # null: from eval_count and the run's length
+    eval_count: int = _key(ge=1)
+    precise_bn_batches: int = _key(ge=0)
     save_steps: int = _key(ge=1)
     save_total_limit: int = _key(ge=1)
     log_steps: int = _key(ge=1)
@@ -145,7 +155,8 @@ class TrainSection(Section):
 @dataclasses.dataclass(**SECTION)
 class WandbSection(Section):
     mode: str = _key(choices=WANDB_MODES)
-    project: str = _key()
+    project: str = _key(nonempty=True)
+    entity: typing.Optional[str] = _key()
     group: typing.Optional[str] = _key()
     tags: typing.List[str] = _key()
     report_to: typing.Any = _key()  # one tracker name or a list of them (checked in normlab/config/loader.py)

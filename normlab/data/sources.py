@@ -2,6 +2,7 @@
 normlab/data/batching.py batches it. Every problem is a DataError whose one-line message names the problem and the fix.
 """
 
+import math
 import os
 import re
 import socket
@@ -18,6 +19,7 @@ FORMATS = {".parquet": ("parquet", {}), ".csv": ("csv", {}), ".tsv": ("csv", {"d
 # file-name stems that mean a split (HF's own conventions)
 SPLIT_ALIASES = {"validation": ("validation", "valid", "val", "dev"), "test": ("test", "eval"), "train": ("train",)}
 DEV_SPLIT = "dev"  # the rows data.dev_rows holds out of the training split
+STRING_LABELS = "strings"  # a split whose labels are class names (data.label_names), not ids
 
 
 class DataError(ValueError):
@@ -91,17 +93,20 @@ def read_data_file(path):
     return _load_files({"train": [path]})["train"]
 
 
-def _load_local(path: Path, train_split: str, eval_split: str):
-    """A DatasetDict from a folder of split files, a `save_to_disk` folder, or one file (split 90/10)."""
+def _load_local(path: Path, train_split: str, eval_split: str, eval_fraction: float):
+    """A DatasetDict from a folder of split files, a `save_to_disk` folder, or one file: a shuffled `eval_fraction`
+    of its rows (data.eval_fraction, rounded up, as HF's train_test_split) is eval_split, the rest train_split."""
     import datasets
 
     if path.is_file():
         full = read_data_file(path)
-        if len(full) < 2:
-            raise DataError(f"data file {path} has {len(full)} rows; a single file is split 90/10 into "
-                            f"{train_split}/{eval_split}, so it needs at least 2 rows")
+        held_out = math.ceil(eval_fraction * len(full))
+        if held_out >= len(full):
+            raise DataError(f"data file {path} has {len(full)} rows; data.eval_fraction={eval_fraction:g} of them "
+                            f"would leave none for {train_split}; give a file with more rows, or a folder with "
+                            f"{train_split} and {eval_split} files")
         # a fixed seed: the split must not change with the training seed
-        parts = full.train_test_split(test_size=0.1, seed=0, shuffle=True)
+        parts = full.train_test_split(test_size=held_out, seed=0, shuffle=True)
         return datasets.DatasetDict({train_split: parts["train"], eval_split: parts["test"]})
     if (path / "dataset_dict.json").exists():
         return datasets.load_from_disk(str(path))
@@ -115,7 +120,7 @@ def _load_local(path: Path, train_split: str, eval_split: str):
         if split is not None:
             by_split.setdefault(split, []).append(f)
     if not by_split and len(files) == 1:
-        return _load_local(files[0], train_split, eval_split)
+        return _load_local(files[0], train_split, eval_split, eval_fraction)
     if not by_split:
         raise DataError(f"folder {path} has files ({', '.join(f.name for f in files[:5])}) but none is named after a "
                         f"split; name them {train_split}.<ext> and {eval_split}.<ext>, or point data.path at one file")
@@ -158,12 +163,12 @@ def _find_dataset(d):
         if not path.exists():
             raise DataError(f"data.path={d.path!r} does not exist; give an existing folder or file "
                             f"({', '.join(e[1:] for e in FORMATS)}) or set data.path=null to use data.name")
-        return _load_local(path, train_split, eval_split), str(path)
+        return _load_local(path, train_split, eval_split, d.eval_fraction), str(path)
 
     tried = []
     for place in mirror_candidates(d.name):
         if place.exists():
-            return _load_local(place, train_split, eval_split), str(place)
+            return _load_local(place, train_split, eval_split, d.eval_fraction), str(place)
         tried.append(f"{place} (missing)")
     if _hub_offline():
         try:  # offline mode still finds a copy in the local HF cache, without touching the network
@@ -205,8 +210,9 @@ def _check_text(ds, split: str, col: str, source: str):
                         f"column {col!r} (first: row {bad[0]}); drop or fill those rows")
 
 
-def _split_class_names(ds, split: str, col: str, source: str) -> list[str] | None:
-    """Check one split's labels: present, not null, integer class ids. A ClassLabel column: its names."""
+def _split_class_names(ds, split: str, col: str, source: str, given=None) -> list[str] | str | None:
+    """Check one split's labels: present, not null, integer class ids, or strings each among `given`
+    (data.label_names). A ClassLabel column: its names; strings: STRING_LABELS."""
     from datasets import ClassLabel, Value
 
     if col not in ds.column_names:
@@ -225,8 +231,7 @@ def _split_class_names(ds, split: str, col: str, source: str) -> list[str] | Non
                         f"(first: row {missing[0]}); drop those rows or fill in their labels")
     kind = feature.dtype if isinstance(feature, Value) else type(feature).__name__
     if kind in ("string", "large_string"):
-        raise DataError(f"labels in column {col!r} of {source} are strings (e.g. {values[0]!r}), not class ids; "
-                        f"map them to 0..num_labels-1 in the file")
+        return _string_labels(values, split, col, source, given)
     if not kind.startswith(("int", "uint", "float")):
         raise DataError(f"labels in column {col!r} of split {split!r} of {source} are {kind}, not integer class "
                         f"ids 0..num_labels-1; fix the column or set data.label_column")
@@ -237,22 +242,43 @@ def _split_class_names(ds, split: str, col: str, source: str) -> list[str] | Non
     return None
 
 
+def _string_labels(values, split: str, col: str, source: str, given) -> str:
+    """STRING_LABELS when every label of the split is one of `given` (data.label_names, whose order gives the class
+    ids), else DataError naming what to set."""
+    if given is None:
+        seen = ",".join(sorted(set(values))[:4])
+        raise DataError(f"labels in column {col!r} of {source} are strings (e.g. {values[0]!r}), not class ids; name "
+                        f"the classes in class-id order with data.label_names (e.g. data.label_names=[{seen}]), or "
+                        f"map them to 0..num_labels-1 in the file")
+    unknown = [(i, v) for i, v in enumerate(values) if v not in given]
+    if unknown:
+        found = sorted({repr(v) for _, v in unknown})
+        raise DataError(f"{len(unknown)} rows in split {split!r} of {source} have labels that data.label_names="
+                        f"[{', '.join(map(str, given))}] does not name: {', '.join(found[:5])}"
+                        f"{' ...' if len(found) > 5 else ''} (first: row {unknown[0][0]}); add them to "
+                        f"data.label_names or fix those rows")
+    return STRING_LABELS
+
+
 def _check_labels(dsd, splits, col: str, num_labels: int | None, source: str, given_names=None):
     """Labels present, integer, in [0, num_labels): the DatasetDict with the label column cast to ClassLabel, so
     the classes and their names travel with the data. The names (_class_names) are `given_names`
-    (data.label_names), else the dataset's own (a ClassLabel feature); data with neither is refused."""
+    (data.label_names), else the dataset's own (a ClassLabel feature); data with neither is refused. String labels
+    are the names of `given_names`: the cast gives each its position there."""
     from datasets import ClassLabel
 
-    split_names = [_split_class_names(dsd[split], split, col, source) for split in splits]
-    own = next((n for n in split_names if n), None)
+    split_names = [_split_class_names(dsd[split], split, col, source, given_names) for split in splits]
+    own = next((n for n in split_names if isinstance(n, list)), None)
     if num_labels is None and own is not None:
         num_labels = len(own)
+    elif num_labels is None and STRING_LABELS in split_names:
+        num_labels = len(given_names)
     elif num_labels is None:  # inferred from the training labels
         num_labels = int(max(column(dsd[splits[0]], col))) + 1
         if num_labels < 2:
             raise DataError(f"the training labels of {source} are all 0, so the number of classes cannot be inferred; "
                             f"set data.num_labels")
-    for split in splits:
+    for split in (split for split, kind in zip(splits, split_names) if kind != STRING_LABELS):
         values = np.asarray(column(dsd[split], col))
         bad = np.flatnonzero((values < 0) | (values >= num_labels))
         if bad.size:
@@ -312,6 +338,10 @@ def resolve_dataset(d, with_labels: bool):
         if split not in dsd:
             raise DataError(f"split {split!r} not in {source} (splits: {', '.join(dsd)}); set "
                             f"data.{'train' if split == splits[0] else 'eval'}_split to one of them")
+    if d.doc_sizes:  # documents of the training split's sentences become both splits
+        from normlab.data.documents import compose_documents
+
+        dsd = compose_documents(dsd, d, source)
     out = datasets.DatasetDict()
     for split, limit in zip(splits, (d.max_train_samples, d.max_eval_samples)):
         ds = dsd[split]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from normlab.config.keys import checked
 from normlab.files.formats import load_yaml_mapping
+from normlab.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
 AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
 FINISHED = ("completed", "diverged")  # a run that ended so is a result: never trained again (failed ones are)

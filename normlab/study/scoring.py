@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
-from model.norms import real_token_mask, uses_batch_statistics
+from model.norms import real_token_mask
 from normlab.command import command_parser
+from normlab.config.loader import model_config_from
 from normlab.data.batching import MLM_PROBABILITY, encode_rows, row_batches
 from normlab.data.sources import DEV_SPLIT, DataError, resolve_dataset
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl, write_jsonl
@@ -25,6 +26,7 @@ BATCHINGS = ("sorted", "shuffled", "fixed")
 SHUFFLE_SEED = 1234  # one order for every model, so their shuffled batches hold the same sentences
 MLM_SEED = 1234  # the masks of every MLM model's scoring: one draw, shared
 SCORE_DEFAULTS = {"dev_rows": 2000, "batch_size": 32}  # a study file's `score` block overrides them
+BN_EVALS = ("accuracy_batch_stats", "accuracy_precise_bn")  # the records' evaluations keep them with precise BN
 
 
 def _sig(x, digits=5):
@@ -44,7 +46,10 @@ def curves(metrics: list[dict]) -> dict:
         out["stat_drift"] = [_sig(float(np.mean(v))) if v else None for v in drift]
     out["eval"] = [{"step": r["step"], "loss": _sig(r["eval/loss"]), "accuracy": _sig(r["eval/accuracy"]),
                     **({"dev_loss": _sig(r["dev/loss"]), "dev_accuracy": _sig(r["dev/accuracy"])}
-                       if "dev/loss" in r else {})}  # the dev rows (data.dev_rows), where the run held them out
+                       if "dev/loss" in r else {}),  # the dev rows (data.dev_rows), where the run held them out
+                    # runs with precise BN (train.precise_bn_batches): its accuracy and the batch statistics' beside
+                    # the running statistics' (only these: every earlier record stays byte for byte as it was)
+                    **({k: _sig(r[f"eval/{k}"]) for k in BN_EVALS} if "eval/accuracy_precise_bn" in r else {})}
                    for r in metrics if "eval/loss" in r]
     return out
 
@@ -180,7 +185,9 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
     if run.metrics_file.is_file():
         rec["curves"] = curves(read_jsonl(run.metrics_file))
     if rec["status"] == "completed" and run.has_final():
-        full = rec["experiment"] == "e3" or uses_batch_statistics(rec["norm"])
+        # batch statistics anywhere (blocks, final norm, pooled vector), not only the block norm rec["norm"] names
+        full = rec["experiment"] == "e3" or NormLabForSequenceClassification.builds_batch_statistics(
+            model_config_from(cfg))
         rec["scores"], gap = score_run(run.path, sets, full, batch_size)
         if gap is not None:
             rec["running_stats"] = gap

@@ -61,6 +61,7 @@ class OfflineRun:
     directory: Path
     id: str = ""
     project: str = ""
+    entity: str = ""
     group: str = ""
     job_type: str = ""
     name: str = ""
@@ -91,6 +92,7 @@ class OfflineRun:
         if kind == "run":
             r = record.run
             self.id, self.project, self.group, self.job_type = r.run_id, r.project, r.run_group, r.job_type
+            self.entity = r.entity
             self.name, self.tags, self.resume = r.display_name, list(r.tags), r.resume
             for item in r.config.update:
                 _set(self.config, item)

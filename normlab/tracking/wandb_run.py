@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from urllib.parse import urlparse
 
+from normlab.config.run_length import warmup_steps
 from normlab.files.formats import read_jsonl
 from normlab.tracking.wandb_report import line_chart
 
@@ -57,16 +58,19 @@ def keep_offline_files_in(run_dir) -> None:
     os.environ.update(WANDB_DATA_DIR=str(root / "data"), WANDB_CACHE_DIR=str(root / "cache"))
 
 
-def init_kwargs(cfg, mode: str, run_id: str, variant: str | None = None) -> dict:
-    """wandb.init arguments for accelerate's init_trackers: grouped by wandb.group (a study's name) or
-    <norm>-<placement>, job_type train, tagged to filter a study by (norm, placement, task, lr=, warmup=, seed=, the
-    variant's config file, wandb.tags), resumable under the id the checkpoints keep."""
+def init_kwargs(cfg, mode: str, run_id: str, variant: str | None, total_steps: int) -> dict:
+    """wandb.init arguments for accelerate's init_trackers: in wandb.entity's wandb.project (the config's values,
+    which $WANDB_ENTITY and $WANDB_PROJECT set unless a variant file or override does: normlab/config/loader.py),
+    grouped by wandb.group (a study's name) or <norm>-<placement>, job_type train, tagged to filter a study by (norm,
+    placement, task, lr=, warmup= the run's warmup steps of its `total_steps`, seed=, the variant's config file,
+    wandb.tags), resumable under the id the checkpoints keep."""
     m, t, w = cfg.model, cfg.train, cfg.wandb
-    tags = [m.norm, m.norm_placement, cfg.task, f"lr={t.lr:g}", f"warmup={t.warmup_steps}", f"seed={cfg.seed}",
-            variant, *w.tags]
+    tags = [m.norm, m.norm_placement, cfg.task, f"lr={t.lr:g}", f"warmup={warmup_steps(t, total_steps)}",
+            f"seed={cfg.seed}", variant, *w.tags]
     return {"dir": cfg.output_dir, "group": w.group or f"{m.norm}-{m.norm_placement}",
             "job_type": "train", "tags": list(dict.fromkeys(tag for tag in tags if tag)), "mode": mode,
-            "name": Path(cfg.output_dir).name, "id": run_id, "resume": "allow"}
+            "name": Path(cfg.output_dir).name, "id": run_id, "resume": "allow",
+            **({"entity": w.entity} if w.entity else {})}
 
 
 def define_metrics(run) -> None:

@@ -1,9 +1,14 @@
 """The one scorer (train.py, scripts/evaluate.py, the study): batches in, per-example loss, prediction, confidence,
 label and index out."""
 
+import copy
+import itertools
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 
+from model.norms import population_statistics
 from normlab.train.step import model_inputs
 
 
@@ -81,3 +86,41 @@ def evaluate(accelerator, model, loader, task: str, seed: int, batch_stats: bool
         totals += torch.stack([scores["loss"], scores["count"], scores["correct"]], dim=1).sum(0).double().cpu()
     loss_sum, n, correct = totals.tolist()
     return {f"{prefix}/loss": loss_sum / max(n, 1), f"{prefix}/accuracy": correct / max(n, 1)}
+
+
+def precise_bn_batches(train_loader, n: int) -> list[dict]:
+    """The first `n` batches of the (unprepared) training loader's epoch-0 order, collated once: what precise BN
+    recomputes the statistics over, the same batches at every evaluation, so that between evaluations only the
+    weights change them. The training loader itself and the RNG are left as they were (the MLM collator draws)."""
+    sampler = copy.deepcopy(train_loader.batch_sampler)
+    sampler.set_epoch(0)
+    with torch.random.fork_rng(devices=[]):
+        return [train_loader.collate_fn([train_loader.dataset[i] for i in indices])
+                for indices in itertools.islice(iter(sampler), n)]
+
+
+@contextmanager
+def precise_bn(accelerator, model, batches):
+    """Precise BN (Wu & Johnson 2021, "Rethinking 'Batch' in BatchNorm"): inside, the running statistics of the BN
+    family are the population statistics of `batches` (precise_bn_batches): every feature's exact mean and variance
+    (PowerNorm: mean square) over the rows each norm counts, collected by forwards in training mode (dropout and
+    batch statistics as in training) without gradients. On exit the running statistics, the train/eval mode and
+    the RNG are as they were: training goes on undisturbed."""
+    core = accelerator.unwrap_model(model) if accelerator is not None else model
+    norms = list(core.batch_statistics_norms().values())
+    saved = [{name: b.clone() for name, b in m.named_buffers(recurse=False)} for m in norms]
+    was_training = model.training
+    device = next(model.parameters()).device
+    try:
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+            model.train()
+            with torch.no_grad(), population_statistics(norms):
+                for batch in batches:
+                    model(**{k: v.to(device) for k, v in model_inputs(batch).items() if k != "labels"})
+        yield
+    finally:
+        with torch.no_grad():
+            for m, buffers in zip(norms, saved):
+                for name, b in m.named_buffers(recurse=False):
+                    b.copy_(buffers[name])  # in place: every holder of the buffer (DDP, FSDP) sees it
+        model.train(was_training)

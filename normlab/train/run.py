@@ -20,23 +20,26 @@ import math  # noqa: E402 - (every import from here on: after the wait policy)
 import sys
 import time
 import uuid
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
-from tqdm.auto import tqdm
 from transformers import get_scheduler
 from transformers.dynamic_module_utils import custom_object_save
 
 import normlab.kernels
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
-from normlab.config.loader import REPO_ROOT, RunConfig, flatten_config, model_config_from, parse_cli, save_config
+from normlab.config.loader import RunConfig, flatten_config, model_config_from, parse_cli, save_config
+from normlab.config.run_length import eval_interval, warmup_steps
 from normlab.data.batching import build_dataloaders
 from normlab.data.sources import label_names
 from normlab.data.tokenizer import load_tokenized
 from normlab.files.formats import atomic_write_text
 from normlab.files.writes import WriteError
+from normlab.kernels.build_progress import seconds_building
+from normlab.paths import REPO_ROOT
 from normlab.run_dir import MODEL_DIR_CONFIG, RunDir
 from normlab.tracking import wandb_run
 from normlab.tracking.metrics_jsonl import MetricsWriter
@@ -51,14 +54,13 @@ from normlab.train.checkpointing import (
     record_write_failure,
     restore_after_first,
     save_checkpoint,
-    validate_checkpoint,
 )
 from normlab.train.cpu_share import StarvationWatch
-from normlab.train.evaluation import evaluate
+from normlab.train.evaluation import evaluate, precise_bn, precise_bn_batches
 from normlab.train.optim import adamw
-from normlab.train.preflight import preflight, run_config
+from normlab.train.preflight import Resume, RunStart, preflight, run_config
 from normlab.train.probes import StabilityProbe
-from normlab.train.progress_bars import bars_on
+from normlab.train.progress_bars import bars_on, step_progress
 from normlab.train.run_summary import best_key, format_summary
 from normlab.train.spikes import LossSpikeDetector
 from normlab.train.step import StepClock, train_step
@@ -72,8 +74,7 @@ def main(argv=None) -> int:
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
         config_file, overrides, debug = parse_cli(argv)
-        cfg, record, notices = run_config(config_file, overrides)  # a resume: the run's own saved config
-        return train(cfg, record, notices)
+        return train(run_config(config_file, overrides))  # a resume: the run's own saved config, its checkpoint
     except WriteError as e:  # a full disk, no permission: what, where, why, and what to do
         if debug:
             raise
@@ -90,38 +91,43 @@ def main(argv=None) -> int:
 # the run: setup, then the loop with its logging, evaluation and checkpoints, then the end
 
 
-def train(cfg: RunConfig, record: dict | None = None, notices=()) -> int:
-    """One run of `cfg`. `record`: what run.json keeps of the command (normlab.train.preflight.run_config), its
-    config_file naming the variant, a wandb tag; `notices`: what resolving the config had to say."""
-    resume_path, more_notices, trackers, wandb_mode = preflight(cfg)
+def train(start: RunStart) -> int:
+    """One run of `start.cfg` (normlab.train.preflight.run_config): `start.record` is what run.json keeps of the
+    command, its config_file naming the variant, a wandb tag; `start.notices` what resolving the config had to say;
+    `start.resume` the checkpoint a resume continues."""
+    cfg, resume_path = start.cfg, start.resume.checkpoint if start.resume else None
+    more_notices, trackers, wandb_mode = preflight(cfg, start.resume)
     accelerator = make_accelerator(cfg, trackers)
     bars_on()  # off in a redirected log: before the data's and the weights' bars
-    for message in [*notices, *more_notices]:
+    for message in [*start.notices, *more_notices]:
         accelerator.print(f"note: {message}", file=sys.stderr)
     set_seed(cfg.seed)  # same seed on every process: identical init (DDP also broadcasts it)
     wall_start, run = time.time(), None
     try:
         tokenizer, dsd, train_loader, eval_loaders = build_data(cfg, accelerator)
         batch_sampler = train_loader.batch_sampler  # ours (deterministic per (seed, epoch)), before prepare wraps it
+        precise_batches = precise_bn_batches(train_loader, cfg.train.precise_bn_batches)
+        building = seconds_building()
         model, optimizer, kernels = build_model(cfg, tokenizer, dsd, accelerator.device)
+        building = seconds_building() - building  # the C++ build, if this run had to: not training time
         model, optimizer, train_loader, *prepared = accelerator.prepare(model, optimizer, train_loader,
                                                                         *eval_loaders.values())
         eval_loaders = dict(zip(eval_loaders, prepared))
         scheduler, total_steps = build_scheduler(cfg, accelerator, optimizer, len(train_loader))
-        state, resume_rng = resume_state(accelerator, resume_path, len(train_loader))
+        state, resume_rng = resume_state(accelerator, start.resume, len(train_loader))
         if resume_path is not None and nothing_to_do(cfg, accelerator, state, total_steps, resume_path):
             return EXIT_OK  # nothing written: final/, summary.json and the W&B run stay as they are
         if resume_path is not None:
             accelerator.print(f"resumed from {resume_path} (step {state.step}, epoch {state.epoch})")
         run = RunWriter(cfg, accelerator, model, tokenizer, state, resume_path is not None, wandb_mode,
-                        record or {}, total_steps, wall_start)
+                        start.record, total_steps, wall_start)
         batches = micro_batches(accelerator, train_loader, batch_sampler, state, resume_rng)
-        with StopSignal().installed() as stop:
+        with StopSignal().installed() as stop:  # until summary.json: a launcher's late echo of a stop must not kill it
             status, facts = train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loaders,
-                                       state, run, stop, total_steps)
-        run.progress.close()
-        summary = finish(cfg, accelerator, model, state, run, status,
-                         {"total_steps": total_steps, "kernels": kernels, **facts})
+                                       state, run, stop, total_steps, precise_batches)
+            run.progress.close()
+            summary = finish(cfg, accelerator, model, state, run, status,
+                             {"total_steps": total_steps, "kernels": kernels, "kernel_build_s": building, **facts})
     except WriteError as err:  # summary.json says so if it still can; the error names the last complete checkpoint
         if run is not None:
             run.progress.close()
@@ -130,20 +136,22 @@ def train(cfg: RunConfig, record: dict | None = None, notices=()) -> int:
                                  **({"step": state.step} if run else {}))
         raise
     finally:
-        accelerator.end_training()  # closes the offline W&B run: its folder is complete before it is named
+        with run.wandb_calls() if run is not None else nullcontext():
+            accelerator.end_training()  # closes the offline W&B run: its folder is complete before it is named
     wandb_url = getattr(run.wb, "url", None) if wandb_mode == "online" else None
     accelerator.print(format_summary(summary, cfg.output_dir, cfg.data.eval_split, wandb_mode, wandb_url))
     return EXIT_OK
 
 
 def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_loaders, state, run, stop,
-               total_steps) -> tuple[str, dict]:
-    """One iteration per micro-batch, an optimizer step every grad_accum_steps of them. -> (the run's status:
+               total_steps, precise_batches=()) -> tuple[str, dict]:
+    """One iteration per micro-batch, an optimizer step every grad_accum_steps of them; `precise_batches`: the
+    training batches precise BN recomputes the statistics over at each evaluation (none: off). -> (the run's status:
     completed, diverged (a non-finite loss or gradient) or interrupted (SIGTERM/SIGINT, after a checkpoint); the
     summary's measurements of the loop: step time, and for the BN family the running statistics' spread)."""
     t, unwrapped, facts = cfg.train, accelerator.unwrap_model(model), {}
     probe = StabilityProbe(unwrapped)  # before the first forward: its hooks must be traced too
-    clock, status = StepClock(), "completed"
+    clock, status, eval_every = StepClock(), "completed", eval_interval(t, total_steps)
     watch = None  # a CPU run's first local process says once when other processes starve it
     if accelerator.device.type == "cpu" and accelerator.is_local_main_process:
         watch = StarvationWatch(torch.get_num_threads(), say=lambda text: run.progress.write(text, sys.stderr))
@@ -172,8 +180,8 @@ def train_loop(cfg, accelerator, model, optimizer, scheduler, batches, eval_load
         last = state.step == total_steps
         if last and unwrapped.batch_statistics_norms():  # before evaluation, whose forward may re-sync buffers
             facts[BN_SPREAD] = bn_stats_spread(accelerator, unwrapped)
-        if state.step % t.eval_steps == 0 or last:
-            run_eval(cfg, accelerator, model, eval_loaders, state, run)
+        if state.step % eval_every == 0 or last:
+            run_eval(cfg, accelerator, model, eval_loaders, state, run, precise_batches)
         # a finished run ends with a checkpoint; the rotation keeps the one at the best evaluation's step, if saved
         # (as HF's Trainer, no extra saves: a study evaluating every 32 steps would checkpoint at every gain)
         if state.step % t.save_steps == 0 or last or done.interrupted:
@@ -206,10 +214,11 @@ def log_divergence(accelerator, probe, state, run, grad_norm: float, lr: float) 
                       f"{grad_norm}); stopping, status diverged", file=sys.stderr)
 
 
-def run_eval(cfg, accelerator, model, eval_loaders, state, run) -> None:
+def run_eval(cfg, accelerator, model, eval_loaders, state, run, precise_batches=()) -> None:
     """Evaluate eval_split (eval/*) and the dev rows if held out (dev/*), keep the best, log; the BN family also
-    with the batches' own statistics (its train/eval gap). With dev rows the best evaluation is chosen on them, so
-    that the best checkpoint's eval/accuracy is not picked on the split it reports."""
+    with the batches' own statistics (its train/eval gap) and, given `precise_batches`, with statistics recomputed
+    over them (precise BN: the running statistics' own error). With dev rows the best evaluation is chosen on them,
+    so that the best checkpoint's eval/accuracy is not picked on the split it reports."""
     acc, st, task, seed = accelerator, state, cfg.task, cfg.seed
     unwrapped = acc.unwrap_model(model)
     metrics = {}
@@ -218,13 +227,18 @@ def run_eval(cfg, accelerator, model, eval_loaders, state, run) -> None:
     if unwrapped.batch_statistics_norms():
         metrics["eval/accuracy_batch_stats"] = evaluate(acc, model, eval_loaders["eval"], task, seed,
                                                         batch_stats=True)["eval/accuracy"]
+        if precise_batches:
+            with precise_bn(acc, model, precise_batches):
+                metrics["eval/accuracy_precise_bn"] = evaluate(acc, model, eval_loaders["eval"], task,
+                                                               seed)["eval/accuracy"]
     key = best_key(metrics)
     if st.best is None or metrics[key] > st.best[key]:
         st.best = {"step": st.step, **metrics}
     st.last_eval = metrics
     run.log({"step": st.step, "epoch": st.epoch, **metrics})
     if run.wb is not None:
-        wandb_run.log_depth_charts(run.wb, run.writer.path)
+        with run.wandb_calls():
+            wandb_run.log_depth_charts(run.wb, run.writer.path)
     if acc.is_main_process:
         run.progress.write(f"step {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 
@@ -247,13 +261,14 @@ def bn_stats_spread(accelerator, model) -> float:
 
 def finish(cfg, accelerator, model, state, run, status: str, facts: dict) -> dict:
     """The end: final/ (completed runs only) and summary.json; returns the summary. `facts`: what train() and the
-    loop know of the run (total_steps, kernels, step_time_s, and for the BN family its running statistics' spread
-    across processes)."""
+    loop know of the run (total_steps, kernels, kernel_build_s, step_time_s, and for the BN family its running
+    statistics' spread across processes)."""
     checkpoints = list_checkpoints(run.dir.path)
     summary = {
         "status": status, "step": state.step, "total_steps": facts["total_steps"], "epoch": state.epoch,
         "final": state.last_eval, "best": state.best, "loss_spikes": state.spikes.spikes,
         "wall_time_s": round(run.wall_time_s(state), 2),
+        "kernel_build_s": round(facts["kernel_build_s"], 2),  # part of wall_time_s
         "step_time_s": facts["step_time_s"],
         "num_processes": accelerator.num_processes,
         "cpu_threads": torch.get_num_threads() if accelerator.device.type == "cpu" else None,  # per process
@@ -268,14 +283,16 @@ def finish(cfg, accelerator, model, state, run, status: str, facts: dict) -> dic
     if status == "completed":
         summary["final_model"] = str(save_final(accelerator, model, run.tokenizer, cfg, summary))
     if run.wb is not None:
-        if status != "completed":  # no final evaluation drew the depth charts up to the end
-            wandb_run.log_depth_charts(run.wb, run.writer.path)
-        if status == "completed" and cfg.wandb.log_model:
-            wandb_run.log_model(run.wb, summary["final_model"], cfg, summary)
+        with run.wandb_calls():
+            if status != "completed":  # no final evaluation drew the depth charts up to the end
+                wandb_run.log_depth_charts(run.wb, run.writer.path)
+            if status == "completed" and cfg.wandb.log_model:
+                wandb_run.log_model(run.wb, summary["final_model"], cfg, summary)
     if accelerator.is_main_process:
         run.dir.write_summary(summary)
         if run.wb is not None:
-            wandb_run.write_summary(run.wb, summary)
+            with run.wandb_calls():
+                wandb_run.write_summary(run.wb, summary)
     if run.writer is not None:
         run.writer.close()
     return summary
@@ -373,7 +390,7 @@ def build_scheduler(cfg: RunConfig, accelerator, optimizer, batches_per_epoch: i
     total_steps = t.max_steps or t.epochs * math.ceil(batches_per_epoch / t.grad_accum_steps)
     # The prepared scheduler steps once per process per optimizer step, hence the factor.
     scheduler = accelerator.prepare(get_scheduler(
-        t.scheduler, optimizer, num_warmup_steps=t.warmup_steps * P, num_training_steps=total_steps * P))
+        t.scheduler, optimizer, num_warmup_steps=warmup_steps(t, total_steps) * P, num_training_steps=total_steps * P))
     return scheduler, total_steps
 
 
@@ -404,12 +421,12 @@ class TrainerState:
                    st["wall_time_s"], st["wandb_run_id"])
 
 
-def resume_state(accelerator, resume_path: Path | None, batches_per_epoch: int) -> tuple[TrainerState, dict | None]:
+def resume_state(accelerator, resume: Resume | None, batches_per_epoch: int) -> tuple[TrainerState, dict | None]:
     """The trainer state to start from, after loading the checkpoint's weights, optimizer, schedule and RNG; and
     when resuming mid-epoch, the RNG state to restore after the first batch."""
-    if resume_path is None:
+    if resume is None or resume.checkpoint is None:
         return TrainerState(), None
-    st = validate_checkpoint(resume_path)
+    resume_path, st = resume.checkpoint, resume.state
     if st["num_processes"] != accelerator.num_processes:  # the data position and RNG files are per process
         raise CheckpointError(f"checkpoint {resume_path} was written by {st['num_processes']} processes; resume "
                               f"with the same number (accelerate launch --num_processes {st['num_processes']})")
@@ -455,16 +472,35 @@ class RunWriter:
         variant = Path(record["config_file"]).stem if record.get("config_file") else None
         if variant is not None and (REPO_ROOT / record["config_file"]).resolve() == self.dir.config_file.resolve():
             variant = None  # launched with its own resolved config (a study's run): no variant file to tag
-        self.wandb_on = _init_trackers(accelerator, cfg, wandb_mode, state.wandb_run_id, variant)
+        self.wandb_on = _init_trackers(accelerator, cfg, wandb_mode, state.wandb_run_id, variant, total_steps)
         if self.wandb_on and accelerator.is_main_process:
             self.wb = accelerator.get_tracker("wandb", unwrap=True)
-        self.progress = tqdm(total=total_steps, initial=state.step, desc="train", unit="step", dynamic_ncols=True,
-                             disable=not accelerator.is_local_main_process or not bars_on())
+        self.progress = step_progress(total_steps, state.step, accelerator.is_local_main_process)
 
     def log(self, row: dict) -> None:
         if self.writer is not None:
             self.writer.write(row)
-        self.accelerator.log(row, step=row["step"])  # `step` too: every wandb panel's x-axis (define_metrics)
+        with self.wandb_calls():
+            self.accelerator.log(row, step=row["step"])  # `step` too: every wandb panel's x-axis (define_metrics)
+
+    @contextmanager
+    def wandb_calls(self):
+        """Around calls that reach W&B. accelerate launch answers a stop signal by signalling every process under it,
+        W&B's service process too, which ends at once: W&B's next call raises ConnectionError. Then the run says so
+        once and goes on to its checkpoint and summary.json without W&B (metrics.jsonl has every step)."""
+        try:
+            yield
+        except ConnectionError as err:
+            if self.wb is None:  # not W&B's
+                raise
+            print(f"note: W&B's service process is gone ({err}): W&B logging ends here, metrics.jsonl has every "
+                  f"step", file=sys.stderr)
+            self.accelerator.trackers = [t for t in self.accelerator.trackers if t.name != "wandb"]
+            self.wb = None
+            import wandb
+
+            with suppress(ConnectionError):
+                wandb.teardown()  # frees what is left, and its exit hook that would raise the same error again
 
     def wall_time_s(self, state: TrainerState) -> float:
         """The run's wall time so far: its earlier processes' (resumed runs) and this one's."""
@@ -478,14 +514,16 @@ class RunWriter:
                                keep=cfg.train.save_total_limit, protect=state.best and state.best["step"],
                                model_files=lambda folder: save_model_files(self.model, folder, self.tokenizer, cfg))
         if self.wb is not None and cfg.wandb.log_checkpoints:
-            wandb_run.log_checkpoint(self.wb, path, state.step)
+            with self.wandb_calls():
+                wandb_run.log_checkpoint(self.wb, path, state.step)
 
 
-def _init_trackers(accelerator, cfg: RunConfig, wandb_mode: str, run_id: str, variant: str | None) -> bool:
+def _init_trackers(accelerator, cfg: RunConfig, wandb_mode: str, run_id: str, variant: str | None,
+                   total_steps: int) -> bool:
     """Start the trackers; True when wandb is among them."""
     if not accelerator.log_with:
         return False
-    init_kwargs = {"wandb": wandb_run.init_kwargs(cfg, wandb_mode, run_id, variant)}
+    init_kwargs = {"wandb": wandb_run.init_kwargs(cfg, wandb_mode, run_id, variant, total_steps)}
     flat = {k: (", ".join(map(str, v)) if isinstance(v, list) else ("null" if v is None else v))
             for k, v in flatten_config(cfg).items()}  # flat scalars: what every tracker accepts
     accelerator.init_trackers(cfg.wandb.project, config=flat, init_kwargs=init_kwargs)

@@ -44,12 +44,16 @@ def better_best(summary: dict) -> bool:
 
 
 def headline(summary: dict, eval_split: str, rate: float | None) -> str:
-    """'completed in 67 s (14,671 tokens/s): validation accuracy 0.810 (best 0.812 at step 2000), loss 0.440'."""
+    """'completed in 67 s (14,671 tokens/s): validation accuracy 0.810 (best 0.812 at step 2000), loss 0.440'; the
+    time is the run's without the C++ kernels' build, which is said apart when this run had to build them."""
     status, step = summary["status"], summary["step"]
     where = "" if status == "completed" else f" at step {step} of {summary['total_steps']}"
-    line = f"{status}{where} in {summary['wall_time_s']:.0f} s"
+    building = summary.get("kernel_build_s") or 0.0
+    line = f"{status}{where} in {summary['wall_time_s'] - building:.0f} s"
     if rate is not None:
         line += f" ({rate:,.0f} tokens/s)"
+    if building >= 0.5:
+        line += f", after {building:.0f} s building the C++ kernels (once: later runs load them)"
     final, best = summary.get("final") or {}, summary.get("best") or {}
     if "eval/accuracy" in final:
         line += f": {eval_split} accuracy {final['eval/accuracy']:.3f}"
@@ -92,5 +96,8 @@ def format_summary(summary: dict, out_dir, eval_split: str, wandb_mode: str | No
             lines.append(f"  charts: python scripts/wandb_charts.py {_q(out)}    (depth charts, drawn locally)")
         elif wandb_url:
             lines.append(f"  W&B:    {wandb_url}")
+    if run_dir.metrics_file.is_file():
+        lines.append(f"  compare: normlab-compare {_q(out)} OTHER_RUN ...    (compare.png, metrics side by side; or "
+                     f"python scripts/compare.py)")
     return "\n".join(lines)
 
