@@ -112,7 +112,7 @@ def compose_documents(dsd, d, source: str):
     the source's own eval split is not used), cached in $NORMLAB_CACHE/documents/<key>/ like the tokenizer."""
     import datasets
 
-    from normlab.data.sources import _check_text
+    from normlab.data.sources import check_text
     from normlab.files.cache import cached_folder
 
     problem = doc_sizes_problem(d.doc_sizes)
@@ -123,7 +123,7 @@ def compose_documents(dsd, d, source: str):
                         f"documents are made of held-out training sentences and named data.eval_split; give it "
                         f"another name (e.g. validation)")
     sentences = dsd[d.train_split]
-    _check_text(sentences, d.train_split, d.text_column, source)  # a missing or empty sentence: the usual error
+    check_text(sentences, d.train_split, d.text_column, source)  # a missing or empty sentence: the usual error
     if d.doc_eval_sentences >= len(sentences):
         raise DataError(f"data.doc_eval_sentences={d.doc_eval_sentences} holds out every sentence of split "
                         f"{d.train_split!r} of {source} ({len(sentences)} rows); hold out fewer")

@@ -188,7 +188,7 @@ def _find_dataset(d):
                     f"or go online")
 
 
-def _check_text(ds, split: str, col: str, source: str):
+def check_text(ds, split: str, col: str, source: str):
     from datasets import Value
 
     text_cols = [c for c, f in ds.features.items() if isinstance(f, Value) and f.dtype in ("string", "large_string")]
@@ -352,7 +352,7 @@ def resolve_dataset(d, with_labels: bool):
             ds = ds.select(range(limit))  # the first N rows: reproducible, and cheap (a contiguous slice)
         if len(ds) == 0:
             raise DataError(f"split {split!r} of {source} is empty (0 rows); give data with rows in it")
-        _check_text(ds, split, d.text_column, source)
+        check_text(ds, split, d.text_column, source)
         out[split] = ds
     splits += [DEV_SPLIT] if d.dev_rows else []
     if with_labels:

@@ -5,7 +5,7 @@ line series with one line per run on shared axes, a table of the runs and the fi
 from pathlib import Path
 
 from normlab.tracking.wandb_report import line_chart, rows_table
-from normlab.tracking.wandb_run import CHART_POINTS, _thin
+from normlab.tracking.wandb_run import CHART_POINTS, thin
 
 
 def log_comparison(wandb_dir, name: str, group: str, runs: list[dict], charts: dict, image, mode: str,
@@ -24,7 +24,7 @@ def log_comparison(wandb_dir, name: str, group: str, runs: list[dict], charts: d
                              "wandb_runs": [r["wandb_run_id"] for r in runs if r.get("wandb_run_id")]})
     logged = {"compare/runs": rows_table(runs), "compare/figure": wandb.Image(str(image))}
     for key, chart in charts.items():
-        lines = {label: _thin(list(xs), list(ys), CHART_POINTS) for label, (xs, ys) in chart["lines"].items()}
+        lines = {label: thin(list(xs), list(ys), CHART_POINTS) for label, (xs, ys) in chart["lines"].items()}
         logged[f"compare/{key}"] = line_chart(lines, chart["title"], chart["xname"])
     run.log(logged)
     info = {"project": project, "group": group, "id": run.id, "mode": mode, "dir": str(Path(run.dir).parent)}

@@ -95,7 +95,7 @@ def depth_series(rows) -> dict:
     return series
 
 
-def _thin(xs: list, ys: list, points: int):
+def thin(xs: list, ys: list, points: int):
     if len(xs) <= points:
         return xs, ys
     keep = sorted({round(i * (len(xs) - 1) / (points - 1)) for i in range(points)})  # first and last kept
@@ -106,7 +106,7 @@ def depth_charts(rows, points: int = CHART_POINTS) -> dict:
     """{"depth/<quantity>": a line chart with one line per layer} from metrics.jsonl rows."""
     charts = {}
     for quantity, by_layer in depth_series(rows).items():
-        lines = {f"layer {i}": _thin(*by_layer[i], points) for i in sorted(by_layer)}
+        lines = {f"layer {i}": thin(*by_layer[i], points) for i in sorted(by_layer)}
         charts[f"depth/{quantity}"] = line_chart(lines, DEPTH_CHARTS.get(quantity, quantity), xname="step")
     return charts
 
