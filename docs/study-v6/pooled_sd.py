@@ -89,7 +89,7 @@ def main():
         name, _, given = arm.partition("=")
         for seed in args.seeds:
             ckpt = train_to_step(args.out / f"{name}-s{seed}", seed, args.lr, [o for o in given.split(",") if o])
-            row = {"arm": name, "seed": seed, "lr": args.lr, "step": STEP, **measure(ckpt, probe)}
+            row = {"variant": name, "seed": seed, "lr": args.lr, "step": STEP, **measure(ckpt, probe)}
             print(json.dumps(row), flush=True)
 
 
