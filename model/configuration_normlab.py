@@ -16,6 +16,9 @@ NORM_PLACEMENTS = ("post", "pre", "sandwich", "deepnorm")
 # Placements whose residual stream is never normalized inside the blocks: they need a norm after the last one.
 PLACEMENTS_WITH_FINAL_NORM = ("pre", "sandwich")
 POOLINGS = ("cls", "mean")
+# What may stand between pooling and the classifier: the batch's mean removed, or each feature standardized by the
+# batch's mean and standard deviation (BatchCentering, BatchStandardization; both parameter-free).
+POOLED_NORMS = ("center", "standardize")
 HIDDEN_ACTS = ("gelu", "relu", "gelu_new", "silu")
 
 
@@ -62,8 +65,15 @@ class NormLabConfig(PreTrainedConfig):
         dyt_alpha_init: initial scalar alpha of DyT (Zhu et al. 2025).
         qk_norm: normalize queries and keys per head before the dot product (Wortsman et al. 2023).
         pooling: `cls` (first token) or `mean` (over real tokens) for sequence classification.
-        center_pooled: subtract the batch's mean pooled vector before the classifier (`BatchCentering`: no
-            parameters, a running mean in eval).
+        pooled_norm: a parameter-free batch-statistics step between pooling and the classifier: `center`
+            subtracts the batch's mean pooled vector (`BatchCentering`), `standardize` also divides each feature by
+            its batch standard deviation (`BatchStandardization`); running statistics in eval, ghost groups as the
+            norms. `None` (the default): none.
+        pooled_gain: a fixed factor on what the classifier reads (after `pooled_norm`); 1 (the default) changes
+            nothing. With `center`, a gain near 1 / the pooled vector's per-feature SD gives the classifier an input
+            as large as standardization does, but fixed instead of measured on each batch.
+        center_pooled: the first spelling of `pooled_norm="center"`, kept so that saved configs mean what they
+            meant; after the config is built it is True exactly when `pooled_norm` is `center`.
     """
 
     model_type = "normlab"
@@ -92,6 +102,8 @@ class NormLabConfig(PreTrainedConfig):
     dyt_alpha_init: float = 0.5
     qk_norm: bool = False
     pooling: str = "cls"
+    pooled_norm: str | None = None
+    pooled_gain: float | int = 1.0
     center_pooled: bool = False
     classifier_dropout: float | int | None = None
     pad_token_id: int | None = 0
@@ -103,6 +115,9 @@ class NormLabConfig(PreTrainedConfig):
             self.embedding_norm = self.norm_placement in ("post", "deepnorm")
         if self.final_norm is None:
             self.final_norm = self.norm
+        if self.center_pooled and self.pooled_norm is None:
+            self.pooled_norm = "center"
+        self.center_pooled = self.pooled_norm == "center"
         super().__post_init__(**kwargs)
 
     def _check_values(self):
@@ -118,6 +133,7 @@ class NormLabConfig(PreTrainedConfig):
                     f"({', '.join(PLACEMENTS_WITH_FINAL_NORM)}); norm_placement={self.norm_placement!r} has none"
                 )
         _check_choice("hidden_act", self.hidden_act, HIDDEN_ACTS)
+        self._check_pooled()
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings"):
             _check_positive(name, getattr(self, name))
@@ -139,6 +155,15 @@ class NormLabConfig(PreTrainedConfig):
                 f"NormLabConfig.pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})"
             )
 
+    def _check_pooled(self):
+        if self.pooled_norm is not None:
+            _check_choice("pooled_norm", self.pooled_norm, POOLED_NORMS)
+        if self.center_pooled and self.pooled_norm not in (None, "center"):
+            raise ValueError(f"NormLabConfig.center_pooled=True means pooled_norm='center', which contradicts "
+                             f"pooled_norm={self.pooled_norm!r}; give pooled_norm alone")
+        if isinstance(self.pooled_gain, bool) or not 0 < self.pooled_gain < float("inf"):
+            raise ValueError(f"NormLabConfig.pooled_gain={self.pooled_gain!r} must be a finite number > 0 (1: no gain)")
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         """PreTrainedConfig's; refused, before config.json or a model's weights are written, when a norm's code
         cannot travel. The modules of the norms NormLab does not define are saved beside the model code
@@ -156,9 +181,9 @@ class NormLabConfig(PreTrainedConfig):
     @property
     def uses_batch_statistics(self) -> bool:
         """True when some output depends on the batch in training and running statistics exist: a BN-family norm
-        anywhere, or the pooled vector's batch centring. The question before a model exists; a model lists its
-        modules of that family (`batch_statistics_norms()`)."""
-        return self.center_pooled or any(uses_batch_statistics(n) for n in self.norms_used())
+        anywhere, or the pooled vector's batch centring or standardization. The question before a model exists; a
+        model lists its modules of that family (`batch_statistics_norms()`)."""
+        return self.pooled_norm is not None or any(uses_batch_statistics(n) for n in self.norms_used())
 
 
-__all__ = ["NormLabConfig", "NORM_TYPES", "NORM_PLACEMENTS", "PLACEMENTS_WITH_FINAL_NORM", "POOLINGS"]
+__all__ = ["NormLabConfig", "NORM_TYPES", "NORM_PLACEMENTS", "PLACEMENTS_WITH_FINAL_NORM", "POOLINGS", "POOLED_NORMS"]

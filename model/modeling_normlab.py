@@ -28,6 +28,7 @@ from .configuration_normlab import PLACEMENTS_WITH_FINAL_NORM, NormLabConfig
 from .norms import (
     NORM_REGISTRY,
     BatchCentering,
+    BatchStandardization,
     Norm,
     batch_statistics_norms,
     build_norm,
@@ -454,17 +455,22 @@ def _pool(x, attention_mask, pooling):
 
 
 class NormLabForSequenceClassification(NormLabPreTrainedModel):
-    """Encoder -> pool (CLS or mean over real tokens) -> [batch centring] -> dropout -> linear. No BERT pooler: an
-    un-normalized layer that would blur the comparison of norms (docs/model.md). The optional centring subtracts
-    the batch's mean pooled vector (`config.center_pooled`): what batch statistics remove that all sentences share."""
+    """Encoder -> pool (CLS or mean over real tokens) -> [batch centring or standardization] -> [fixed gain] ->
+    dropout -> linear. No BERT pooler: an un-normalized layer that would blur the comparison of norms
+    (docs/model.md). The optional step (`config.pooled_norm`) subtracts the batch's mean pooled vector (what batch
+    statistics remove that all sentences share), or standardizes each feature over the batch; `config.pooled_gain`
+    scales the result by a fixed factor, to tell a larger input from a batch-adaptive one."""
 
     def __init__(self, config: NormLabConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
         self.normlab = NormLabModel(config)
         p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.center = (BatchCentering(config.hidden_size, momentum=config.bn_momentum, group_size=config.bn_group_size)
-                       if config.center_pooled else None)
+        # One of the two at most (config.pooled_norm); `center` keeps the name that saved checkpoints use.
+        stats = dict(eps=config.norm_eps, momentum=config.bn_momentum, group_size=config.bn_group_size)
+        self.center = BatchCentering(config.hidden_size, **stats) if config.pooled_norm == "center" else None
+        self.standardize = (BatchStandardization(config.hidden_size, **stats)
+                            if config.pooled_norm == "standardize" else None)
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
@@ -477,6 +483,10 @@ class NormLabForSequenceClassification(NormLabPreTrainedModel):
         pooled = _pool(out.last_hidden_state, attention_mask, self.config.pooling)  # (B, D)
         if self.center is not None:
             pooled = self.center(pooled)  # (B, D), each feature's batch mean removed
+        if self.standardize is not None:
+            pooled = self.standardize(pooled)  # (B, D), each feature at batch mean 0 and variance 1
+        if self.config.pooled_gain != 1:
+            pooled = pooled * self.config.pooled_gain  # a fixed scale: not measured on the batch, not learned
         logits = self.classifier(self.dropout(pooled))  # (B, num_labels)
         # transformers' problem_type logic (inferred once from num_labels and the labels' dtype): MSE / CE / BCE
         loss = None if labels is None else self.loss_function(labels, logits, self.config)

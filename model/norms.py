@@ -389,7 +389,9 @@ class _MeanVarBatchNorm(BatchStatNorm):
             mean, var = _per_row(mean, groups), _per_row(var, groups)  # with groups, each row's group's (N, D)
         else:
             mean, var = self.running_mean, self.running_var
-        y = (x2d - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+        y = (x2d - mean) * torch.rsqrt(var + self.eps)
+        if self.affine:
+            y = y * self.weight + self.bias
         return y.reshape(x.shape).to(x.dtype)
 
     def _batch_stats(self, x2d, real):
@@ -483,6 +485,18 @@ class BatchCentering(BatchStatNorm):
         (new_mean,) = self._mean_over_groups(mean)
         self.running_mean.lerp_(new_mean.to(self.running_mean.dtype), self.momentum)
         self.num_batches_tracked += 1
+
+
+class BatchStandardization(_MeanVarBatchNorm):
+    """Each feature minus its batch mean, divided by its batch standard deviation, over the real rows: masked BN
+    without its per-feature scale and shift, so with no parameters. Like `BatchCentering`, not a block norm and not
+    in the registry: the classifier's optional step between pooling and the linear layer
+    (`config.pooled_norm="standardize"`), to test whether the batch's own scale of each feature, not only the
+    subtraction of its mean, is what a BN final norm gives the classifier. Running statistics, eval, ghost groups
+    and process sync as masked BN."""
+
+    name = "batch_standardization"
+    affine = False
 
 
 class _PowerFunction(torch.autograd.Function):
@@ -760,4 +774,5 @@ __all__ = [
     "uses_batch_statistics", "batch_statistics_norms", "set_batch_stats_in_eval", "real_token_mask", "CustomLayerNorm",
     "ghost_groups", "sentence_groups", "group_moments", "population_statistics", "PopulationMoments",
     "LayerNorm", "RMSNorm", "NaiveBatchNorm", "MaskedBatchNorm", "PowerNorm", "DyT", "Identity", "BatchCentering",
+    "BatchStandardization",
 ]

@@ -91,10 +91,12 @@ PADDING_CASES += [("masked_batchnorm", "pre", "mean", True), ("layernorm", "post
 # the padded layout (NormLabModel.unpad = False) must be padding-invariant too: it is what runs without packing
 PADDING_CASES += [(norm, "pre", "mean", False) for norm in ("layernorm", "masked_batchnorm", "powernorm", "dyt")]
 PADDING_CASES = [(*case, {}) for case in PADDING_CASES]
-# a final norm of another type than the blocks', and the pooled vector's batch centring (study v5's arms)
+# a final norm of another type than the blocks', the pooled vector's batch centring (study v5's arms), its
+# standardization with a gain (study v6's)
 PADDING_CASES += [("layernorm", "pre", "cls", True, dict(final_norm="masked_batchnorm")),
                   ("masked_batchnorm", "pre", "cls", True, dict(final_norm="layernorm", embedding_norm=True)),
                   ("layernorm", "pre", "cls", True, dict(center_pooled=True)),
+                  ("layernorm", "pre", "cls", True, dict(pooled_norm="standardize", pooled_gain=4.0)),
                   ("layernorm", "sandwich", "mean", False, dict(final_norm="powernorm"))]
 
 
