@@ -8,17 +8,18 @@ import pytest
 from scipy import stats
 
 from normlab.study import rules
+from normlab.study.records import RunRecord
 from normlab.study.seedstats import Paired, holm, paired_test
 
 LN2 = math.log(2)
 
 
-def run(exit_step: int, steps: int = 320, final_loss: float = 0.4, evals=None, seed: int = 0) -> dict:
+def run(exit_step: int, steps: int = 320, final_loss: float = 0.4, evals=None, seed: int = 0) -> RunRecord:
     """A synthetic record: train loss at ln 2 until `exit_step`, then `final_loss`; evaluations {step: accuracy}."""
     loss = [LN2 if s < exit_step else final_loss for s in range(1, steps + 1)]
-    return {"seed": seed, "curves": {"step": list(range(1, steps + 1)), "loss": loss,
-                                     "eval": [{"step": s, "accuracy": a, "loss": 1 - a}
-                                              for s, a in (evals or {}).items()]}}
+    return RunRecord.from_dict({"seed": seed, "curves": {"step": list(range(1, steps + 1)), "loss": loss,
+                                                         "eval": [{"step": s, "accuracy": a, "loss": 1 - a}
+                                                                  for s, a in (evals or {}).items()]}})
 
 
 # --- the floor --------------------------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def heading(study: engine.Study) -> list[str]:
     spec = study.spec
     arms = [a for a in spec.arms() if study.arm(a, 0)]
     runs = [r for a in arms for r in study.arm(a, 0)]
-    seeds = sorted({r["seed"] for r in runs})
+    seeds = sorted({r.seed for r in runs})
     ranks = "its best and its runner-up LR" if spec.ranks() == 2 else "its best LR"
     return [f"{len(arms)} arms, each at {ranks} on dev; {study.steps(runs)} steps; {len(seeds)} "
             f"seed{'s' * (len(seeds) != 1)} ({', '.join(map(str, seeds))}). Test: {TESTS[study_test(study)]}; "
@@ -197,11 +197,10 @@ def arm_lines(study: engine.Study) -> list[str]:
         arms = {a: v for a, v in arms.items() if v}
         hz = rules.horizon(arms, study.steps([r for v in arms.values() for r in v])) if arms else {}
         for arm, runs in arms.items():
-            outs = [oc.outcome(r["curves"]["loss"], r["status"]) for r in runs]
+            outs = [oc.outcome(r.curves["loss"], r.status) for r in runs]
             exit_ = hz[arm]["median_exit"]
             rows.append([arm, rules.RANKS[k], f"{study.lr(arm, k):g}", len(runs),
-                         md.mean_ci([engine.value(r) for r in runs]),
-                         md.mean_ci([engine.value(r, "loss") for r in runs]),
+                         md.mean_ci([r.score() for r in runs]), md.mean_ci([r.score("loss") for r in runs]),
                          "never" if not np.isfinite(exit_) else f"{exit_:.0f}",
                          " / ".join(str(outs.count(o)) for o in oc.OUTCOMES),
                          "yes" if hz[arm]["settled"] else "no", "yes" if hz[arm]["ok"] else "**no**"])
@@ -215,8 +214,8 @@ def arm_lines(study: engine.Study) -> list[str]:
 
 def provenance_lines(study: engine.Study, meta: dict) -> list[str]:
     runs = study.runs
-    commits = Counter(r.get("commit") or "none recorded" for r in runs)
-    machines = Counter(r.get("machine") or "none recorded" for r in runs)
+    commits = Counter(r.commit or "none recorded" for r in runs)
+    machines = Counter(r.machine or "none recorded" for r in runs)
     calls = meta.get("invocations", [])
     lines = [f"- {len(runs)} training runs; their commits: " + ", ".join(f"{c} ({n})" for c, n in commits.most_common())
              + "; machines: " + "; ".join(f"{m} ({n})" for m, n in machines.most_common()),
@@ -227,7 +226,7 @@ def provenance_lines(study: engine.Study, meta: dict) -> list[str]:
         lines.append(f"- **{outside} of {len(runs)} runs started outside every invocation listed**: meta.json "
                      f"lacks the invocations that trained them")
     if study.unfinished:
-        seeds = Counter(r["seed"] for r in study.unfinished)
+        seeds = Counter(r.seed for r in study.unfinished)
         lines.append(f"- **Not trained** (the study was stopped before them, or they crashed; left out): "
                      f"{len(study.unfinished)} of {len(runs) + len(study.unfinished)} runs, by seed: "
                      + ", ".join(f"{seed} ({n})" for seed, n in sorted(seeds.items())))
@@ -240,12 +239,11 @@ def moment(text: str) -> datetime:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
-def started_outside(runs: list[dict], calls: list[dict]) -> int:
+def started_outside(runs: list, calls: list[dict]) -> int:
     """How many runs started in none of the invocations (each from its start for its wall time)."""
     spans = [(moment(c["started"]), moment(c["started"]) + timedelta(seconds=c["wall_s"])) for c in calls
              if c.get("started")]
-    return sum(1 for r in runs if r.get("started_at")
-               and not any(a <= moment(r["started_at"]) <= b for a, b in spans))
+    return sum(1 for r in runs if r.started_at and not any(a <= moment(r.started_at) <= b for a, b in spans))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -282,7 +280,7 @@ def log_to_wandb(a: engine.Analysis, out: Path, figures: list[str], mode: str, w
     from normlab.tracking.wandb_report import log_study
 
     fields = ("name", "experiment", "variant", "lr", "warmup", "seed", "status", "norm", "placement", "commit")
-    rows = [{**{k: r.get(k) for k in fields}, "val_accuracy": engine.value(r), "val_loss": engine.value(r, "loss")}
+    rows = [{**{k: r.to_dict().get(k) for k in fields}, "val_accuracy": r.score(), "val_loss": r.score("loss")}
             for r in a.study.runs]
     table = [{"id": r.h.id, "claim": r.h.claim, "predicted": r.h.predicted, "verdict": r.verdict, "score": r.score}
              for r in a.results]

@@ -185,15 +185,15 @@ def robust_verdict(verdicts: dict) -> str:
 # the horizon rule
 
 
-def median_exit(runs: list[dict]) -> float:
+def median_exit(runs: list) -> float:
     """The arm's median plateau-exit step over seeds (a seed that never left the plateau counts as infinite)."""
-    exits = [oc.plateau_exit_step(r["curves"]["step"], r["curves"]["loss"]) for r in runs]
+    exits = [oc.plateau_exit_step(r.curves["step"], r.curves["loss"]) for r in runs]
     return float(np.median([math.inf if e is None else e for e in exits])) if exits else math.inf
 
 
-def eval_means(runs: list[dict], field: str = "accuracy") -> dict:
-    """{eval step: mean over seeds of the logged evaluation's field}, at the steps every run evaluated."""
-    per_run = [{e["step"]: e[field] for e in r["curves"].get("eval", []) if e.get(field) is not None} for r in runs]
+def eval_means(runs: list, field: str = "accuracy") -> dict:
+    """{eval step: mean over seeds of the logged evaluation's field}, at the steps every run (RunRecord) evaluated."""
+    per_run = [r.evals(field) for r in runs]
     steps = set.intersection(*(set(p) for p in per_run)) if per_run else set()
     return {s: float(np.mean([p[s] for p in per_run])) for s in sorted(steps)}
 

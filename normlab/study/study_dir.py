@@ -12,7 +12,7 @@ from pathlib import Path
 from normlab.errors import RecordsError
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl
 from normlab.study.grid import REPO_ROOT, StudyError
-from normlab.study.records import RECORDS, read_records
+from normlab.study.records import RECORDS, RunRecord, read_records
 from normlab.study.selection_file import read_selection
 
 SPEC, HOOKS = "spec.yaml", "hooks.py"  # the study file as it ran, and its hook file (measures)
@@ -78,11 +78,11 @@ class StudyDir:
             spec.hooks = str(self.path / HOOKS)
         return spec
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[RunRecord]:
         if not (self.path / RECORDS).is_file():
             raise RecordsError(f"{self.path / RECORDS} not found: give a scored study directory (after "
                                f"scripts/score_runs.py) or a folder of records")
-        return read_records(self.path / RECORDS)
+        return [RunRecord.from_dict(r) for r in read_records(self.path / RECORDS)]
 
     def selection(self) -> dict:
         return read_selection(self.selection_file)
