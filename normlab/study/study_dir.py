@@ -33,6 +33,7 @@ class StudyDir:
     scored = property(lambda self: self.path / SCORED, doc="every run's record, as scoring writes them")
     selection_file = property(lambda self: self.path / SELECTION, doc="the LR choices")
     meta_file = property(lambda self: self.path / META, doc="a records folder's name and invocations")
+    labels_file = property(lambda self: self.path / LABELS, doc="the gold labels the predictions score against")
 
     def run(self, name: str) -> Path:
         """A run's directory (its RunDir)."""
