@@ -56,7 +56,6 @@ class GridSpec:
     comparisons: typing.Optional[list] = None
     wandb_project: typing.Optional[str] = None
     experiments: typing.Optional[dict] = None
-    init: typing.Optional[dict] = None  # E1's settings (normlab/study/init_exp.py)
     score: typing.Optional[dict] = None  # the records' scoring (normlab/study/scoring.py)
     share_runs: bool = False
     signal: typing.Optional[dict] = None  # normlab/study/signal.py's settings
@@ -235,7 +234,7 @@ def load_grid(path: Path) -> dict:
         experiments = {"": _load_experiment(str(path), shared, {}, design)}
     out = {"name": str(grid.name), "description": grid.description,
            "overrides": _overrides(grid.overrides, "overrides"), "experiments": experiments,
-           "init": grid.init, "score": grid.score or {}, "share_runs": grid.share_runs,
+           "score": grid.score or {}, "share_runs": grid.share_runs,
            "comparisons": grid.comparisons or [], "wandb_project": grid.wandb_project,
            "selection_from": grid.selection_from, "cells": cells}
     _check_selection(path, out)

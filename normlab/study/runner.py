@@ -1,12 +1,10 @@
 """Run a norm study (scripts/study.py is the entry point; docs/studies.md explains the stages, engines and files):
-train the grid's runs stage by stage (LR sweeps first, then what their choices unlock), then E1, the records and
-the report. STUDY/study.json records the grid, the commands and every run's status.
+train the grid's runs stage by stage (LR sweeps first, then what their choices unlock), then the records and the
+report. STUDY/study.json records the grid, the commands and every run's status.
 """
 
 import argparse
-import itertools
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -36,7 +34,7 @@ from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid i
 from normlab.study.selection_file import read_selection
 from normlab.study.sharded import run_sharded
 from normlab.study.spec import StudySpec
-from normlab.study.study_dir import E1, SCORED, StudyDir, git_commit, machine, record_invocation
+from normlab.study.study_dir import SCORED, StudyDir, git_commit, machine, record_invocation
 
 TRAIN = REPO_ROOT / "train.py"
 
@@ -120,7 +118,7 @@ class Study:
         if old.get("name") not in (None, grid["name"]):
             raise StudyError(f"{study_dir} holds study {old['name']!r}, not {grid['name']!r}; pick another --study-dir")
         self.data = {"name": grid["name"], "description": grid["description"], "grid_file": str(grid_file),
-                     "experiments": grid["experiments"], "init": grid["init"], "score": grid["score"],
+                     "experiments": grid["experiments"], "score": grid["score"],
                      "common_overrides": grid["overrides"], "comparisons": grid["comparisons"],
                      "wandb_project": grid["wandb_project"], "command": command,
                      # every invocation that trained into this directory (a study may be built in pieces)
@@ -203,32 +201,10 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
     return statuses
 
 
-def wants_e1(grid: dict, only: dict) -> bool:
-    """E1 (normlab/study/init_exp.py) runs when the study has an `init` block and --only narrows nothing or names
-    e1 among its experiments; `e1` is then taken out of the experiment filter (it has no training runs)."""
-    if not grid.get("init"):
-        return False
-    if "experiment" not in only:
-        return not only
-    if "e1" not in only["experiment"]:
-        return False
-    only["experiment"].discard("e1")
-    return True
-
-
-def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool, shards: int = 1) -> None:
-    """E1, then the per-run records (scores of every final model), each in `shards` processes, then the report:
-    each a process of its own (python -m normlab.cli.<name>). A study file without a `score` block gets neither
-    records nor report (the report reads only the records)."""
-    if run_e1:
-        init = read_json(StudyDir(study_dir).study_json)["init"]
-        order = {key: i for i, key in enumerate(itertools.product(init["placements"], init["depths"], init["seeds"]))}
-        started, before = time.time(), os.times()
-        run_sharded("init_study", study_dir, E1, shards,
-                    key=lambda row: order[row["placement"], row["depth"], row["seed"]])
-        if shards > 1:  # the shards do not write study.json at once: their invocation is recorded here, as one
-            record_invocation(study_dir, f"python scripts/init_study.py {study_dir} (in {shards} processes, "
-                                         f"--shard K/{shards})", started, children_before=before)
+def after_training(study_dir: Path, score: bool, report: bool, shards: int = 1) -> None:
+    """The per-run records (scores of every final model) in `shards` processes, then the report: each a process of
+    its own (python -m normlab.cli.<name>). A study file without a `score` block gets neither records nor report
+    (the report reads only the records)."""
     if not score:
         return
     run_sharded("score_runs", study_dir, SCORED, shards, key=lambda row: row["name"])
@@ -258,8 +234,6 @@ def study_selection(grid, study_dir: Path) -> dict:
 def selected_runs(grid, only: dict, selection: dict) -> list[RunSpec]:
     """The runs --only asks for among those whose LR is known; a value that names nothing is an error only once
     every chosen-LR experiment can expand (before that, it may name a run the selection will create)."""
-    if only.get("experiment", {None}) == set():  # only e1 was asked for
-        return []
     return narrow(expand(grid, selection), only, strict=not pending_selections(grid, selection))
 
 
@@ -321,12 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
               "[--engine local|ray [--address A] [--max-retries N]] [key=value ...]")
     parser.add_argument("--preset", required=True, help="quick, full (configs/study/<name>.yaml) or a study YAML file")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE,...",
-                        help="narrow by experiment (e1 too), variant, lr, warmup (on/off), seed: variant=a,b,seed=0")
+                        help="narrow by experiment, variant, lr, warmup (on/off), seed: variant=a,b,seed=0")
     parser.add_argument("--study-dir", type=Path, default=None, help="default: studies/<study name>")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
     parser.add_argument("--parallel", type=int, default=None,
                         help="runs at once (default: one per visible GPU, else 1; CPU runs split the cores); "
-                             "also the processes that choose the LRs, run E1 and score the runs")
+                             "also the processes that choose the LRs and score the runs")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this machine (default); ray: every run a Ray task, here or at --address")
     parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
@@ -351,7 +325,6 @@ def main(argv=None) -> int:
         spec = StudySpec.load(grid_file)  # prints each hypothesis's floor; refuses a plan that cannot decide
         grid = spec.grid
         only = parse_only(args.only)
-        run_e1 = wants_e1(grid, only)
         study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
         runs = selected_runs(grid, only, study_selection(grid, study_dir))
         validate_commands(grid, runs, study_dir, args.overrides)
@@ -370,5 +343,5 @@ def main(argv=None) -> int:
               "interrupted ones resume from their last checkpoint)", file=sys.stderr)
         return 130
     record_invocation(study_dir, command, started)
-    after_training(study_dir, run_e1, bool(grid["score"]), not args.no_report, shards=args.parallel or 1)
+    after_training(study_dir, bool(grid["score"]), not args.no_report, shards=args.parallel or 1)
     return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed

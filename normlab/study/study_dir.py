@@ -17,9 +17,9 @@ from normlab.study.selection_file import read_selection
 
 SPEC, HOOKS = "spec.yaml", "hooks.py"  # the study file as it ran, and its hook file (measures)
 STUDY_JSON, SCORED, SELECTION, META = "study.json", "runs.jsonl", "selection.json", "meta.json"
-E1, SIGNAL, LABELS = "e1.jsonl", "signal.jsonl", "labels.json"
-TABLES = ("signal", "e1")  # extra per-arm or per-seed tables a study may write: NAME.jsonl
-COPIED = (SELECTION, E1, LABELS, SIGNAL, SPEC, HOOKS)  # into a records folder as the study wrote them
+SIGNAL, LABELS = "signal.jsonl", "labels.json"
+TABLES = ("signal",)  # extra per-arm or per-seed tables a study may write: NAME.jsonl
+COPIED = (SELECTION, LABELS, SIGNAL, SPEC, HOOKS)  # into a records folder as the study wrote them
 
 
 class StudyDir:
@@ -116,15 +116,13 @@ def git_commit() -> str | None:
     return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False,
-                      children_before=None) -> None:
-    """Append this command's commit, machine, wall time and CPU time to study.json: of the processes it started
-    (since `children_before`, an earlier os.times()), or (in_process: E1 in one process) its own."""
+def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False) -> None:
+    """Append this command's commit, machine, wall time and CPU time to study.json: of the processes it started,
+    or (in_process: a measurement in one process) its own."""
     path = StudyDir(study_dir).study_json
     data = read_json(path)
     times = os.times()
-    before = (children_before.children_user + children_before.children_system) if children_before else 0.0
-    cpu = times.user + times.system if in_process else times.children_user + times.children_system - before
+    cpu = times.user + times.system if in_process else times.children_user + times.children_system
     data.setdefault("invocations", []).append({
         "command": command, "commit": git_commit(), "machine": machine(), "started": time.strftime(
             "%Y-%m-%d %H:%M:%S%z", time.localtime(started)), "wall_s": round(time.time() - started, 1),
