@@ -18,7 +18,6 @@ variants:
 lr: {min: 1.0e-4, max: 1.0e-2, num: 3}
 warmup: {on: 10, off: 0}
 seeds: [0, 1]
-comparisons: [[post_ln, masked_batchnorm]]
 """
 
 
@@ -125,7 +124,7 @@ def test_failed_runs_are_recorded_and_reruns_skip_finished_ones(grid, tmp_path):
     failed = record["runs"]["post_ln-lr0.001-wuon-s0"]
     assert failed["status"] == "failed" and failed["returncode"] == 1 and "RuntimeError: boom" in failed["error"]
     assert record["runs"]["post_ln-lr0.01-wuon-s0"]["status"] == "diverged"
-    assert record["name"] == "tiny" and record["comparisons"] == [["post_ln", "masked_batchnorm"]]
+    assert record["name"] == "tiny" and record["common_overrides"] == g["overrides"]
 
     # the same command again: only the failed run is trained; this time it cannot even start
     runner = FakeRunner(lambda name: "raise")

@@ -60,24 +60,20 @@ class Study:
         if arm in self.spec.pin:
             lrs = self.spec.pin[arm].lrs
             return lrs[rank] if rank < len(lrs) else None
-        for name, exp in self.experiments(arm):
+        for name in self.spec.chosen_lr_experiments(arm):
+            exp = self.spec.grid["experiments"][name]
             v = exp["variants"][arm]
             chosen = self.selection.get(selection_key(exp["best_of"], v["tune"], v["warmup"][0]))
             if chosen and (rank == 0 or "runner_up" in chosen):
                 return three_digits(rules.lr_of_rank(chosen, rank) * v["lr_scale"])
         return None
 
-    def experiments(self, arm: str) -> list:
-        aa = self.spec.aa.experiment if self.spec.aa else None
-        return [(n, e) for n, e in self.spec.grid["experiments"].items()
-                if e["best_of"] and arm in e["variants"] and n != aa]
-
     def arm(self, arm: str, rank: int) -> list[RunRecord]:
         """The arm's runs at its LR of this rank, one per seed, by seed."""
         lr = self.lr(arm, rank)
         if lr is None:
             return []
-        names = self.spec.pin[arm].experiments if arm in self.spec.pin else [n for n, _ in self.experiments(arm)]
+        names = self.spec.pin[arm].experiments if arm in self.spec.pin else self.spec.chosen_lr_experiments(arm)
         runs = {r.name: r for n in names for r in self.in_experiment(n, arm, lr=lr)}
         return sorted(runs.values(), key=lambda r: r.seed)
 

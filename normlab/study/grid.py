@@ -53,7 +53,6 @@ class GridSpec:
     lr: typing.Union[list, dict, None] = None
     warmup: typing.Optional[dict] = None
     seeds: typing.Optional[typing.List[int]] = None
-    comparisons: typing.Optional[list] = None
     wandb_project: typing.Optional[str] = None
     experiments: typing.Optional[dict] = None
     score: typing.Optional[dict] = None  # the records' scoring (normlab/study/scoring.py)
@@ -235,7 +234,7 @@ def load_grid(path: Path) -> dict:
     out = {"name": str(grid.name), "description": grid.description,
            "overrides": _overrides(grid.overrides, "overrides"), "experiments": experiments,
            "score": grid.score or {}, "share_runs": grid.share_runs,
-           "comparisons": grid.comparisons or [], "wandb_project": grid.wandb_project,
+           "wandb_project": grid.wandb_project,
            "selection_from": grid.selection_from, "cells": cells}
     _check_selection(path, out)
     if out["share_runs"]:

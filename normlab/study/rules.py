@@ -139,11 +139,12 @@ def estimate(diffs, test: str) -> Paired:
 def choose_lrs(dev_loss_by_lr: dict) -> dict:
     """{lr: [dev loss per sweep seed]} -> the best and runner-up LRs (lowest mean dev loss; a diverged run is
     inf; ties go to the smaller LR), the gap between their means, the per-seed SD (pooled over the two LRs) and
-    `near_tie`: the gap is within one per-seed SD, so the sweep's seeds could not tell the two apart."""
-    if len(dev_loss_by_lr) < 2:
-        raise ValueError("choose_lrs needs at least two LRs: a runner-up is part of the choice")
+    `near_tie`: the gap is within one per-seed SD, so the sweep's seeds could not tell the two apart. One LR: it
+    alone, {"lr": lr}."""
     mean = {float(lr): float(np.mean(v)) for lr, v in dev_loss_by_lr.items()}
     order = sorted(sorted(mean), key=lambda lr: mean[lr])
+    if len(order) < 2:
+        return {"lr": order[0]}
     best, second = order[0], order[1]
     gap = mean[second] - mean[best]
     pair = [np.asarray(dev_loss_by_lr[lr], dtype=float) for lr in (best, second)]

@@ -119,7 +119,7 @@ class Study:
             raise StudyError(f"{study_dir} holds study {old['name']!r}, not {grid['name']!r}; pick another --study-dir")
         self.data = {"name": grid["name"], "description": grid["description"], "grid_file": str(grid_file),
                      "experiments": grid["experiments"], "score": grid["score"],
-                     "common_overrides": grid["overrides"], "comparisons": grid["comparisons"],
+                     "common_overrides": grid["overrides"],
                      "wandb_project": grid["wandb_project"], "command": command,
                      # every invocation that trained into this directory (a study may be built in pieces)
                      "commands": [c for c in old.get("commands", []) if c != command] + [command],

@@ -31,18 +31,13 @@ def dev_loss(run_dir: Path, dev, batch_size: int) -> float:
     return float(loss) if loss is not None else math.inf  # the loss is None when it is not finite
 
 
-def best_lr(dev_loss_by_lr: dict) -> float:
-    """The LR with the lowest mean dev loss over seeds ({lr: [loss per seed]}); ties go to the smaller LR."""
-    return min(sorted(dev_loss_by_lr), key=lambda lr: float(np.mean(dev_loss_by_lr[lr])))
-
-
 def choice(losses: dict, runs: dict | None = None) -> dict:
     """{lr: [dev loss per seed]} (and {lr: [run names]}) -> the record selection.json keeps: the best LR; with two
     LRs or more also the runner-up, the gap between them, the per-seed SD and whether they are a near tie
     (rules.choose_lrs); and `by_lr`, each LR's mean dev loss, every seed's loss and its runs (selection_file)."""
-    out = {"lr": best_lr(losses)}
-    if len(losses) >= 2:
-        picked = choose_lrs(losses)
+    picked = choose_lrs(losses)
+    out = {"lr": picked["lr"]}
+    if "runner_up" in picked:
         out.update({k: picked[k] for k in ("runner_up", "near_tie")})
         # a diverged seed makes the gap or the SD infinite or undefined: null in JSON
         out.update({k: round(picked[k], 5) if math.isfinite(picked[k]) else None for k in ("gap", "seed_sd")})

@@ -121,12 +121,15 @@ class StudySpec:
         """2 where the arms train at their best and runner-up LRs, else 1."""
         return max([e["ranks"] for e in self.grid["experiments"].values()] + [2 if self.pin else 1])
 
+    def chosen_lr_experiments(self, arm: str) -> list[str]:
+        """The experiments that train the arm at its chosen LRs (the A/A's excluded)."""
+        return [n for n, e in self.grid["experiments"].items() if e["best_of"] and arm in e["variants"]
+                and not (self.aa and n == self.aa.experiment)]
+
     def seeds_of(self, arm: str) -> set:
         """The seeds the arm's runs are planned at (its chosen-LR or pinned experiments)."""
         exps = self.grid["experiments"]
-        names = self.pin[arm].experiments if arm in self.pin else \
-            [n for n, e in exps.items() if e["best_of"] and arm in e["variants"]
-             and not (self.aa and n == self.aa.experiment)]
+        names = self.pin[arm].experiments if arm in self.pin else self.chosen_lr_experiments(arm)
         return {s for n in names if arm in exps[n]["variants"]
                 for s in exps[n]["variants"][arm]["seeds"] or exps[n]["seeds"]}
 
