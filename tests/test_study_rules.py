@@ -55,9 +55,6 @@ def test_power_matches_a_simulation_of_the_t_test_and_grows_with_seeds():
     simulated = np.mean([stats.ttest_1samp(rng.normal(0.02, 0.02, 10), 0).pvalue < 0.05 for _ in range(4000)])
     assert rules.power(0.02, 0.02, 10) == pytest.approx(simulated, abs=0.03)
     assert rules.power(0.02, 0.02, 20) > rules.power(0.02, 0.02, 10) > rules.power(0.02, 0.02, 5)
-    # the exact sign-flip test cannot reject at 5 seeds, whatever the effect
-    assert rules.power(1.0, 0.01, 5, test="permutation", reps=200) == 0.0
-    assert rules.power(1.0, 0.01, 8, test="permutation", reps=200) == 1.0
 
 
 # --- intervals and p from one method ---------------------------------------------------------------------------

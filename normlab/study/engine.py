@@ -65,7 +65,7 @@ class Study:
             v = exp["variants"][arm]
             chosen = self.selection.get(selection_key(exp["best_of"], v["tune"], v["warmup"][0]))
             if chosen and (rank == 0 or "runner_up" in chosen):
-                return three_digits(rules.lr_of_rank(chosen, rank) * v["lr_scale"])
+                return three_digits(float(chosen["lr"] if rank == 0 else chosen["runner_up"]) * v["lr_scale"])
         return None
 
     def arm(self, arm: str, rank: int) -> list[RunRecord]:

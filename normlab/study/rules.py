@@ -41,22 +41,15 @@ def test_floor(nonzero: int, family: int = 1) -> float:
     return min(1.0, family * 2.0 ** (1 - nonzero))
 
 
-def power(effect: float, sd: float, n: int, alpha: float = ALPHA, test: str = "t", reps: int = 2000,
-          seed: int = 0) -> float:
-    """Power of a two-sided paired test at level `alpha` to detect a mean per-seed difference `effect` when the
-    differences have SD `sd`, with n seeds. t: exact for normal differences (noncentral t). permutation: by
-    simulation, `reps` normal samples, the exact sign-flip test on each."""
+def power(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided paired t test at level `alpha` to detect a mean per-seed difference `effect` when
+    the differences have SD `sd`, with n seeds: exact for normal differences (noncentral t). The plan's floor, not
+    this, says whether the exact sign-flip test can decide at all."""
     if sd <= 0 or n < 2:
         return float("nan")
-    if test == "t":
-        df, nc = n - 1, effect / sd * math.sqrt(n)
-        crit = stats.t.ppf(1 - alpha / 2, df)
-        return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
-    if test != "permutation":
-        raise ValueError(f"power: unknown test {test!r}; choose t or permutation")
-    rng = np.random.default_rng(seed)
-    samples = rng.normal(effect, sd, size=(reps, n))
-    return float(np.mean([sign_flip_p(d) < alpha for d in samples]))
+    df, nc = n - 1, effect / sd * math.sqrt(n)
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
 
 
 @dataclass
@@ -151,11 +144,6 @@ def choose_lrs(dev_loss_by_lr: dict) -> dict:
     finite = all(np.isfinite(x).all() and len(x) > 1 for x in pair)
     sd = float(np.sqrt(np.mean([x.var(ddof=1) for x in pair]))) if finite else math.nan
     return {"lr": best, "runner_up": second, "gap": gap, "seed_sd": sd, "near_tie": bool(finite and gap <= sd)}
-
-
-def lr_of_rank(choice: dict, rank: int) -> float:
-    """0: the best LR, 1: the runner-up."""
-    return float(choice["lr"] if rank == 0 else choice["runner_up"])
 
 
 # ---------------------------------------------------------------------------------------------------------------

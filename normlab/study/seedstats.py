@@ -40,17 +40,11 @@ def t_interval(d: np.ndarray, conf: float = 0.95) -> tuple[float, float]:
     return float(d.mean()) - half, float(d.mean()) + half
 
 
-def sign_patterns(n: int, exact_up_to: int, reps: int, rng: np.random.Generator) -> np.ndarray:
-    """Every one of the 2^n sign patterns of n values while n <= exact_up_to, else `reps` random ones."""
-    if n <= exact_up_to:
-        return np.array(list(itertools.product((1.0, -1.0), repeat=n)))
-    return rng.choice((1.0, -1.0), size=(reps, n))
-
-
 def sign_flip_p(d: np.ndarray, reps: int = 20000, seed: int = 0) -> float:
     """Two-sided permutation p of mean(d) = 0: under the null each seed's difference is as likely to have the
     other sign. Exact up to 16 seeds, Monte Carlo beyond."""
-    signs = sign_patterns(len(d), 16, reps, np.random.default_rng(seed))
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=len(d)))) if len(d) <= 16 else \
+        np.random.default_rng(seed).choice((1.0, -1.0), size=(reps, len(d)))  # every sign pattern, or reps random
     return float(np.mean(np.abs(signs @ d) >= abs(d.sum()) - 1e-12))
 
 
