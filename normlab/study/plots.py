@@ -13,10 +13,6 @@ from normlab.study.grid import selection_arm
 from normlab.study.rules import eval_means
 from normlab.study.seedstats import t_interval
 
-LABELS = {"ln_pre": "LayerNorm (pre-LN)", "ln_post": "LayerNorm post-LN", "custom_ln": "hand-written LN",
-          "rmsnorm": "RMSNorm", "dyt": "DyT", "batchnorm": "BatchNorm (naive)",
-          "masked_batchnorm": "BatchNorm (masked)", "powernorm": "PowerNorm", "no_norm": "no norm"}
-
 
 def plot_sweep(selection: dict, title: str):
     """Mean dev loss against the LR in the tuning sweep, per arm: where each arm's LR was chosen."""
@@ -25,7 +21,7 @@ def plot_sweep(selection: dict, title: str):
         xs = [row["lr"] for row in chosen["by_lr"]]
         ys = [min(row["dev_loss"], 1.0) for row in chosen["by_lr"]]
         variant = selection_arm(key)
-        line, = ax.plot(xs, ys, "-o", ms=3, label=LABELS.get(variant, variant))
+        line, = ax.plot(xs, ys, "-o", ms=3, label=variant)
         best = next(y for x, y in zip(xs, ys) if math.isclose(x, chosen["lr"]))
         ax.plot([chosen["lr"]], [best], "*", ms=12, color=line.get_color())
     ax.set_xscale("log")
@@ -55,8 +51,8 @@ def plot_board(board: dict, title: str):
                 left.errorbar(acc.mean(), i + offset, xerr=(hi - lo) / 2, fmt="ko", ms=4, capsize=3,
                               mfc="k" if face is None else "white")
         curve = eval_means(board[arm][0])
-        right.plot(list(curve), list(curve.values()), color=f"C{i % 10}", label=LABELS.get(arm, arm))
-    left.set_yticks(range(len(order)), [LABELS.get(a, a) for a in order])
+        right.plot(list(curve), list(curve.values()), color=f"C{i % 10}", label=arm)
+    left.set_yticks(range(len(order)), order)
     left.set_xlabel("validation accuracy: best LR (filled, upper) and runner-up LR (hollow, lower)")
     right.set_xlabel("optimizer step")
     right.set_ylabel("validation accuracy (mean over seeds, best LR)")

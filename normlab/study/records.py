@@ -51,7 +51,6 @@ class RunRecord:
     commit: str | None = None
     machine: str | None = None
     started_at: str | None = None
-    cpu_threads: int | None = None
     schema_version: int = SCHEMA_VERSION
     extra: dict = field(default_factory=dict)
     keys: tuple = field(default=(), repr=False, compare=False)  # the row's own keys, in its order

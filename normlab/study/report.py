@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from normlab.errors import RecordsError
-from normlab.files.formats import atomic_write_json, read_json, read_jsonl
+from normlab.files.formats import atomic_write_json
 from normlab.study import engine, rules
 from normlab.study import markdown as md
 from normlab.study import outcomes as oc
@@ -26,18 +26,11 @@ def copy_records(study_dir: Path, out: Path) -> None:
     already holds this study's committed records (its seeds continued in a fresh folder), those are kept and the
     study's join them (records.keep_committed); so are the invocations meta.json lists."""
     study_dir, folder = StudyDir(study_dir), StudyDir(out)
-    if not study_dir.scored.is_file():
-        raise FileNotFoundError(f"{study_dir.scored} not found: score the study first "
-                                f"(python scripts/score_runs.py {study_dir})")
-    study = read_json(study_dir.study_json)
-    rows = []
-    for r in read_jsonl(study_dir.scored):
-        entry = study["runs"].get(r["name"], {})
-        r.update({k: entry[k] for k in ("experiments", "commit", "machine", "started_at") if k in entry})
+    rows, study = study_dir.scored_runs()
+    for r in rows:
         for key, score in r.get("scores", {}).items():
             if key.startswith("dev/"):
                 score.pop("pred", None)  # dev only chooses LRs, by its loss
-        rows.append(r)
     calls = study.get("invocations", [])
     if (out / RECORDS).is_file() and study_dir.path.resolve() != out.resolve():
         if study_dir.selection() != folder.selection():

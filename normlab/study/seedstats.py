@@ -28,11 +28,6 @@ class Paired:
         return f"{f.format(self.mean)} {interval} (p={self.p:.3g}, n={self.n}, {self.test})"
 
 
-def _clean(diffs) -> np.ndarray:
-    d = np.asarray(diffs, dtype=float)
-    return d[np.isfinite(d)]
-
-
 def t_interval(d: np.ndarray, conf: float = 0.95) -> tuple[float, float]:
     if len(d) < 2:
         return float("nan"), float("nan")
@@ -52,7 +47,8 @@ def paired_test(diffs, test: str = "t") -> Paired:
     """Paired comparison over seeds with the named test ("t" or "permutation")."""
     if test not in TESTS:
         raise ValueError(f"unknown test {test!r}; choose one of {', '.join(TESTS)}")
-    d = _clean(diffs)
+    d = np.asarray(diffs, dtype=float)
+    d = d[np.isfinite(d)]
     lo, hi = t_interval(d)
     mean = float(d.mean()) if len(d) else float("nan")
     if len(d) < 2 or not np.any(d):

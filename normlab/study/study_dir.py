@@ -20,6 +20,7 @@ STUDY_JSON, SCORED, SELECTION, META = "study.json", "runs.jsonl", "selection.jso
 SIGNAL, LABELS = "signal.jsonl", "labels.json"
 TABLES = ("signal",)  # extra per-arm or per-seed tables a study may write: NAME.jsonl
 COPIED = (SELECTION, LABELS, SIGNAL, SPEC, HOOKS)  # into a records folder as the study wrote them
+PROVENANCE = ("experiments", "commit", "machine", "started_at", "duration_s")  # study.json's, joined to a record
 
 
 class StudyDir:
@@ -78,6 +79,17 @@ class StudyDir:
         if spec.hooks:
             spec.hooks = str(self.path / HOOKS)
         return spec
+
+    def scored_runs(self) -> tuple[list[dict], dict]:
+        """(every run's record as scoring wrote it, joined with the provenance study.json keeps for its run,
+        study.json); FileNotFoundError naming the command when the study is not scored yet."""
+        if not self.scored.is_file():
+            raise FileNotFoundError(f"{self.scored} not found: score the study first "
+                                    f"(python scripts/score_runs.py {self.path})")
+        study = read_json(self.study_json)
+        entries = study["runs"]
+        return [{**r, **{k: v for k, v in entries.get(r["name"], {}).items() if k in PROVENANCE}}
+                for r in read_jsonl(self.scored)], study
 
     def records(self) -> list[RunRecord]:
         if not (self.path / RECORDS).is_file():
