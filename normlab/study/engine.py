@@ -129,9 +129,8 @@ def largest_lr_values(study: Study, h: Hypothesis) -> list[float]:
     grid = sorted({r.lr for r in study.runs if h.experiment in r.experiments})
     out = []
     for arm in (h.a, h.b):
-        runs = study.in_experiment(h.experiment, arm, h.warmup)
         by_seed = {}
-        for r in runs:
+        for r in study.in_experiment(h.experiment, arm, h.warmup):
             by_seed.setdefault(r.seed, {})[r.lr] = oc.outcome(r.curves["loss"], r.status)
         out.append({s: math.log10(oc.largest_learning_lr(o) or min(grid) * 10 ** -0.25) for s, o in by_seed.items()})
     return [out[0][s] - out[1][s] for s in sorted(set(out[0]) & set(out[1]))]

@@ -100,17 +100,6 @@ def run_logged(cmd: list[str], log, env: dict, cwd=REPO_ROOT, own_session: bool 
         raise
 
 
-class Engine:
-    """Runs Jobs to their end: run_all(jobs, started(job), finished(job, Outcome)); close() when done."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # This machine
 
@@ -121,8 +110,9 @@ def subprocess_runner(job: Job, env: dict) -> int:
         return run_logged(job.cmd, log, env)  # the terminal's Ctrl-C reaches train.py too
 
 
-class LocalEngine(Engine):
-    """Runs on this machine: with `gpus`, one run per GPU at a time; otherwise `parallel` runs at once, the cores
+class LocalEngine:
+    """An engine runs Jobs to their end: run_all(jobs, started(job), finished(job, Outcome)); close() when done.
+    This one runs on this machine: with `gpus`, one run per GPU at a time; otherwise `parallel` runs at once, the cores
     split between them. `runner(job, env) -> exit code` starts one run (tests pass a fake)."""
 
     def __init__(self, parallel=1, gpus=0, runner=subprocess_runner):
@@ -239,7 +229,7 @@ def _attempt(cmd: list[str], run_dir: str, log: str, env: dict, cwd: str, driver
     return {"returncode": returncode, "duration_s": round(time.time() - start, 1), "attempts": attempt, "host": host}
 
 
-class RayEngine(Engine):
+class RayEngine:  # the same interface as LocalEngine
     """Every run a Ray task: one GPU each when the cluster has GPUs, else `cpus` cores each (the smallest node's
     cores split `parallel` ways). No address: a new local Ray instance, shut down at the end; "auto" or
     "ray://host:port": an existing cluster. Already connected (ray.init called before): that connection."""

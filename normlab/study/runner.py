@@ -4,6 +4,7 @@ report. STUDY/study.json records the grid, the commands and every run's status.
 """
 
 import argparse
+import contextlib
 import json
 import shlex
 import subprocess
@@ -334,7 +335,7 @@ def main(argv=None) -> int:
         engine = make_engine(args.engine, parallel=args.parallel, address=args.address,
                              max_retries=args.max_retries, warm=not args.process_per_run)
         print(engine.describe())
-        with engine:
+        with contextlib.closing(engine):
             run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine, shards=args.parallel or 1)
     except StudyError as err:
         return error_exit("study.py", err)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from normlab.errors import RecordsError
-from normlab.files.formats import atomic_write_json, read_json, read_jsonl
+from normlab.files.formats import atomic_write_json, load_yaml_mapping, read_json, read_jsonl
 from normlab.study.grid import REPO_ROOT, StudyError
 from normlab.study.records import RECORDS, RunRecord, read_records
 from normlab.study.selection_file import read_selection
@@ -58,8 +58,6 @@ class StudyDir:
     def save_spec(self, preset: Path) -> None:
         """The study file as it runs (and its hook file), kept beside the runs for every later report; rewritten
         only when it changed."""
-        from normlab.files.formats import load_yaml_mapping
-
         self.path.mkdir(parents=True, exist_ok=True)
         files = {SPEC: Path(preset)}
         if hooks := load_yaml_mapping(preset).get("hooks"):
