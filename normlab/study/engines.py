@@ -49,10 +49,6 @@ class Outcome:
     host: str | None = None
 
 
-def read_status(run_dir: Path) -> str | None:
-    return RunDir(run_dir).status()
-
-
 def attempts_logged(log: Path) -> int:
     return log.read_text(errors="replace").count(ATTEMPT_MARK) if log.exists() else 0
 
@@ -214,7 +210,7 @@ def _attempt(cmd: list[str], run_dir: str, log: str, env: dict, cwd: str, driver
     same paths as the driver). Appends to the run's log; raises RunKilled when train.py dies by a signal."""
     host, start, log = socket.gethostname(), time.time(), Path(log)
     attempt = 1 + attempts_logged(log)
-    if read_status(Path(run_dir)) in FINISHED:  # an earlier attempt finished the run before its worker died
+    if RunDir(run_dir).status() in FINISHED:  # an earlier attempt finished the run before its worker died
         return {"returncode": 0, "duration_s": 0.0, "attempts": attempt, "host": host}
     if cmd[0] == driver_python:  # this node's interpreter, wherever it is installed
         cmd = [sys.executable, *cmd[1:]]

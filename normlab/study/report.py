@@ -142,8 +142,8 @@ def aa_lines(a: engine.Analysis) -> list[str]:
     e, fpr = a.aa["estimate"], a.aa["fpr"]
     return ["## The A/A control", "",
             f"{aa.arm} at its best LR on the board's seeds against {aa.copy or 'itself'} on the `{aa.experiment}` "
-            f"seeds ({a.aa['n'][0]} and "
-            f"{a.aa['n'][1]} runs), {aa.outcome}: {e.fmt()}. Over 1,000 resamples of {aa.resample} seeds from each "
+            f"seeds ({a.aa['n'][0]} and {a.aa['n'][1]} runs), {aa.outcome}: {e.mean:+.3f} [{e.lo:+.3f}, {e.hi:+.3f}] "
+            f"(p={e.p:.3g}, n={e.n}, {e.test}). Over 1,000 resamples of {aa.resample} seeds from each "
             f"set, the t test calls it significant {fpr['t']:.1%} of the time at alpha 0.05, the sign-flip test "
             f"{fpr['permutation']:.1%}. Test used: **{a.test}**.", ""]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from normlab.command import error_exit
 from normlab.files.formats import atomic_write_json, read_json
 from normlab.run_dir import RunDir, saved_config_raw
-from normlab.study.engines import Job, LocalEngine, make_engine, read_status, subprocess_runner
+from normlab.study.engines import Job, LocalEngine, make_engine, subprocess_runner
 from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
     FINISHED,
     REPO_ROOT,
@@ -165,7 +165,7 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"]
     statuses, todo = {}, []
     for run in runs:
-        status = read_status(StudyDir(study_dir).run(run.name))
+        status = RunDir(StudyDir(study_dir).run(run.name)).status()
         base = run.placement()
         if status in FINISHED:
             statuses[run.name] = status
@@ -183,7 +183,7 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
                      started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
     def finished(job, outcome):
-        status = read_status(job.run_dir)
+        status = RunDir(job.run_dir).status()
         if status is None or (outcome.returncode != 0 and status not in FINISHED):
             status = "failed"
         fields = dict(status=status, returncode=outcome.returncode, duration_s=outcome.duration_s,
@@ -257,7 +257,7 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
         for key, (experiment, variant, warmup) in pending_selections(grid, selection).items():
             sweep = [r for r in expand(grid, selection) if experiment in r.experiments
                      and r.variant == variant and r.warmup == warmup]
-            if all(read_status(StudyDir(study_dir).run(r.name)) in FINISHED for r in sweep):
+            if all(RunDir(StudyDir(study_dir).run(r.name)).status() in FINISHED for r in sweep):
                 ready[key] = {}
                 for r in sweep:
                     ready[key].setdefault(r.lr, []).append(r.name)
@@ -277,7 +277,7 @@ def dry_run(grid, runs, study_dir: Path, overrides) -> int:
     from normlab.config.loader import flatten_config, load_config
 
     default = flatten_config(load_config())
-    statuses = [read_status(StudyDir(study_dir).run(run.name)) for run in runs]
+    statuses = [RunDir(StudyDir(study_dir).run(run.name)).status() for run in runs]
     for run, status in zip(runs, statuses):
         action = f"skip ({status})" if status in FINISHED else "train"
         cfg = flatten_config(run_config(grid, run, study_dir, overrides))

@@ -22,11 +22,6 @@ class Paired:
     n: int
     test: str
 
-    def fmt(self, digits: int = 3) -> str:
-        f = f"{{:+.{digits}f}}"
-        interval = f"[{f.format(self.lo)}, {f.format(self.hi)}]"
-        return f"{f.format(self.mean)} {interval} (p={self.p:.3g}, n={self.n}, {self.test})"
-
 
 def t_interval(d: np.ndarray, conf: float = 0.95) -> tuple[float, float]:
     if len(d) < 2:

@@ -13,7 +13,6 @@ import torch
 from normlab.command import command_parser
 from normlab.files.formats import atomic_write_json, read_jsonl, write_jsonl
 from normlab.run_dir import RunDir
-from normlab.study.engines import read_status
 from normlab.study.rules import choose_lrs
 from normlab.study.scoring import SCORE_DEFAULTS, score_run, score_sets
 from normlab.study.selection_file import lr_rows, read_selection
@@ -25,7 +24,7 @@ DEV_LOSSES = "dev_losses.jsonl"
 
 def dev_loss(run_dir: Path, dev, batch_size: int) -> float:
     """Mean cross-entropy of the run's final model on the dev rows (length-sorted batches, running statistics)."""
-    if read_status(run_dir) != "completed" or not RunDir(run_dir).has_final():
+    if RunDir(run_dir).status() != "completed" or not RunDir(run_dir).has_final():
         return math.inf
     loss = score_run(run_dir, {"dev": dev}, False, batch_size)[0]["dev/sorted/running"]["loss"]
     return float(loss) if loss is not None else math.inf  # the loss is None when it is not finite
