@@ -57,11 +57,12 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, row: dict, where: str = "") -> "RunRecord":
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "keys", "schema_version"}
-        record = cls(**{k: v for k, v in row.items() if k in names},
-                     schema_version=schema_version(row, where), extra={k: v for k, v in row.items() if k not in names
-                                                                       and k != "schema_version"}, keys=tuple(row))
-        record.experiments = record.experiments or [record.experiment]
+        """The record of a row (RecordsError for a newer schema_version than this code reads)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "keys"}
+        record = cls(**{k: v for k, v in row.items() if k in names}, keys=tuple(row),
+                     extra={k: v for k, v in row.items() if k not in names})
+        record.schema_version = schema_version(row, where)
+        record.experiments = record.experiments or [record.experiment]  # a run of one experiment (older records)
         return record
 
     def to_dict(self) -> dict:
