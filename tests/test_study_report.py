@@ -11,7 +11,7 @@ import pytest
 
 from normlab.paths import REPO_ROOT
 from normlab.study import report
-from normlab.study.records import read_records, record_digest
+from normlab.study.records import RunRecord, read_records, record_digest
 from normlab.study.selection_file import read_selection
 from normlab.study.study_dir import StudyDir
 from test_study_engine import SELECTION, SPEC, synthetic_run, synthetic_runs
@@ -47,7 +47,7 @@ def test_report_regenerates_from_the_copied_records_alone(tmp_path):
                                                "report.md", "answer.png"}
     assert first.startswith("# synthetic: report") and "| H4 | claim |" in first and "abc1234 (" in first
     loaded = report.load(out)
-    assert all(r["commit"] == "abc1234" for r in loaded.runs)
+    assert all(r.commit == "abc1234" for r in loaded.runs)
     assert report.make_report(out).read_text() == first  # from the copied records alone, the same report
     assert report.make_report(study).read_text() == first  # in place, as study.py writes it
 
@@ -130,6 +130,21 @@ def test_records_carry_their_schema_version_and_a_newer_one_is_refused(tmp_path)
     write_records(tmp_path / "r.jsonl.gz", [{**synthetic_records()[0], "schema_version": SCHEMA_VERSION + 1}])
     with pytest.raises(report.RecordsError, match=f"schema_version {SCHEMA_VERSION + 1}; this code reads up to"):
         read_records(tmp_path / "r.jsonl.gz")
+    with pytest.raises(report.RecordsError, match=f"schema_version {SCHEMA_VERSION + 1}; this code reads up to"):
+        RunRecord.from_dict({"name": "a", "schema_version": SCHEMA_VERSION + 1})
+
+
+def test_a_run_record_reads_its_fields_by_name_and_gives_its_row_back():
+    row = synthetic_records()[0]
+    record = RunRecord.from_dict(row)
+    assert record.to_dict() == row and list(record.to_dict()) == list(row)  # the same row, in its key order
+    assert (record.variant, record.seed, record.status) == (row["variant"], row["seed"], row["status"])
+    assert record.score() == row["scores"]["val/sorted/running"]["accuracy"]
+    assert record.score("loss", "dev/sorted/running") != record.score("loss", "dev/sorted/running")  # absent: NaN
+    assert record.steps == row["curves"]["step"][-1]
+    assert record.evals() == {e["step"]: e["accuracy"] for e in row["curves"]["eval"]}
+    bare = RunRecord.from_dict({"name": "x", "experiment": "board", "status": "completed"})
+    assert bare.experiments == ["board"] and bare.schema_version == 1 and bare.scores == {}
 
 
 COMMITTED = sorted(p.parent for p in (REPO_ROOT / "docs").glob("study-v*/**/runs.jsonl*"))
@@ -143,6 +158,9 @@ def test_head_reads_every_committed_records_folder():
         path = folder / report.RECORDS
         rows = read_records(path) if path.is_file() else [json.loads(x) for x in (folder / "runs.jsonl").open()]
         assert rows and all(r["name"] and r["status"] for r in rows), folder
+        records = [RunRecord.from_dict(r) for r in rows]  # typed: the old ones without schema_version are 1
+        assert [r.to_dict() for r in records] == rows and {r.schema_version for r in records} == {1}, folder
+        assert all(r.experiment in r.experiments for r in records if r.experiment), folder
         for choice in read_selection(folder / "selection.json").values():
             assert choice["lr"] > 0 and all("lr" in row for row in choice.get("by_lr", [])), folder
 

@@ -8,17 +8,18 @@ import pytest
 from scipy import stats
 
 from normlab.study import rules
+from normlab.study.records import RunRecord
 from normlab.study.seedstats import Paired, holm, paired_test
 
 LN2 = math.log(2)
 
 
-def run(exit_step: int, steps: int = 320, final_loss: float = 0.4, evals=None, seed: int = 0) -> dict:
+def run(exit_step: int, steps: int = 320, final_loss: float = 0.4, evals=None, seed: int = 0) -> RunRecord:
     """A synthetic record: train loss at ln 2 until `exit_step`, then `final_loss`; evaluations {step: accuracy}."""
     loss = [LN2 if s < exit_step else final_loss for s in range(1, steps + 1)]
-    return {"seed": seed, "curves": {"step": list(range(1, steps + 1)), "loss": loss,
-                                     "eval": [{"step": s, "accuracy": a, "loss": 1 - a}
-                                              for s, a in (evals or {}).items()]}}
+    return RunRecord.from_dict({"seed": seed, "curves": {"step": list(range(1, steps + 1)), "loss": loss,
+                                                         "eval": [{"step": s, "accuracy": a, "loss": 1 - a}
+                                                                  for s, a in (evals or {}).items()]}})
 
 
 # --- the floor --------------------------------------------------------------------------------------------------
@@ -54,9 +55,6 @@ def test_power_matches_a_simulation_of_the_t_test_and_grows_with_seeds():
     simulated = np.mean([stats.ttest_1samp(rng.normal(0.02, 0.02, 10), 0).pvalue < 0.05 for _ in range(4000)])
     assert rules.power(0.02, 0.02, 10) == pytest.approx(simulated, abs=0.03)
     assert rules.power(0.02, 0.02, 20) > rules.power(0.02, 0.02, 10) > rules.power(0.02, 0.02, 5)
-    # the exact sign-flip test cannot reject at 5 seeds, whatever the effect
-    assert rules.power(1.0, 0.01, 5, test="permutation", reps=200) == 0.0
-    assert rules.power(1.0, 0.01, 8, test="permutation", reps=200) == 1.0
 
 
 # --- intervals and p from one method ---------------------------------------------------------------------------
@@ -85,8 +83,7 @@ def test_a_coin_flip_tuning_is_flagged_as_a_near_tie():
     assert clear["lr"] == 1e-3 and not clear["near_tie"]
     diverged = rules.choose_lrs({1e-3: [0.40, 0.41], 1e-2: [0.41, math.inf]})
     assert diverged["runner_up"] == 1e-2 and not diverged["near_tie"]
-    with pytest.raises(ValueError, match="runner-up"):
-        rules.choose_lrs({1e-3: [0.4]})
+    assert rules.choose_lrs({1e-3: [0.4]}) == {"lr": 1e-3}  # one LR: no runner-up to choose
 
 
 # --- the robustness rule ----------------------------------------------------------------------------------------

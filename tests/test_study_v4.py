@@ -121,23 +121,24 @@ def test_pooled_cosine_is_one_for_identical_sentences_and_matches_a_hand_computa
     assert curve[2] != curve[0]  # two Adam steps move the pooled vectors
 
 
-def test_e1_rows_and_its_invocation_carry_commit_machine_and_start_time(tmp_path):
-    from normlab.study import init_exp
+def test_signal_rows_and_its_invocation_carry_commit_machine_and_start_time(tmp_path):
+    """The signal measurement (no training) written into a study: each row carries commit, machine and start time,
+    and its invocation joins study.json's (meta.json lists them)."""
+    from normlab.study import signal
 
     preset = tmp_path / "p.yaml"
-    preset.write_text(TWO_LRS + "init: {placements: [pre], depths: [1], seeds: [0], adam_steps: 1, lr: 1.0e-3, "
-                      "hidden_size: 16, num_attention_heads: 2, intermediate_size: 32, batch_size: 4, "
-                      "max_length: 16}\n")
-    preset.write_text(preset.read_text().replace("overrides: {train.max_steps: 5}",
-                                                 "overrides: {train.max_steps: 5, data.max_train_samples: 64, "
-                                                 "model.vocab_size: 300}"))
+    preset.write_text(TWO_LRS.replace("overrides: {train.max_steps: 5}", "overrides: {train.max_steps: 5, "
+                                      "data.max_train_samples: 64, model.vocab_size: 300}")
+                      + "signal: {variants: {a: {config: configs/pre_ln.yaml}}, seeds: [0], steps: 2, lr: 1.0e-3, "
+                      "batch_size: 4, max_length: 16}\n")
     (tmp_path / "st").mkdir()
     study.Study(tmp_path / "st", study.load_grid(preset), preset, "study.py").record("any", status="completed")
-    assert init_exp.main([str(tmp_path / "st")]) == 0
-    (row,) = [json.loads(x) for x in (tmp_path / "st" / "e1.jsonl").read_text().splitlines()]
+    assert signal.main(["--preset", str(preset), "--out", str(tmp_path / "st" / "signal.jsonl")]) == 0
+    (row,) = [json.loads(x) for x in (tmp_path / "st" / "signal.jsonl").read_text().splitlines()]
+    assert (row["variant"], row["seed"], row["lr"], len(row["cosine"])) == ("a", 0, 1e-3, 3)
     assert row["commit"] and row["machine"] and row["started_at"]
     (call,) = json.loads((tmp_path / "st" / "study.json").read_text())["invocations"]
-    assert call["command"].startswith("python scripts/init_study.py") and call["commit"] and call["wall_s"] >= 0
+    assert call["command"].startswith("python -m normlab.study.signal") and call["commit"] and call["cpu_s"] > 0
 
 
 def test_a_study_built_in_pieces_keeps_every_invocation(tmp_path):

@@ -14,36 +14,25 @@ import numpy as np
 from normlab.study import outcomes as oc
 from normlab.study import rules
 from normlab.study.grid import FINISHED, selection_key, three_digits
+from normlab.study.records import RunRecord
 from normlab.study.seedstats import Paired, holm
 from normlab.study.spec import Hypothesis, StudySpec
 
-VAL = "val/sorted/running"  # the score the outcomes read: validation, length-sorted batches, running statistics
 AT_END = ("accuracy", "loss")  # outcomes read at the end of training: the horizon rule guards them
-MEASURES = {}  # {name: fn(run, study) -> float}: the per-run outcomes; a study's hook file adds its own
+MEASURES = {}  # {name: fn(run: RunRecord, study) -> float}: the per-run outcomes; a study's hook file adds its own
 
 
 def measure(name: str):
-    """Register `fn(run, study) -> float` as the outcome `name` (a study's hook file uses this)."""
+    """Register `fn(run: RunRecord, study) -> float` as the outcome `name` (a study's hook file uses this)."""
     def register(fn):
         MEASURES[name] = fn
         return fn
     return register
 
 
-def value(run: dict, field: str = "accuracy", key: str = VAL) -> float:
-    return run.get("scores", {}).get(key, {}).get(field, math.nan)
-
-
-def exit_or_end(run: dict) -> float:
-    """The run's plateau exit step; a run that never left the plateau enters as its length."""
-    c = run.get("curves", {})
-    e = oc.plateau_exit_step(c.get("step", []), c.get("loss", []))
-    return float(e if e is not None else (c.get("step") or [math.nan])[-1])
-
-
-measure("exit")(lambda run, study: exit_or_end(run))
-measure("accuracy")(lambda run, study: value(run, "accuracy"))
-measure("loss")(lambda run, study: value(run, "loss"))
+measure("exit")(lambda run, study: oc.exit_or_end(run))
+measure("accuracy")(lambda run, study: run.score("accuracy"))
+measure("loss")(lambda run, study: run.score("loss"))
 
 
 def load_hooks(path) -> None:
@@ -55,52 +44,49 @@ def load_hooks(path) -> None:
 class Study:
     """One study's finished runs, its LR choices, its extra tables (signal.jsonl ...) and its spec."""
 
-    def __init__(self, runs: list[dict], selection: dict, spec: StudySpec, tables: dict | None = None):
-        self.runs = [r for r in runs if r["status"] in FINISHED]
-        self.unfinished = [r for r in runs if r["status"] not in FINISHED]
+    def __init__(self, runs: list, selection: dict, spec: StudySpec, tables: dict | None = None):
+        runs = [r if isinstance(r, RunRecord) else RunRecord.from_dict(r) for r in runs]
+        self.runs = [r for r in runs if r.status in FINISHED]
+        self.unfinished = [r for r in runs if r.status not in FINISHED]
         self.selection, self.spec, self.tables = selection, spec, tables or {}
 
-    def in_experiment(self, experiment: str, arm: str, warmup: str = "on", lr: float | None = None) -> list[dict]:
-        rows = [r for r in self.runs if experiment in r.get("experiments", [r["experiment"]])
-                and r["variant"] == arm and r["warmup"] == warmup and (lr is None or math.isclose(r["lr"], lr))]
-        return sorted(rows, key=lambda r: (r["lr"], r["seed"]))
+    def in_experiment(self, experiment: str, arm: str, warmup: str = "on", lr: float | None = None) -> list:
+        rows = [r for r in self.runs if experiment in r.experiments and r.variant == arm and r.warmup == warmup
+                and (lr is None or math.isclose(r.lr, lr))]
+        return sorted(rows, key=lambda r: (r.lr, r.seed))
 
     def lr(self, arm: str, rank: int) -> float | None:
         """The arm's LR at this rank (0: its best, 1: its runner-up); None where it has none."""
         if arm in self.spec.pin:
             lrs = self.spec.pin[arm].lrs
             return lrs[rank] if rank < len(lrs) else None
-        for name, exp in self.experiments(arm):
+        for name in self.spec.chosen_lr_experiments(arm):
+            exp = self.spec.grid["experiments"][name]
             v = exp["variants"][arm]
             chosen = self.selection.get(selection_key(exp["best_of"], v["tune"], v["warmup"][0]))
             if chosen and (rank == 0 or "runner_up" in chosen):
-                return three_digits(rules.lr_of_rank(chosen, rank) * v["lr_scale"])
+                return three_digits(float(chosen["lr"] if rank == 0 else chosen["runner_up"]) * v["lr_scale"])
         return None
 
-    def experiments(self, arm: str) -> list:
-        aa = self.spec.aa.experiment if self.spec.aa else None
-        return [(n, e) for n, e in self.spec.grid["experiments"].items()
-                if e["best_of"] and arm in e["variants"] and n != aa]
-
-    def arm(self, arm: str, rank: int) -> list[dict]:
+    def arm(self, arm: str, rank: int) -> list[RunRecord]:
         """The arm's runs at its LR of this rank, one per seed, by seed."""
         lr = self.lr(arm, rank)
         if lr is None:
             return []
-        names = self.spec.pin[arm].experiments if arm in self.spec.pin else [n for n, _ in self.experiments(arm)]
-        runs = {r["name"]: r for n in names for r in self.in_experiment(n, arm, lr=lr)}
-        return sorted(runs.values(), key=lambda r: r["seed"])
+        names = self.spec.pin[arm].experiments if arm in self.spec.pin else self.spec.chosen_lr_experiments(arm)
+        runs = {r.name: r for n in names for r in self.in_experiment(n, arm, lr=lr)}
+        return sorted(runs.values(), key=lambda r: r.seed)
 
     def per_seed(self, arms, rank: int, outcome: str) -> dict:
         """{seed: the outcome}, averaged over `arms` (a name or a group) at the seeds they share."""
         fn = MEASURES[outcome]
-        tables = [{r["seed"]: fn(r, self) for r in self.arm(a, rank)} for a in ([arms] if isinstance(arms, str)
+        tables = [{r.seed: fn(r, self) for r in self.arm(a, rank)} for a in ([arms] if isinstance(arms, str)
                                                                               else arms)]
         seeds = set.intersection(*(set(t) for t in tables)) if tables else set()
         return {s: float(np.mean([t[s] for t in tables])) for s in sorted(seeds)}
 
-    def steps(self, runs: list[dict]) -> int:
-        return max((r["curves"]["step"][-1] for r in runs if r.get("curves", {}).get("step")), default=0)
+    def steps(self, runs: list[RunRecord]) -> int:
+        return max((r.steps for r in runs), default=0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -140,13 +126,12 @@ def contrast_values(study: Study, h: Hypothesis, rank: int) -> list[float]:
 def largest_lr_values(study: Study, h: Hypothesis) -> list[float]:
     """Per seed, log10 of the largest LR of `h.experiment`'s grid at which arm a learned, minus arm b's (a
     quarter decade below the grid where none did)."""
-    grid = sorted({r["lr"] for r in study.runs if h.experiment in r.get("experiments", [r["experiment"]])})
+    grid = sorted({r.lr for r in study.runs if h.experiment in r.experiments})
     out = []
     for arm in (h.a, h.b):
-        runs = study.in_experiment(h.experiment, arm, h.warmup)
         by_seed = {}
-        for r in runs:
-            by_seed.setdefault(r["seed"], {})[r["lr"]] = oc.outcome(r["curves"]["loss"], r["status"])
+        for r in study.in_experiment(h.experiment, arm, h.warmup):
+            by_seed.setdefault(r.seed, {})[r.lr] = oc.outcome(r.curves["loss"], r.status)
         out.append({s: math.log10(oc.largest_learning_lr(o) or min(grid) * 10 ** -0.25) for s, o in by_seed.items()})
     return [out[0][s] - out[1][s] for s in sorted(set(out[0]) & set(out[1]))]
 

@@ -49,10 +49,6 @@ class Outcome:
     host: str | None = None
 
 
-def read_status(run_dir: Path) -> str | None:
-    return RunDir(run_dir).status()
-
-
 def attempts_logged(log: Path) -> int:
     return log.read_text(errors="replace").count(ATTEMPT_MARK) if log.exists() else 0
 
@@ -100,17 +96,6 @@ def run_logged(cmd: list[str], log, env: dict, cwd=REPO_ROOT, own_session: bool 
         raise
 
 
-class Engine:
-    """Runs Jobs to their end: run_all(jobs, started(job), finished(job, Outcome)); close() when done."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # This machine
 
@@ -121,8 +106,9 @@ def subprocess_runner(job: Job, env: dict) -> int:
         return run_logged(job.cmd, log, env)  # the terminal's Ctrl-C reaches train.py too
 
 
-class LocalEngine(Engine):
-    """Runs on this machine: with `gpus`, one run per GPU at a time; otherwise `parallel` runs at once, the cores
+class LocalEngine:
+    """An engine runs Jobs to their end: run_all(jobs, started(job), finished(job, Outcome)); close() when done.
+    This one runs on this machine: with `gpus`, one run per GPU at a time; otherwise `parallel` runs at once, the cores
     split between them. `runner(job, env) -> exit code` starts one run (tests pass a fake)."""
 
     def __init__(self, parallel=1, gpus=0, runner=subprocess_runner):
@@ -224,7 +210,7 @@ def _attempt(cmd: list[str], run_dir: str, log: str, env: dict, cwd: str, driver
     same paths as the driver). Appends to the run's log; raises RunKilled when train.py dies by a signal."""
     host, start, log = socket.gethostname(), time.time(), Path(log)
     attempt = 1 + attempts_logged(log)
-    if read_status(Path(run_dir)) in FINISHED:  # an earlier attempt finished the run before its worker died
+    if RunDir(run_dir).status() in FINISHED:  # an earlier attempt finished the run before its worker died
         return {"returncode": 0, "duration_s": 0.0, "attempts": attempt, "host": host}
     if cmd[0] == driver_python:  # this node's interpreter, wherever it is installed
         cmd = [sys.executable, *cmd[1:]]
@@ -239,7 +225,7 @@ def _attempt(cmd: list[str], run_dir: str, log: str, env: dict, cwd: str, driver
     return {"returncode": returncode, "duration_s": round(time.time() - start, 1), "attempts": attempt, "host": host}
 
 
-class RayEngine(Engine):
+class RayEngine:  # the same interface as LocalEngine
     """Every run a Ray task: one GPU each when the cluster has GPUs, else `cpus` cores each (the smallest node's
     cores split `parallel` ways). No address: a new local Ray instance, shut down at the end; "auto" or
     "ray://host:port": an existing cluster. Already connected (ray.init called before): that connection."""

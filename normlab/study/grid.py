@@ -53,10 +53,8 @@ class GridSpec:
     lr: typing.Union[list, dict, None] = None
     warmup: typing.Optional[dict] = None
     seeds: typing.Optional[typing.List[int]] = None
-    comparisons: typing.Optional[list] = None
     wandb_project: typing.Optional[str] = None
     experiments: typing.Optional[dict] = None
-    init: typing.Optional[dict] = None  # E1's settings (normlab/study/init_exp.py)
     score: typing.Optional[dict] = None  # the records' scoring (normlab/study/scoring.py)
     share_runs: bool = False
     signal: typing.Optional[dict] = None  # normlab/study/signal.py's settings
@@ -235,8 +233,8 @@ def load_grid(path: Path) -> dict:
         experiments = {"": _load_experiment(str(path), shared, {}, design)}
     out = {"name": str(grid.name), "description": grid.description,
            "overrides": _overrides(grid.overrides, "overrides"), "experiments": experiments,
-           "init": grid.init, "score": grid.score or {}, "share_runs": grid.share_runs,
-           "comparisons": grid.comparisons or [], "wandb_project": grid.wandb_project,
+           "score": grid.score or {}, "share_runs": grid.share_runs,
+           "wandb_project": grid.wandb_project,
            "selection_from": grid.selection_from, "cells": cells}
     _check_selection(path, out)
     if out["share_runs"]:

@@ -50,6 +50,12 @@ def outcome(losses: Sequence[float], status: str = "completed", plateau: float =
     return LEARNED
 
 
+def exit_or_end(run) -> float:
+    """A run's (RunRecord's) plateau exit step; a run that never left the plateau enters as its length."""
+    e = plateau_exit_step(run.curves.get("step", []), run.curves.get("loss", []))
+    return float(e if e is not None else (run.curves.get("step") or [math.nan])[-1])
+
+
 def largest_learning_lr(outcome_by_lr: Mapping[float, str]) -> float | None:
     """The largest LR of the grid at which the run learned (None: at none). One number per seed, so that two
     placements can be compared paired over seeds."""

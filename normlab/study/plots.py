@@ -9,13 +9,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
-from normlab.study.engine import value
 from normlab.study.grid import selection_arm
+from normlab.study.rules import eval_means
 from normlab.study.seedstats import t_interval
-
-LABELS = {"ln_pre": "LayerNorm (pre-LN)", "ln_post": "LayerNorm post-LN", "custom_ln": "hand-written LN",
-          "rmsnorm": "RMSNorm", "dyt": "DyT", "batchnorm": "BatchNorm (naive)",
-          "masked_batchnorm": "BatchNorm (masked)", "powernorm": "PowerNorm", "no_norm": "no norm"}
 
 
 def plot_sweep(selection: dict, title: str):
@@ -25,7 +21,7 @@ def plot_sweep(selection: dict, title: str):
         xs = [row["lr"] for row in chosen["by_lr"]]
         ys = [min(row["dev_loss"], 1.0) for row in chosen["by_lr"]]
         variant = selection_arm(key)
-        line, = ax.plot(xs, ys, "-o", ms=3, label=LABELS.get(variant, variant))
+        line, = ax.plot(xs, ys, "-o", ms=3, label=variant)
         best = next(y for x, y in zip(xs, ys) if math.isclose(x, chosen["lr"]))
         ax.plot([chosen["lr"]], [best], "*", ms=12, color=line.get_color())
     ax.set_xscale("log")
@@ -36,23 +32,15 @@ def plot_sweep(selection: dict, title: str):
     return fig
 
 
-def _eval_curve(runs: list[dict], field: str = "accuracy"):
-    """(steps, mean over runs) of the validation evaluations every run logged at the same steps."""
-    tables = [{e["step"]: e[field] for e in r.get("curves", {}).get("eval", []) if e.get(field) is not None}
-              for r in runs]
-    steps = sorted(set.intersection(*(set(t) for t in tables))) if tables else []
-    return steps, [float(np.mean([t[s] for t in tables])) for s in steps]
-
-
 def plot_board(board: dict, title: str):
     """Left: each arm's final validation accuracy at its best LR (filled) and its runner-up LR (hollow), one dot per
     seed, mean and 95% t interval. Right: mean validation accuracy over training at the best LR, every
     evaluation. `board`: {arm: (runs at the best LR[, runs at the runner-up LR])}."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1.2, 1]})
-    order = sorted(board, key=lambda a: np.nanmean([value(r) for r in board[a][0]]))
+    order = sorted(board, key=lambda a: np.nanmean([r.score() for r in board[a][0]]))
     for i, arm in enumerate(order):
         for offset, runs, face in zip((0.12, -0.12), board[arm], (None, "none")):
-            acc = np.array([value(r) for r in runs], dtype=float)
+            acc = np.array([r.score() for r in runs], dtype=float)
             acc = acc[np.isfinite(acc)]
             if not len(acc):
                 continue
@@ -62,9 +50,9 @@ def plot_board(board: dict, title: str):
                 lo, hi = t_interval(acc)
                 left.errorbar(acc.mean(), i + offset, xerr=(hi - lo) / 2, fmt="ko", ms=4, capsize=3,
                               mfc="k" if face is None else "white")
-        steps, mean = _eval_curve(board[arm][0])
-        right.plot(steps, mean, color=f"C{i % 10}", label=LABELS.get(arm, arm))
-    left.set_yticks(range(len(order)), [LABELS.get(a, a) for a in order])
+        curve = eval_means(board[arm][0])
+        right.plot(list(curve), list(curve.values()), color=f"C{i % 10}", label=arm)
+    left.set_yticks(range(len(order)), order)
     left.set_xlabel("validation accuracy: best LR (filled, upper) and runner-up LR (hollow, lower)")
     right.set_xlabel("optimizer step")
     right.set_ylabel("validation accuracy (mean over seeds, best LR)")

@@ -5,28 +5,89 @@ A long study can outlive the machine it ran on: its finished runs are committed,
 of its seeds train in a fresh study folder. Reporting that folder into the committed one keeps every committed
 finished record as it is and adds the new ones; a run finished in both must have measured the same thing."""
 
+import dataclasses
 import gzip
 import hashlib
 import io
 import json
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from normlab.errors import RecordsError
 from normlab.study.grid import FINISHED
 
 RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
-# the records' format: 1 names it in every record; a record without it (studies v2-v5's) is of the same fields
+# the records' format: 1 names it in every record; a record without it (studies v2-v5's) is version 1
 SCHEMA_VERSION = 1
+VAL = "val/sorted/running"  # the score the report states: validation, length-sorted batches, running statistics
+
+
+def schema_version(row: dict, where="") -> int:
+    """The record's format (1 where it does not say); a newer one than this code knows is refused (RecordsError)."""
+    version = row.get("schema_version", 1)
+    if version > SCHEMA_VERSION:
+        raise RecordsError(f"{where}run {row.get('name')} is a record of schema_version {version}; this code reads "
+                           f"up to {SCHEMA_VERSION} (update NormLab)")
+    return version
+
+
+@dataclass
+class RunRecord:
+    """One run's record as scoring writes it and a report reads it: its coordinates, status and provenance, its
+    curves (step, loss, eval ...) and its scores ({split/batching/statistics: loss, accuracy, pred}); the fields
+    this class does not name stay in `extra`, and to_dict gives back the row it was read from."""
+
+    name: str = ""
+    status: str = ""
+    experiment: str = ""
+    experiments: list = field(default_factory=list)  # every experiment that uses the run (shared runs)
+    variant: str = ""
+    lr: float = math.nan
+    warmup: str = "on"
+    seed: int = 0
+    curves: dict = field(default_factory=dict)
+    scores: dict = field(default_factory=dict)
+    commit: str | None = None
+    machine: str | None = None
+    started_at: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    extra: dict = field(default_factory=dict)
+    keys: tuple = field(default=(), repr=False, compare=False)  # the row's own keys, in its order
+
+    @classmethod
+    def from_dict(cls, row: dict, where: str = "") -> "RunRecord":
+        """The record of a row (RecordsError for a newer schema_version than this code reads)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "keys"}
+        record = cls(**{k: v for k, v in row.items() if k in names}, keys=tuple(row),
+                     extra={k: v for k, v in row.items() if k not in names})
+        record.schema_version = schema_version(row, where)
+        record.experiments = record.experiments or [record.experiment]  # a run of one experiment (older records)
+        return record
+
+    def to_dict(self) -> dict:
+        keys = self.keys or ("schema_version", *(f.name for f in dataclasses.fields(self)
+                                                 if f.name not in ("extra", "keys")), *self.extra)
+        return {k: self.extra[k] if k in self.extra else getattr(self, k) for k in keys}
+
+    def score(self, what: str = "accuracy", key: str = VAL) -> float:
+        return self.scores.get(key, {}).get(what, math.nan)
+
+    def evals(self, what: str = "accuracy") -> dict:
+        """{step: the evaluation's `what`} over training, where logged."""
+        return {e["step"]: e[what] for e in self.curves.get("eval", []) if e.get(what) is not None}
+
+    @property
+    def steps(self) -> int:
+        return (self.curves.get("step") or [0])[-1]
 
 
 def read_records(path: Path) -> list[dict]:
-    """The records of a file; one written by a newer format than this code knows is refused (RecordsError)."""
+    """The records of a file as rows; one written by a newer format than this code knows is refused (RecordsError)."""
     with gzip.open(path, "rt") as f:
         rows = [json.loads(line) for line in f]
-    newer = [r for r in rows if r.get("schema_version", 0) > SCHEMA_VERSION]
-    if newer:
-        raise RecordsError(f"{path}: run {newer[0].get('name')} is a record of schema_version "
-                           f"{newer[0]['schema_version']}; this code reads up to {SCHEMA_VERSION} (update NormLab)")
+    for row in rows:
+        schema_version(row, f"{path}: ")
     return rows
 
 

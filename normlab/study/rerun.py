@@ -7,12 +7,11 @@ digests go into the records' folder under rerun/, beside the committed records, 
 
 from pathlib import Path
 
-from normlab.files.formats import atomic_write_json, read_json, read_jsonl
+from normlab.files.formats import atomic_write_json
 from normlab.study.records import RECORDS, read_records, record_digest, write_records
-from normlab.study.study_dir import StudyDir
+from normlab.study.study_dir import PROVENANCE, StudyDir
 
 RERUN = "rerun"  # the folder, inside the committed records' folder, that holds a rerun's digests
-PROVENANCE = ("experiments", "commit", "machine", "started_at", "duration_s")
 
 
 def eval_steps(record: dict) -> list[int]:
@@ -46,20 +45,17 @@ def write_rerun(study_dir: Path, folder: Path, rerun: str = RERUN) -> tuple[list
     that the committed records lack), the number of runs, how many of them evaluated at other steps than their
     committed record (compared at the steps they evaluated; the row keeps them as `eval_steps`), and how many of the
     differing runs trained with another CPU thread count than their committed record, or where it does not say."""
-    study_dir, folder = Path(study_dir), Path(folder)
-    for path, what in ((StudyDir(study_dir).scored, "score the study first (python scripts/score_runs.py DIR)"),
-                       (folder / RECORDS, "give the folder of the committed records it retrains")):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: {what}")
+    folder = Path(folder)
+    records, study = StudyDir(study_dir).scored_runs()
+    if not (folder / RECORDS).is_file():
+        raise FileNotFoundError(f"{folder / RECORDS} not found: give the folder of the committed records it retrains")
     committed = {r["name"]: r for r in read_records(folder / RECORDS)}
-    study = read_json(StudyDir(study_dir).study_json)
     out = folder / rerun
     out.mkdir(parents=True, exist_ok=True)
     differ, other_steps, other_threads = [], 0, 0
     rows = []
-    for record in read_jsonl(StudyDir(study_dir).scored):
-        entry = study["runs"].get(record["name"], {})
-        row = {"name": record["name"], **{k: entry[k] for k in PROVENANCE if k in entry},
+    for record in records:
+        row = {"name": record["name"], **{k: record[k] for k in PROVENANCE if k in record},
                "status": record.get("status"), "record_sha256": record_digest(record),
                **({"cpu_threads": record["cpu_threads"]} if record.get("cpu_threads") else {})}
         base = committed.get(row["name"])

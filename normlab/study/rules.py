@@ -41,22 +41,15 @@ def test_floor(nonzero: int, family: int = 1) -> float:
     return min(1.0, family * 2.0 ** (1 - nonzero))
 
 
-def power(effect: float, sd: float, n: int, alpha: float = ALPHA, test: str = "t", reps: int = 2000,
-          seed: int = 0) -> float:
-    """Power of a two-sided paired test at level `alpha` to detect a mean per-seed difference `effect` when the
-    differences have SD `sd`, with n seeds. t: exact for normal differences (noncentral t). permutation: by
-    simulation, `reps` normal samples, the exact sign-flip test on each."""
+def power(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided paired t test at level `alpha` to detect a mean per-seed difference `effect` when
+    the differences have SD `sd`, with n seeds: exact for normal differences (noncentral t). The plan's floor, not
+    this, says whether the exact sign-flip test can decide at all."""
     if sd <= 0 or n < 2:
         return float("nan")
-    if test == "t":
-        df, nc = n - 1, effect / sd * math.sqrt(n)
-        crit = stats.t.ppf(1 - alpha / 2, df)
-        return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
-    if test != "permutation":
-        raise ValueError(f"power: unknown test {test!r}; choose t or permutation")
-    rng = np.random.default_rng(seed)
-    samples = rng.normal(effect, sd, size=(reps, n))
-    return float(np.mean([sign_flip_p(d) < alpha for d in samples]))
+    df, nc = n - 1, effect / sd * math.sqrt(n)
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
 
 
 @dataclass
@@ -85,13 +78,13 @@ class PlannedTest:
         return power(self.effect, self.sd, self.seeds, self.alpha / self.family)
 
 
-def check_plan(tests: list[PlannedTest]) -> list[dict]:
+def check_plan(tests: list[PlannedTest], refuse: bool = True) -> list[dict]:
     """Every planned test's floor and power; a test whose floor after correction is not below its alpha could
-    never decide, whatever the data: refused (PlanError naming each one)."""
+    never decide, whatever the data: refused (PlanError naming each one) unless `refuse` is off (a pilot)."""
     rows = [{"id": t.id, "seeds": t.seeds, "family": t.family, "floor": t.floor(), "power": t.power()} for t in tests]
     refused = [f"{r['id']} (floor {r['floor']:.3g} with {t.nonzero or t.seeds} non-zero pairs in a family of "
                f"{t.family})" for r, t in zip(rows, tests) if not r["floor"] < t.alpha]
-    if refused:
+    if refused and refuse:
         raise PlanError(f"tests that can never reach alpha: {'; '.join(refused)}; add seeds or shrink the family")
     return rows
 
@@ -139,22 +132,18 @@ def estimate(diffs, test: str) -> Paired:
 def choose_lrs(dev_loss_by_lr: dict) -> dict:
     """{lr: [dev loss per sweep seed]} -> the best and runner-up LRs (lowest mean dev loss; a diverged run is
     inf; ties go to the smaller LR), the gap between their means, the per-seed SD (pooled over the two LRs) and
-    `near_tie`: the gap is within one per-seed SD, so the sweep's seeds could not tell the two apart."""
-    if len(dev_loss_by_lr) < 2:
-        raise ValueError("choose_lrs needs at least two LRs: a runner-up is part of the choice")
+    `near_tie`: the gap is within one per-seed SD, so the sweep's seeds could not tell the two apart. One LR: it
+    alone, {"lr": lr}."""
     mean = {float(lr): float(np.mean(v)) for lr, v in dev_loss_by_lr.items()}
     order = sorted(sorted(mean), key=lambda lr: mean[lr])
+    if len(order) < 2:
+        return {"lr": order[0]}
     best, second = order[0], order[1]
     gap = mean[second] - mean[best]
     pair = [np.asarray(dev_loss_by_lr[lr], dtype=float) for lr in (best, second)]
     finite = all(np.isfinite(x).all() and len(x) > 1 for x in pair)
     sd = float(np.sqrt(np.mean([x.var(ddof=1) for x in pair]))) if finite else math.nan
     return {"lr": best, "runner_up": second, "gap": gap, "seed_sd": sd, "near_tie": bool(finite and gap <= sd)}
-
-
-def lr_of_rank(choice: dict, rank: int) -> float:
-    """0: the best LR, 1: the runner-up."""
-    return float(choice["lr"] if rank == 0 else choice["runner_up"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -185,15 +174,15 @@ def robust_verdict(verdicts: dict) -> str:
 # the horizon rule
 
 
-def median_exit(runs: list[dict]) -> float:
+def median_exit(runs: list) -> float:
     """The arm's median plateau-exit step over seeds (a seed that never left the plateau counts as infinite)."""
-    exits = [oc.plateau_exit_step(r["curves"]["step"], r["curves"]["loss"]) for r in runs]
+    exits = [oc.plateau_exit_step(r.curves["step"], r.curves["loss"]) for r in runs]
     return float(np.median([math.inf if e is None else e for e in exits])) if exits else math.inf
 
 
-def eval_means(runs: list[dict], field: str = "accuracy") -> dict:
-    """{eval step: mean over seeds of the logged evaluation's field}, at the steps every run evaluated."""
-    per_run = [{e["step"]: e[field] for e in r["curves"].get("eval", []) if e.get(field) is not None} for r in runs]
+def eval_means(runs: list, field: str = "accuracy") -> dict:
+    """{eval step: mean over seeds of the logged evaluation's field}, at the steps every run (RunRecord) evaluated."""
+    per_run = [r.evals(field) for r in runs]
     steps = set.intersection(*(set(p) for p in per_run)) if per_run else set()
     return {s: float(np.mean([p[s] for p in per_run])) for s in sorted(steps)}
 

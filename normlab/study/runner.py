@@ -1,12 +1,11 @@
 """Run a norm study (scripts/study.py is the entry point; docs/studies.md explains the stages, engines and files):
-train the grid's runs stage by stage (LR sweeps first, then what their choices unlock), then E1, the records and
-the report. STUDY/study.json records the grid, the commands and every run's status.
+train the grid's runs stage by stage (LR sweeps first, then what their choices unlock), then the records and the
+report. STUDY/study.json records the grid, the commands and every run's status.
 """
 
 import argparse
-import itertools
+import contextlib
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 from normlab.command import error_exit
 from normlab.files.formats import atomic_write_json, read_json
 from normlab.run_dir import RunDir, saved_config_raw
-from normlab.study.engines import Job, LocalEngine, make_engine, read_status, subprocess_runner
+from normlab.study.engines import Job, LocalEngine, make_engine, subprocess_runner
 from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
     FINISHED,
     REPO_ROOT,
@@ -36,7 +35,7 @@ from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid i
 from normlab.study.selection_file import read_selection
 from normlab.study.sharded import run_sharded
 from normlab.study.spec import StudySpec
-from normlab.study.study_dir import E1, SCORED, StudyDir, git_commit, machine, record_invocation
+from normlab.study.study_dir import SCORED, StudyDir, git_commit, machine, record_invocation
 
 TRAIN = REPO_ROOT / "train.py"
 
@@ -120,8 +119,8 @@ class Study:
         if old.get("name") not in (None, grid["name"]):
             raise StudyError(f"{study_dir} holds study {old['name']!r}, not {grid['name']!r}; pick another --study-dir")
         self.data = {"name": grid["name"], "description": grid["description"], "grid_file": str(grid_file),
-                     "experiments": grid["experiments"], "init": grid["init"], "score": grid["score"],
-                     "common_overrides": grid["overrides"], "comparisons": grid["comparisons"],
+                     "experiments": grid["experiments"], "score": grid["score"],
+                     "common_overrides": grid["overrides"],
                      "wandb_project": grid["wandb_project"], "command": command,
                      # every invocation that trained into this directory (a study may be built in pieces)
                      "commands": [c for c in old.get("commands", []) if c != command] + [command],
@@ -166,7 +165,7 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"]
     statuses, todo = {}, []
     for run in runs:
-        status = read_status(StudyDir(study_dir).run(run.name))
+        status = RunDir(StudyDir(study_dir).run(run.name)).status()
         base = run.placement()
         if status in FINISHED:
             statuses[run.name] = status
@@ -184,7 +183,7 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
                      started_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
 
     def finished(job, outcome):
-        status = read_status(job.run_dir)
+        status = RunDir(job.run_dir).status()
         if status is None or (outcome.returncode != 0 and status not in FINISHED):
             status = "failed"
         fields = dict(status=status, returncode=outcome.returncode, duration_s=outcome.duration_s,
@@ -203,32 +202,10 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
     return statuses
 
 
-def wants_e1(grid: dict, only: dict) -> bool:
-    """E1 (normlab/study/init_exp.py) runs when the study has an `init` block and --only narrows nothing or names
-    e1 among its experiments; `e1` is then taken out of the experiment filter (it has no training runs)."""
-    if not grid.get("init"):
-        return False
-    if "experiment" not in only:
-        return not only
-    if "e1" not in only["experiment"]:
-        return False
-    only["experiment"].discard("e1")
-    return True
-
-
-def after_training(study_dir: Path, run_e1: bool, score: bool, report: bool, shards: int = 1) -> None:
-    """E1, then the per-run records (scores of every final model), each in `shards` processes, then the report:
-    each a process of its own (python -m normlab.cli.<name>). A study file without a `score` block gets neither
-    records nor report (the report reads only the records)."""
-    if run_e1:
-        init = read_json(StudyDir(study_dir).study_json)["init"]
-        order = {key: i for i, key in enumerate(itertools.product(init["placements"], init["depths"], init["seeds"]))}
-        started, before = time.time(), os.times()
-        run_sharded("init_study", study_dir, E1, shards,
-                    key=lambda row: order[row["placement"], row["depth"], row["seed"]])
-        if shards > 1:  # the shards do not write study.json at once: their invocation is recorded here, as one
-            record_invocation(study_dir, f"python scripts/init_study.py {study_dir} (in {shards} processes, "
-                                         f"--shard K/{shards})", started, children_before=before)
+def after_training(study_dir: Path, score: bool, report: bool, shards: int = 1) -> None:
+    """The per-run records (scores of every final model) in `shards` processes, then the report: each a process of
+    its own (python -m normlab.cli.<name>). A study file without a `score` block gets neither records nor report
+    (the report reads only the records)."""
     if not score:
         return
     run_sharded("score_runs", study_dir, SCORED, shards, key=lambda row: row["name"])
@@ -258,8 +235,6 @@ def study_selection(grid, study_dir: Path) -> dict:
 def selected_runs(grid, only: dict, selection: dict) -> list[RunSpec]:
     """The runs --only asks for among those whose LR is known; a value that names nothing is an error only once
     every chosen-LR experiment can expand (before that, it may name a run the selection will create)."""
-    if only.get("experiment", {None}) == set():  # only e1 was asked for
-        return []
     return narrow(expand(grid, selection), only, strict=not pending_selections(grid, selection))
 
 
@@ -282,7 +257,7 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
         for key, (experiment, variant, warmup) in pending_selections(grid, selection).items():
             sweep = [r for r in expand(grid, selection) if experiment in r.experiments
                      and r.variant == variant and r.warmup == warmup]
-            if all(read_status(StudyDir(study_dir).run(r.name)) in FINISHED for r in sweep):
+            if all(RunDir(StudyDir(study_dir).run(r.name)).status() in FINISHED for r in sweep):
                 ready[key] = {}
                 for r in sweep:
                     ready[key].setdefault(r.lr, []).append(r.name)
@@ -302,7 +277,7 @@ def dry_run(grid, runs, study_dir: Path, overrides) -> int:
     from normlab.config.loader import flatten_config, load_config
 
     default = flatten_config(load_config())
-    statuses = [read_status(StudyDir(study_dir).run(run.name)) for run in runs]
+    statuses = [RunDir(StudyDir(study_dir).run(run.name)).status() for run in runs]
     for run, status in zip(runs, statuses):
         action = f"skip ({status})" if status in FINISHED else "train"
         cfg = flatten_config(run_config(grid, run, study_dir, overrides))
@@ -321,12 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
               "[--engine local|ray [--address A] [--max-retries N]] [key=value ...]")
     parser.add_argument("--preset", required=True, help="quick, full (configs/study/<name>.yaml) or a study YAML file")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE,...",
-                        help="narrow by experiment (e1 too), variant, lr, warmup (on/off), seed: variant=a,b,seed=0")
+                        help="narrow by experiment, variant, lr, warmup (on/off), seed: variant=a,b,seed=0")
     parser.add_argument("--study-dir", type=Path, default=None, help="default: studies/<study name>")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
     parser.add_argument("--parallel", type=int, default=None,
                         help="runs at once (default: one per visible GPU, else 1; CPU runs split the cores); "
-                             "also the processes that choose the LRs, run E1 and score the runs")
+                             "also the processes that choose the LRs and score the runs")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this machine (default); ray: every run a Ray task, here or at --address")
     parser.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
@@ -351,7 +326,6 @@ def main(argv=None) -> int:
         spec = StudySpec.load(grid_file)  # prints each hypothesis's floor; refuses a plan that cannot decide
         grid = spec.grid
         only = parse_only(args.only)
-        run_e1 = wants_e1(grid, only)
         study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
         runs = selected_runs(grid, only, study_selection(grid, study_dir))
         validate_commands(grid, runs, study_dir, args.overrides)
@@ -361,7 +335,7 @@ def main(argv=None) -> int:
         engine = make_engine(args.engine, parallel=args.parallel, address=args.address,
                              max_retries=args.max_retries, warm=not args.process_per_run)
         print(engine.describe())
-        with engine:
+        with contextlib.closing(engine):
             run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine, shards=args.parallel or 1)
     except StudyError as err:
         return error_exit("study.py", err)
@@ -370,5 +344,5 @@ def main(argv=None) -> int:
               "interrupted ones resume from their last checkpoint)", file=sys.stderr)
         return 130
     record_invocation(study_dir, command, started)
-    after_training(study_dir, run_e1, bool(grid["score"]), not args.no_report, shards=args.parallel or 1)
+    after_training(study_dir, bool(grid["score"]), not args.no_report, shards=args.parallel or 1)
     return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed

@@ -18,6 +18,7 @@ from normlab.data.sources import DEV_SPLIT, DataError, resolve_dataset
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl, write_jsonl
 from normlab.run_dir import RunDir
 from normlab.study.sharded import add_shard_options
+from normlab.study.study_dir import SCORED, StudyDir
 from normlab.train.evaluation import evaluate, in_row_order, score_batches
 
 # sorted: length-sorted batches padded to their longest; shuffled: one fixed random order, padded to the batch's
@@ -170,7 +171,7 @@ def score_mlm(run: RunDir, cfg, sets: dict, batch_size: int) -> dict:
 
 
 def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> dict:
-    run = RunDir(study_dir / "runs" / name)
+    run = RunDir(StudyDir(study_dir).run(name))
     cfg = run.read_config()  # None: the run never started
     summary = run.read_summary() or {}
     rec = {k: entry.get(k) for k in ("experiment", "variant", "lr", "warmup", "seed")}
@@ -197,17 +198,18 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
 def main(argv=None) -> int:
     parser = command_parser(__doc__)
     parser.add_argument("study_dir", type=Path)
-    add_shard_options(parser, "score", "runs.jsonl")
+    add_shard_options(parser, "score", SCORED)
     args = parser.parse_args(argv)
     k, n = args.shard
-    study = read_json(args.study_dir / "study.json")
+    folder = StudyDir(args.study_dir)
+    study = read_json(folder.study_json)
     score = {**SCORE_DEFAULTS, **(study.get("score") or {})}
     torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
-    sets, out = None, args.out or args.study_dir / "runs.jsonl"
+    sets, out = None, args.out or folder.scored
     rows = []
     sweeps = {e["best_of"] for e in (study.get("experiments") or {}).values() if e.get("best_of")}
     for name, entry in sorted(study["runs"].items())[k::n]:
-        cfg = RunDir(args.study_dir / "runs" / name).read_config() if sets is None else None
+        cfg = RunDir(folder.run(name)).read_config() if sets is None else None
         if cfg is not None:
             sets = score_sets(cfg, score["dev_rows"])
         # the dev rows choose LRs: a study with LR sweeps scores them for its sweeps' runs only
@@ -218,7 +220,7 @@ def main(argv=None) -> int:
     write_jsonl(out, rows)
     if sets is not None:  # the gold labels, once: the report scores the saved predictions against them
         labels = {split: "".join(str(int(y)) for y in ys) for split, (_, ys) in sets.items()}
-        atomic_write_json(out.parent / "labels.json", labels, indent=None)
+        atomic_write_json(StudyDir(out.parent).labels_file, labels, indent=None)
     print(f"{len(rows)} records -> {out}")
     return 0
 

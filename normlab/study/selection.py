@@ -13,7 +13,6 @@ import torch
 from normlab.command import command_parser
 from normlab.files.formats import atomic_write_json, read_jsonl, write_jsonl
 from normlab.run_dir import RunDir
-from normlab.study.engines import read_status
 from normlab.study.rules import choose_lrs
 from normlab.study.scoring import SCORE_DEFAULTS, score_run, score_sets
 from normlab.study.selection_file import lr_rows, read_selection
@@ -25,24 +24,19 @@ DEV_LOSSES = "dev_losses.jsonl"
 
 def dev_loss(run_dir: Path, dev, batch_size: int) -> float:
     """Mean cross-entropy of the run's final model on the dev rows (length-sorted batches, running statistics)."""
-    if read_status(run_dir) != "completed" or not RunDir(run_dir).has_final():
+    if RunDir(run_dir).status() != "completed" or not RunDir(run_dir).has_final():
         return math.inf
     loss = score_run(run_dir, {"dev": dev}, False, batch_size)[0]["dev/sorted/running"]["loss"]
     return float(loss) if loss is not None else math.inf  # the loss is None when it is not finite
-
-
-def best_lr(dev_loss_by_lr: dict) -> float:
-    """The LR with the lowest mean dev loss over seeds ({lr: [loss per seed]}); ties go to the smaller LR."""
-    return min(sorted(dev_loss_by_lr), key=lambda lr: float(np.mean(dev_loss_by_lr[lr])))
 
 
 def choice(losses: dict, runs: dict | None = None) -> dict:
     """{lr: [dev loss per seed]} (and {lr: [run names]}) -> the record selection.json keeps: the best LR; with two
     LRs or more also the runner-up, the gap between them, the per-seed SD and whether they are a near tie
     (rules.choose_lrs); and `by_lr`, each LR's mean dev loss, every seed's loss and its runs (selection_file)."""
-    out = {"lr": best_lr(losses)}
-    if len(losses) >= 2:
-        picked = choose_lrs(losses)
+    picked = choose_lrs(losses)
+    out = {"lr": picked["lr"]}
+    if "runner_up" in picked:
         out.update({k: picked[k] for k in ("runner_up", "near_tie")})
         # a diverged seed makes the gap or the SD infinite or undefined: null in JSON
         out.update({k: round(picked[k], 5) if math.isfinite(picked[k]) else None for k in ("gap", "seed_sd")})

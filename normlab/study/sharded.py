@@ -1,5 +1,5 @@
 """One job of a study in N processes: `python -m normlab.cli.<name> STUDY` on every N-th item each (--shard K/N), the
-parts merged into one file. E1, the LR choice's dev losses and the records' scoring all run this way, so that they
+parts merged into one file. The LR choice's dev losses and the records' scoring both run this way, so that they
 use the cores the training used, and so that one process or N write the same file."""
 
 import argparse

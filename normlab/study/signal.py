@@ -18,11 +18,31 @@ import torch.nn.functional as F
 from model import NormLabForSequenceClassification
 from normlab.command import command_parser, error_exit
 from normlab.config.loader import load_config, model_config_from
+from normlab.data.batching import encode_rows, row_batches
+from normlab.data.sources import resolve_dataset
+from normlab.data.tokenizer import get_tokenizer
 from normlab.files.formats import read_yaml, write_jsonl
 from normlab.study.grid import REPO_ROOT, resolve_preset, selection_key
-from normlab.study.init_exp import fixed_batches
 from normlab.study.selection_file import read_selection
 from normlab.study.study_dir import StudyDir, provenance, record_invocation
+from normlab.train.step import model_inputs
+
+
+def fixed_batches(block: dict, vocab_size: int, tokenizer_rows: int):
+    """steps + 1 training batches (rows 0.. of train) and one probe batch (validation), shared by all models:
+    the default config's data, as the study's runs read it."""
+    data = load_config(layers=[({"data.max_length": block["max_length"], "data.max_train_samples": tokenizer_rows},
+                                "in the signal block")]).data
+    dsd = resolve_dataset(data, with_labels=True)
+    tokenizer = get_tokenizer(data, vocab_size, dsd["train"])  # the study runs' tokenizer (same rows and size: cached)
+    bs = block["batch_size"]
+
+    def first_batches(split: str, n: int) -> list[dict]:
+        rows = dsd[split][:n * bs]
+        rows = encode_rows(tokenizer, rows["sentence"], block["max_length"], rows["label"])
+        return [model_inputs(batch) for batch in row_batches(rows, bs, tokenizer.pad_token_id)]
+
+    return first_batches("train", block["steps"] + 1), first_batches("validation", 1)[0], len(tokenizer)
 
 
 def pooled_cosine(model, batch: dict) -> float:
@@ -79,8 +99,7 @@ def run(preset: Path, out: Path, selection: dict | None = None) -> list[dict]:
     study = read_yaml(preset)
     sig = study["signal"]
     overrides = study["overrides"]
-    init = {**sig, "adam_steps": sig["steps"]}
-    train, probe, vocab = fixed_batches(init, study["overrides"]["model.vocab_size"],
+    train, probe, vocab = fixed_batches(sig, study["overrides"]["model.vocab_size"],
                                         study["overrides"]["data.max_train_samples"])
     rows = []
     for (name, variant), seed in itertools.product(sig["variants"].items(), sig["seeds"]):

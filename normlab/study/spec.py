@@ -93,13 +93,10 @@ class StudySpec:
                    test=raw.get("test", "permutation"), alpha=float(raw.get("alpha", rules.ALPHA)),
                    pilot=bool(raw.get("pilot")), hooks=raw.get("hooks"))
         spec.check(where)
-        tests = spec.planned_tests()
         try:
-            rows = rules.check_plan(tests)
+            rows = rules.check_plan(spec.planned_tests(), refuse=not spec.pilot)
         except rules.PlanError as err:
-            if not spec.pilot:
-                raise StudyError(f"{where}: {err} (or declare `pilot: true`)") from None
-            rows = [{"id": t.id, "floor": t.floor(), "power": t.power()} for t in tests]
+            raise StudyError(f"{where}: {err} (or declare `pilot: true`)") from None
         if rows and not quiet:
             print(f"study {spec.name}: floors (smallest p at the planned seeds, after Holm) and power: " + ", ".join(
                 f"{r['id']} {r['floor']:.3g}" + (f" (power {r['power']:.0%})" if math.isfinite(r["power"]) else "")
@@ -111,22 +108,23 @@ class StudySpec:
 
     def arms(self) -> list[str]:
         """Every variant that trains at chosen LRs (or is pinned), in the file's order, but the A/A's copy."""
-        out = []
-        for name, exp in self.grid["experiments"].items():
-            if exp["best_of"] is not None and not (self.aa and name == self.aa.experiment):
-                out += [v for v in exp["variants"] if v not in out]
-        return out + [a for a in self.pin if a not in out]
+        trained = [v for name, exp in self.grid["experiments"].items() if exp["best_of"] is not None
+                   and not (self.aa and name == self.aa.experiment) for v in exp["variants"]]
+        return list(dict.fromkeys(trained + list(self.pin)))
 
     def ranks(self) -> int:
         """2 where the arms train at their best and runner-up LRs, else 1."""
         return max([e["ranks"] for e in self.grid["experiments"].values()] + [2 if self.pin else 1])
 
+    def chosen_lr_experiments(self, arm: str) -> list[str]:
+        """The experiments that train the arm at its chosen LRs (the A/A's excluded)."""
+        return [n for n, e in self.grid["experiments"].items() if e["best_of"] and arm in e["variants"]
+                and not (self.aa and n == self.aa.experiment)]
+
     def seeds_of(self, arm: str) -> set:
         """The seeds the arm's runs are planned at (its chosen-LR or pinned experiments)."""
         exps = self.grid["experiments"]
-        names = self.pin[arm].experiments if arm in self.pin else \
-            [n for n, e in exps.items() if e["best_of"] and arm in e["variants"]
-             and not (self.aa and n == self.aa.experiment)]
+        names = self.pin[arm].experiments if arm in self.pin else self.chosen_lr_experiments(arm)
         return {s for n in names if arm in exps[n]["variants"]
                 for s in exps[n]["variants"][arm]["seeds"] or exps[n]["seeds"]}
 
@@ -137,16 +135,13 @@ class StudySpec:
             return list(h.arms or [])
         return [x for side in (h.a, h.b) for x in ([side] if isinstance(side, str) else side or [])]
 
-    def family(self, h: Hypothesis) -> list[Hypothesis]:
-        return [x for x in self.hypotheses if (x.family or x.id) == (h.family or h.id)]
-
     def planned_tests(self) -> list[rules.PlannedTest]:
         """Each hypothesis as the plan's test: its planned seeds (a rank correlation: its arms, whose smallest
         one-sided p is one ordering of n!), its family, and, where the spec gives them, its size and per-seed SD
         (for the power)."""
         tests = []
         for h in self.hypotheses:
-            family = len(self.family(h))
+            family = sum((x.family or x.id) == (h.family or h.id) for x in self.hypotheses)
             if h.contrast == "rank_correlation":
                 n = len(h.arms or [])
                 tests.append(rules.PlannedTest(h.id, n, family, alpha=self.alpha, smallest_p=1 / math.factorial(n)))

@@ -10,16 +10,17 @@ import time
 from pathlib import Path
 
 from normlab.errors import RecordsError
-from normlab.files.formats import atomic_write_json, read_json, read_jsonl
+from normlab.files.formats import atomic_write_json, load_yaml_mapping, read_json, read_jsonl
 from normlab.study.grid import REPO_ROOT, StudyError
-from normlab.study.records import RECORDS, read_records
+from normlab.study.records import RECORDS, RunRecord, read_records
 from normlab.study.selection_file import read_selection
 
 SPEC, HOOKS = "spec.yaml", "hooks.py"  # the study file as it ran, and its hook file (measures)
 STUDY_JSON, SCORED, SELECTION, META = "study.json", "runs.jsonl", "selection.json", "meta.json"
-E1, SIGNAL, LABELS = "e1.jsonl", "signal.jsonl", "labels.json"
-TABLES = ("signal", "e1")  # extra per-arm or per-seed tables a study may write: NAME.jsonl
-COPIED = (SELECTION, E1, LABELS, SIGNAL, SPEC, HOOKS)  # into a records folder as the study wrote them
+SIGNAL, LABELS = "signal.jsonl", "labels.json"
+TABLES = ("signal",)  # extra per-arm or per-seed tables a study may write: NAME.jsonl
+COPIED = (SELECTION, LABELS, SIGNAL, SPEC, HOOKS)  # into a records folder as the study wrote them
+PROVENANCE = ("experiments", "commit", "machine", "started_at", "duration_s")  # study.json's, joined to a record
 
 
 class StudyDir:
@@ -33,6 +34,7 @@ class StudyDir:
     scored = property(lambda self: self.path / SCORED, doc="every run's record, as scoring writes them")
     selection_file = property(lambda self: self.path / SELECTION, doc="the LR choices")
     meta_file = property(lambda self: self.path / META, doc="a records folder's name and invocations")
+    labels_file = property(lambda self: self.path / LABELS, doc="the gold labels the predictions score against")
 
     def run(self, name: str) -> Path:
         """A run's directory (its RunDir)."""
@@ -56,8 +58,6 @@ class StudyDir:
     def save_spec(self, preset: Path) -> None:
         """The study file as it runs (and its hook file), kept beside the runs for every later report; rewritten
         only when it changed."""
-        from normlab.files.formats import load_yaml_mapping
-
         self.path.mkdir(parents=True, exist_ok=True)
         files = {SPEC: Path(preset)}
         if hooks := load_yaml_mapping(preset).get("hooks"):
@@ -78,11 +78,22 @@ class StudyDir:
             spec.hooks = str(self.path / HOOKS)
         return spec
 
-    def records(self) -> list[dict]:
+    def scored_runs(self) -> tuple[list[dict], dict]:
+        """(every run's record as scoring wrote it, joined with the provenance study.json keeps for its run,
+        study.json); FileNotFoundError naming the command when the study is not scored yet."""
+        if not self.scored.is_file():
+            raise FileNotFoundError(f"{self.scored} not found: score the study first "
+                                    f"(python scripts/score_runs.py {self.path})")
+        study = read_json(self.study_json)
+        entries = study["runs"]
+        return [{**r, **{k: v for k, v in entries.get(r["name"], {}).items() if k in PROVENANCE}}
+                for r in read_jsonl(self.scored)], study
+
+    def records(self) -> list[RunRecord]:
         if not (self.path / RECORDS).is_file():
             raise RecordsError(f"{self.path / RECORDS} not found: give a scored study directory (after "
                                f"scripts/score_runs.py) or a folder of records")
-        return read_records(self.path / RECORDS)
+        return [RunRecord.from_dict(r) for r in read_records(self.path / RECORDS)]
 
     def selection(self) -> dict:
         return read_selection(self.selection_file)
@@ -115,15 +126,13 @@ def git_commit() -> str | None:
     return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False,
-                      children_before=None) -> None:
-    """Append this command's commit, machine, wall time and CPU time to study.json: of the processes it started
-    (since `children_before`, an earlier os.times()), or (in_process: E1 in one process) its own."""
+def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False) -> None:
+    """Append this command's commit, machine, wall time and CPU time to study.json: of the processes it started,
+    or (in_process: a measurement in one process) its own."""
     path = StudyDir(study_dir).study_json
     data = read_json(path)
     times = os.times()
-    before = (children_before.children_user + children_before.children_system) if children_before else 0.0
-    cpu = times.user + times.system if in_process else times.children_user + times.children_system - before
+    cpu = times.user + times.system if in_process else times.children_user + times.children_system
     data.setdefault("invocations", []).append({
         "command": command, "commit": git_commit(), "machine": machine(), "started": time.strftime(
             "%Y-%m-%d %H:%M:%S%z", time.localtime(started)), "wall_s": round(time.time() - started, 1),

@@ -13,6 +13,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
+from unittest import mock
 
 from normlab.study.grid import REPO_ROOT
 
@@ -32,20 +33,6 @@ def output_to(log_path: str):
             os.close(saved[0]), os.close(saved[1])
 
 
-@contextlib.contextmanager
-def environment(extra: dict):
-    before = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def run_job(job: dict) -> int:
     from accelerate.state import AcceleratorState, GradientState
 
@@ -54,7 +41,8 @@ def run_job(job: dict) -> int:
     # accelerate keeps its state in process-wide singletons; a run starts from none, as in a fresh process
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
-    with output_to(job["log"]), environment(job.get("env", {})):
+    # the run's own variables (OMP_NUM_THREADS ...) for its duration; the worker's environment is restored after it
+    with output_to(job["log"]), mock.patch.dict(os.environ, job.get("env", {})):
         try:
             return run.main(["--config", job["config"]])
         except SystemExit as e:

@@ -8,6 +8,6 @@ from normlab.study.engine import measure
 
 
 @measure("spread")
-def spread(run: dict, study) -> float:
-    rows = [r for r in study.tables.get("signal", []) if r["variant"] == run["variant"] and r["seed"] == run["seed"]]
+def spread(run, study) -> float:
+    rows = [r for r in study.tables.get("signal", []) if r["variant"] == run.variant and r["seed"] == run.seed]
     return 1 - rows[0]["cosine"][-1] if rows else math.nan
