@@ -86,8 +86,8 @@ def _class_problem(cls, preset: dict) -> str | None:
     bad = [k for k, v in preset.items() if not _is_literal(v)]
     if bad:
         return f"its preset argument {bad[0]}={preset[bad[0]]!r} is not a Python literal"
-    if cls.__module__ == norms.__name__:
-        return None  # one of NormLab's classes with other presets: the folder's norms.py defines it
+    if _norm_file(cls) is not None:
+        return None  # one of NormLab's classes with other presets: the folder's copy of its file defines it
     source = inspect.getsourcefile(module) if module is not None else None
     if source is None or not source.endswith(".py"):
         return f"its module {cls.__module__} has no Python source file to copy"
@@ -125,10 +125,18 @@ def _portable_source(module) -> str:
     return "".join(lines)
 
 
+def _norm_file(cls) -> str | None:
+    """The file (no .py) of NormLab's norm code that defines the class (norms.py or a file it imports, which every
+    saved folder holds), or None for a class from elsewhere."""
+    package, _, stem = cls.__module__.rpartition(".")
+    own = package == norms.__name__.rpartition(".")[0] and stem in _carried_files()
+    return stem if own else None
+
+
 def _saved_as(cls) -> str:
     """The file name (no .py) the class's module has in a saved folder."""
-    if cls.__module__ == norms.__name__:
-        return "norms"
+    if _norm_file(cls) is not None:
+        return _norm_file(cls)
     module = sys.modules[cls.__module__]
     return Path(module.__file__).stem if _beside_norms(module) else "norm_" + cls.__module__.replace(".", "_")
 
@@ -144,7 +152,7 @@ def save_norm_code(config, folder) -> list[str]:
         taken = set(aliases.values())
         aliases[cls] = cls.__qualname__ if cls.__qualname__ not in taken else f"{cls.__qualname__}_{len(taken)}"
         stem = _saved_as(cls)
-        if stem != "norms" and f"{stem}.py" not in written:
+        if _norm_file(cls) is None and f"{stem}.py" not in written:
             (folder / f"{stem}.py").write_text(_portable_source(sys.modules[cls.__module__]), encoding="utf-8")
             written.append(f"{stem}.py")
     imports = [f"from .{_saved_as(cls)} import {cls.__qualname__}" + (f" as {a}" if a != cls.__qualname__ else "")

@@ -77,7 +77,8 @@ def saved(tmp_path_factory):
 def test_checkpoint_files_and_auto_map(saved):
     files = set(os.listdir(saved["clf_dir"]))
     assert {"config.json", "model.safetensors", "configuration_normlab.py", "modeling_normlab.py",
-            "norms.py", "ops.py", "layer_norm_op.py", "tokenizer.json"} <= files
+            "token_layout.py", "norms.py", "base_norm.py", "batch_norms.py", "powernorm.py", "ops.py",
+            "layer_norm_op.py", "tokenizer.json"} <= files
     config = json.loads((saved["clf_dir"] / "config.json").read_text())
     assert config["model_type"] == "normlab"
     assert config["auto_map"] == {
@@ -87,7 +88,8 @@ def test_checkpoint_files_and_auto_map(saved):
         "AutoModelForMaskedLM": "modeling_normlab.NormLabForMaskedLM",
     }
     # the copied code imports its siblings relatively, nothing from the project
-    for name in ("configuration_normlab.py", "modeling_normlab.py", "norms.py", "ops.py", "layer_norm_op.py"):
+    for name in ("configuration_normlab.py", "modeling_normlab.py", "token_layout.py", "norms.py", "base_norm.py",
+                 "batch_norms.py", "powernorm.py", "ops.py", "layer_norm_op.py"):
         code = (saved["clf_dir"] / name).read_text()
         assert "from model" not in code and "import common" not in code and "from common" not in code
 

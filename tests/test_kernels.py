@@ -10,9 +10,11 @@ import subprocess
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
+from transformers.dynamic_module_utils import get_relative_import_files
 
 import normlab.kernels
 from model.layer_norm_op import layer_norm_reference
@@ -104,8 +106,9 @@ def test_a_checkpoints_copy_of_the_model_code_keeps_the_kernels(restore_cpu_back
     package = tmp_path / "checkpoint_code"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    for name in ("norms.py", "layer_norm_op.py", "ops.py"):  # what save_pretrained copies for norms.py
-        shutil.copy(REPO / "model" / name, package / name)
+    norms = REPO / "model" / "norms.py"
+    for path in (norms, *get_relative_import_files(norms)):  # what save_pretrained copies for norms.py
+        shutil.copy(path, package / Path(path).name)
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         copied = importlib.import_module("checkpoint_code.norms")

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from model import NormLabConfig, NormLabForSequenceClassification
 from model.norm_code import check_norm_code
-from model.norms import NORM_PRESETS, NORM_REGISTRY, NORM_TYPES, DyT, Norm, register_norm
+from model.norms import NORM_PRESETS, NORM_REGISTRY, NORM_TYPES, DyT, MaskedBatchNorm, Norm, register_norm
 from train_utils import env, run_here
 
 PKG = "normlab_test_user_pkg"  # a name nothing else uses: the test removes it from sys.modules afterwards
@@ -151,6 +151,26 @@ def test_registered_norms_and_presets_load_where_their_package_is_absent(user_pk
     assert "register_norm(DyT, name='dyt_alpha1', alpha_init=1.0)" in saved_norms
     with torch.no_grad():
         _assert_loaded_elsewhere(tmp_path, {tmp_path / "saved": model(IDS).logits})
+
+
+def test_a_preset_of_a_norm_defined_beside_norms_py_loads_from_the_folders_own_copy(user_pkg, tmp_path):
+    """A preset of a NormLab class that norms.py imports from another file (masked BN, in batch_norms.py): the saved
+    folder already holds that file, so saved_norms.py imports the class from it and no other copy is written."""
+    register_norm(MaskedBatchNorm, name="masked_bn_m05", momentum=0.05)
+    torch.manual_seed(0)
+    model = NormLabForSequenceClassification(_tiny("layernorm", final_norm="masked_bn_m05", embedding_norm=False))
+    assert model.normlab.encoder.final_norm.momentum == 0.05
+    model.train()(torch.randint(0, 16, (4, 5)))  # running statistics away from their initial values
+    model.eval().save_pretrained(tmp_path / "saved")
+    saved_norms = (tmp_path / "saved" / "saved_norms.py").read_text()
+    assert "from .batch_norms import MaskedBatchNorm\n" in saved_norms
+    assert "register_norm(MaskedBatchNorm, name='masked_bn_m05', momentum=0.05)" in saved_norms
+    assert not [f for f in (tmp_path / "saved").iterdir() if f.name.startswith("norm_") and f.name != "norm_code.py"]
+    with torch.no_grad():
+        expected = model(IDS).logits
+    (module, got), = _load_elsewhere(tmp_path, tmp_path / "saved").values()
+    assert module.startswith("transformers_modules.") and module.endswith(".batch_norms"), module
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow

@@ -19,19 +19,16 @@ prefer_passive_openmp()
 import math  # noqa: E402 - (every import from here on: after the wait policy)
 import sys
 import time
-import uuid
-from contextlib import contextmanager, nullcontext, suppress
-from dataclasses import dataclass, field
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
 from transformers import get_scheduler
-from transformers.dynamic_module_utils import custom_object_save
 
 import normlab.kernels
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
-from normlab.config.loader import RunConfig, flatten_config, model_config_from, parse_cli, save_config
+from normlab.config.loader import RunConfig, model_config_from, parse_cli
 from normlab.config.run_length import eval_interval, warmup_steps
 from normlab.data.batching import build_dataloaders
 from normlab.data.sources import label_names
@@ -39,32 +36,27 @@ from normlab.data.tokenizer import load_tokenized
 from normlab.files.formats import atomic_write_text
 from normlab.files.writes import WriteError
 from normlab.kernels.build_progress import seconds_building
-from normlab.paths import REPO_ROOT
-from normlab.run_dir import MODEL_DIR_CONFIG, RunDir
+from normlab.run_dir import RunDir
 from normlab.tracking import wandb_run
-from normlab.tracking.metrics_jsonl import MetricsWriter
 from normlab.tracking.model_card import model_card
 from normlab.train.accelerator import make_accelerator
 from normlab.train.checkpointing import (
     CheckpointError,
     atomic_dir,
     list_checkpoints,
-    load_checkpoint,
-    mid_epoch_rng,
     record_write_failure,
-    restore_after_first,
-    save_checkpoint,
 )
 from normlab.train.cpu_share import StarvationWatch
 from normlab.train.evaluation import evaluate, precise_bn, precise_bn_batches
 from normlab.train.optim import adamw
-from normlab.train.preflight import Resume, RunStart, preflight, run_config
+from normlab.train.preflight import RunStart, preflight, run_config
 from normlab.train.probes import StabilityProbe
-from normlab.train.progress_bars import bars_on, step_progress
+from normlab.train.progress_bars import bars_on
 from normlab.train.run_summary import best_key, format_summary
-from normlab.train.spikes import LossSpikeDetector
+from normlab.train.run_writer import RunWriter, save_model_files
 from normlab.train.step import StepClock, train_step
 from normlab.train.stop_signal import StopSignal
+from normlab.train.trainer_state import micro_batches, resume_state
 
 EXIT_OK, EXIT_CRASH, EXIT_BAD_INPUT, EXIT_WRITE_FAILED = 0, 1, 2, 3
 BN_SPREAD = "bn_running_stats_max_diff_across_processes"  # summary.json: do the BN family's statistics agree?
@@ -314,21 +306,6 @@ def save_final(accelerator, model, tokenizer, cfg: RunConfig, summary: dict) -> 
     return final
 
 
-def save_model_files(model, folder: Path, tokenizer, cfg: RunConfig, state_dict=None) -> None:
-    """What makes `folder` a model directory that from_pretrained and scripts/evaluate.py open: config.json and the
-    model code, the tokenizer, and the run config as data (MODEL_DIR_CONFIG); with `state_dict`, the weights too
-    (final/). A checkpoint's weights are accelerate's model.safetensors, which from_pretrained reads as well."""
-    if state_dict is not None:
-        model.save_pretrained(folder, state_dict=state_dict)
-    else:  # what save_pretrained writes besides the weights
-        model.config.architectures, model.config.dtype = [type(model).__name__], str(model.dtype).split(".")[1]
-        model.fill_auto_map()
-        custom_object_save(model, folder, config=model.config)
-        model.config.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    save_config(cfg, folder / MODEL_DIR_CONFIG)
-
-
 def nothing_to_do(cfg: RunConfig, accelerator, state, total_steps: int, resume_path: Path) -> bool:
     """A resumed run that has no step left: True, after one line, for a completed run (nothing is changed);
     ConfigError for a checkpoint beyond this config's steps."""
@@ -392,145 +369,6 @@ def build_scheduler(cfg: RunConfig, accelerator, optimizer, batches_per_epoch: i
     scheduler = accelerator.prepare(get_scheduler(
         t.scheduler, optimizer, num_warmup_steps=warmup_steps(t, total_steps) * P, num_training_steps=total_steps * P))
     return scheduler, total_steps
-
-
-@dataclass
-class TrainerState:
-    """Where the run is and what it has seen: what a checkpoint's trainer_state.json holds besides the config."""
-
-    step: int = 0  # optimizer steps done
-    epoch: int = 0
-    batches_in_epoch: int = 0  # micro-batches of `epoch` consumed (per process)
-    spikes: LossSpikeDetector = field(default_factory=LossSpikeDetector)
-    best: dict | None = None  # the eval metrics with the best accuracy so far, and their step
-    last_eval: dict | None = None
-    wall_time_s: float = 0.0  # spent by the earlier processes of this run (resumed runs)
-    wandb_run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-
-    def to_checkpoint(self, cfg: RunConfig, num_processes: int, wall_time_s: float) -> dict:
-        return {"step": self.step, "epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
-                "num_processes": num_processes, "spike_detector": self.spikes.state_dict(), "best": self.best,
-                "last_eval": self.last_eval, "wall_time_s": wall_time_s, "wandb_run_id": self.wandb_run_id,
-                "config": cfg.to_dict()}
-
-    @classmethod
-    def from_checkpoint(cls, st: dict) -> "TrainerState":
-        spikes = LossSpikeDetector()
-        spikes.load_state_dict(st["spike_detector"])
-        return cls(st["step"], st["epoch"], st["batches_in_epoch"], spikes, st["best"], st["last_eval"],
-                   st["wall_time_s"], st["wandb_run_id"])
-
-
-def resume_state(accelerator, resume: Resume | None, batches_per_epoch: int) -> tuple[TrainerState, dict | None]:
-    """The trainer state to start from, after loading the checkpoint's weights, optimizer, schedule and RNG; and
-    when resuming mid-epoch, the RNG state to restore after the first batch."""
-    if resume is None or resume.checkpoint is None:
-        return TrainerState(), None
-    resume_path, st = resume.checkpoint, resume.state
-    if st["num_processes"] != accelerator.num_processes:  # the data position and RNG files are per process
-        raise CheckpointError(f"checkpoint {resume_path} was written by {st['num_processes']} processes; resume "
-                              f"with the same number (accelerate launch --num_processes {st['num_processes']})")
-    state = TrainerState.from_checkpoint(load_checkpoint(accelerator, resume_path))
-    resume_rng = mid_epoch_rng(state.batches_in_epoch, batches_per_epoch)
-    if state.batches_in_epoch >= batches_per_epoch:  # saved at the end of an epoch
-        state.epoch, state.batches_in_epoch = state.epoch + 1, 0
-    return state, resume_rng
-
-
-def micro_batches(accelerator, train_loader, batch_sampler, state: TrainerState, resume_rng: dict | None):
-    """The training micro-batches from the state's data position on, epoch after epoch (each epoch reshuffled by
-    its number through `batch_sampler`, the loader's own); keeps the state's epoch and batches_in_epoch current."""
-    rng = resume_rng
-    while True:
-        batch_sampler.set_epoch(state.epoch)
-        train_loader.set_epoch(state.epoch)
-        loader = train_loader
-        if state.batches_in_epoch:
-            loader = accelerator.skip_first_batches(loader, state.batches_in_epoch)
-        for batch in restore_after_first(loader, rng):
-            state.batches_in_epoch += 1
-            yield batch
-        state.epoch, state.batches_in_epoch, rng = state.epoch + 1, 0, None
-
-
-class RunWriter:
-    """What the run writes into its run directory (`dir`, a normlab.run_dir.RunDir) as it goes: config.yaml, run.json
-    and metrics.jsonl (main process), the trackers' rows, the progress bar, and its checkpoints (each a model
-    directory too); `wb` is the wandb run (main process, wandb on)."""
-
-    def __init__(self, cfg, accelerator, model, tokenizer, state: TrainerState, resumed: bool, wandb_mode: str,
-                 record: dict, total_steps: int, wall_start: float):
-        self.dir = RunDir.of(cfg)
-        self.cfg, self.accelerator, self.tokenizer, self.wall_start = cfg, accelerator, tokenizer, wall_start
-        self.model = accelerator.unwrap_model(model)
-        self.writer = self.wb = None
-        if accelerator.is_main_process:
-            self.dir.save_config(cfg)
-            # what a resume needs besides config.yaml: the --config to check a given one against, the W&B run
-            self.dir.write_run_record({**record, "wandb_run_id": state.wandb_run_id})
-            self.writer = MetricsWriter(self.dir.metrics_file, resume_step=state.step if resumed else None)
-        variant = Path(record["config_file"]).stem if record.get("config_file") else None
-        if variant is not None and (REPO_ROOT / record["config_file"]).resolve() == self.dir.config_file.resolve():
-            variant = None  # launched with its own resolved config (a study's run): no variant file to tag
-        self.wandb_on = _init_trackers(accelerator, cfg, wandb_mode, state.wandb_run_id, variant, total_steps)
-        if self.wandb_on and accelerator.is_main_process:
-            self.wb = accelerator.get_tracker("wandb", unwrap=True)
-        self.progress = step_progress(total_steps, state.step, accelerator.is_local_main_process)
-
-    def log(self, row: dict) -> None:
-        if self.writer is not None:
-            self.writer.write(row)
-        with self.wandb_calls():
-            self.accelerator.log(row, step=row["step"])  # `step` too: every wandb panel's x-axis (define_metrics)
-
-    @contextmanager
-    def wandb_calls(self):
-        """Around calls that reach W&B. accelerate launch answers a stop signal by signalling every process under it,
-        W&B's service process too, which ends at once: W&B's next call raises ConnectionError. Then the run says so
-        once and goes on to its checkpoint and summary.json without W&B (metrics.jsonl has every step)."""
-        try:
-            yield
-        except ConnectionError as err:
-            if self.wb is None:  # not W&B's
-                raise
-            print(f"note: W&B's service process is gone ({err}): W&B logging ends here, metrics.jsonl has every "
-                  f"step", file=sys.stderr)
-            self.accelerator.trackers = [t for t in self.accelerator.trackers if t.name != "wandb"]
-            self.wb = None
-            import wandb
-
-            with suppress(ConnectionError):
-                wandb.teardown()  # frees what is left, and its exit hook that would raise the same error again
-
-    def wall_time_s(self, state: TrainerState) -> float:
-        """The run's wall time so far: its earlier processes' (resumed runs) and this one's."""
-        return state.wall_time_s + time.time() - self.wall_start
-
-    def save_checkpoint(self, state: TrainerState) -> None:
-        """A checkpoint of this step (collective), logged to wandb when asked."""
-        cfg = self.cfg
-        trainer_state = state.to_checkpoint(cfg, self.accelerator.num_processes, self.wall_time_s(state))
-        path = save_checkpoint(self.accelerator, self.dir.path, state.step, trainer_state,
-                               keep=cfg.train.save_total_limit, protect=state.best and state.best["step"],
-                               model_files=lambda folder: save_model_files(self.model, folder, self.tokenizer, cfg))
-        if self.wb is not None and cfg.wandb.log_checkpoints:
-            with self.wandb_calls():
-                wandb_run.log_checkpoint(self.wb, path, state.step)
-
-
-def _init_trackers(accelerator, cfg: RunConfig, wandb_mode: str, run_id: str, variant: str | None,
-                   total_steps: int) -> bool:
-    """Start the trackers; True when wandb is among them."""
-    if not accelerator.log_with:
-        return False
-    init_kwargs = {"wandb": wandb_run.init_kwargs(cfg, wandb_mode, run_id, variant, total_steps)}
-    flat = {k: (", ".join(map(str, v)) if isinstance(v, list) else ("null" if v is None else v))
-            for k, v in flatten_config(cfg).items()}  # flat scalars: what every tracker accepts
-    accelerator.init_trackers(cfg.wandb.project, config=flat, init_kwargs=init_kwargs)
-    wandb_on = any(tr.name == "wandb" for tr in accelerator.trackers)
-    if wandb_on and accelerator.is_main_process:
-        wandb_run.define_metrics(accelerator.get_tracker("wandb", unwrap=True))
-    return wandb_on
 
 
 if __name__ == "__main__":
