@@ -13,6 +13,7 @@ import torch.nn as nn
 import normlab.kernels
 from model import NormLabConfig, NormLabForSequenceClassification
 from model.norms import BATCH_STAT_NORMS, BatchCentering, build_norm, ghost_groups, sentence_groups
+from tiny_model import padded_batch, width16_config
 
 D = 8
 LENGTHS = (6, 3, 5, 2, 4)  # five sentences; at g = 2 the groups are [0, 1] and [2, 3, 4]
@@ -176,21 +177,8 @@ def test_bad_group_size_is_a_one_line_error():
 # The whole model
 # ---------------------------------------------------------------------------------------------------------------
 
-VOCAB = 50
-
-
 def tiny_config(**overrides):
-    kw = dict(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-              max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=2,
-              norm="masked_batchnorm", powernorm_warmup_steps=1)
-    kw.update(overrides)
-    return NormLabConfig(**kw)
-
-
-def padded_batch(lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    attention_mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
-    return torch.randint(1, VOCAB, (len(lengths), max(lengths)), generator=g) * attention_mask, attention_mask
+    return width16_config(**{"norm": "masked_batchnorm", "powernorm_warmup_steps": 1, **overrides})
 
 
 def test_a_sentence_depends_only_on_its_own_group():

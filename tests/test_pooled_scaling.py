@@ -8,26 +8,16 @@ import pytest
 import torch
 from torch import nn
 
-from model import NormLabConfig, NormLabForSequenceClassification
+from model import NormLabForSequenceClassification
 from model.norms import BatchStandardization
+from tiny_model import padded_batch, width16_config
 from train_utils import run_here
 
-VOCAB = 50
 D = 16
 
 
 def tiny_config(**overrides):
-    kw = dict(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-              max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=2,
-              norm="layernorm", norm_placement="pre")
-    kw.update(overrides)
-    return NormLabConfig(**kw)
-
-
-def padded_batch(lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    attention_mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
-    return torch.randint(1, VOCAB, (len(lengths), max(lengths)), generator=g) * attention_mask, attention_mask
+    return width16_config(**{"norm": "layernorm", "norm_placement": "pre", **overrides})
 
 
 def classifier_input(model, ids, mask):
