@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from model import NormLabForSequenceClassification
-from model.modeling_normlab import _pool
+from model.modeling_normlab import pool_tokens
 from normlab.files.formats import read_yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def measure(ckpt: Path, probe: dict) -> dict:
     model.classifier.register_forward_pre_hook(lambda mod, args: seen.update(x=args[0]))
     logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
     hidden = model.normlab(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
-    pooled = _pool(hidden, enc["attention_mask"], model.config.pooling)
+    pooled = pool_tokens(hidden, enc["attention_mask"], model.config.pooling)
     return {"pooled_sd": float(pooled.std(0).median()), "input_sd": float(seen["x"].std(0).median()),
             "logit_sd": float((logits[:, 1] - logits[:, 0]).std())}
 
