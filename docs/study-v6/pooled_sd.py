@@ -25,6 +25,7 @@ import torch
 from model import NormLabForSequenceClassification
 from model.modeling_normlab import pool_tokens
 from normlab.files.formats import read_yaml
+from normlab.study.study_dir import provenance
 
 REPO = Path(__file__).resolve().parents[2]
 STEP = 16
@@ -89,7 +90,8 @@ def main():
         name, _, given = arm.partition("=")
         for seed in args.seeds:
             ckpt = train_to_step(args.out / f"{name}-s{seed}", seed, args.lr, [o for o in given.split(",") if o])
-            row = {"variant": name, "seed": seed, "lr": args.lr, "step": STEP, **measure(ckpt, probe)}
+            row = {"variant": name, "seed": seed, "lr": args.lr, "step": STEP, **measure(ckpt, probe),
+                   **provenance()}  # commit, machine, time: every row says where it was measured
             print(json.dumps(row), flush=True)
 
 
