@@ -26,7 +26,7 @@ def _dist_world_size():
     return 1
 
 
-def _all_reduce_sum(t, sync=True):
+def all_reduce_sum(t, sync=True):
     """Sum over processes, differentiably (as SyncBatchNorm); `sync` only in training, which runs in lockstep."""
     if sync and _dist_world_size() > 1:
         from torch.distributed.nn.functional import all_reduce
@@ -35,7 +35,7 @@ def _all_reduce_sum(t, sync=True):
     return t
 
 
-def _recomputing() -> bool:
+def recomputing() -> bool:
     """True while the autograd engine runs a backward pass: a norm's forward then is gradient checkpointing's
     recomputation, which must update no state. torch has no public query; torch.utils.checkpoint reads the same."""
     if torch.compiler.is_compiling():  # compiled backward graphs never rerun the Python forward
@@ -43,7 +43,7 @@ def _recomputing() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def _log_ratio_rms(var_b, var_r, eps):
+def log_ratio_rms(var_b, var_r, eps):
     """(..., D) batch or group statistics against the running ones (D,) -> (...,): RMS log-ratio over features."""
     return torch.sqrt(torch.mean((torch.log(var_b + eps) - torch.log(var_r + eps)) ** 2, dim=-1))
 
@@ -80,7 +80,7 @@ def group_moments(x2d, real, group, num_groups):
     return count, mean, var
 
 
-def _per_row(stat, groups):
+def per_row(stat, groups):
     """A statistic for `_row_groups`' rows: (D,) stays (D,), for every row; (G, D) -> (N, D), each row's group's."""
     return stat if groups is None else stat[groups[0]]
 
@@ -211,7 +211,7 @@ class BatchStatNorm(Norm, nn.Module):
         group size changes only the noise of the normalization. With ghost groups, over every process's groups,
         so that the running statistics agree across processes."""
         num_groups = stats[0].new_tensor([stats[0].shape[0]])
-        sums = _all_reduce_sum(torch.cat([s.sum(dim=0) for s in stats] + [num_groups]),
+        sums = all_reduce_sum(torch.cat([s.sum(dim=0) for s in stats] + [num_groups]),
                                sync=self.training and self.group_size is not None)
         return (sums[:-1] / sums[-1]).split(self.num_features)
 
@@ -219,7 +219,7 @@ class BatchStatNorm(Norm, nn.Module):
         """A training forward's bookkeeping, skipped in a checkpointed rerun: while precise BN collects, add the
         forward's counted rows (x2d (N, D) where `real`) to the population; otherwise update the running
         statistics from `stats`."""
-        if _recomputing():
+        if recomputing():
             return
         if self._population is not None:
             self._population.add(x2d[real])
@@ -267,7 +267,7 @@ class _MeanVarBatchNorm(BatchStatNorm):
             self._check_count(count)
             if self.training:
                 self._after_training_forward(x2d, real, mean.detach(), var.detach(), count)
-            mean, var = _per_row(mean, groups), _per_row(var, groups)  # with groups, each row's group's (N, D)
+            mean, var = per_row(mean, groups), per_row(var, groups)  # with groups, each row's group's (N, D)
         else:
             mean, var = self.running_mean, self.running_var
         y = (x2d - mean) * torch.rsqrt(var + self.eps)
@@ -281,11 +281,11 @@ class _MeanVarBatchNorm(BatchStatNorm):
         m = real.to(x2d.dtype).unsqueeze(-1)  # (N, 1)
         xr = torch.where(real.unsqueeze(-1), x2d, torch.zeros((), dtype=x2d.dtype, device=x2d.device))
         stats = torch.cat([xr.sum(dim=0), m.sum(dim=0)])  # (D + 1,): per-feature sums, real-token count
-        stats = _all_reduce_sum(stats, sync=self._syncs())
+        stats = all_reduce_sum(stats, sync=self._syncs())
         count = stats[-1]
         mean = stats[:-1] / count.clamp(min=1)
         sq = (((xr - mean) * m) ** 2).sum(dim=0)  # (D,)
-        var = _all_reduce_sum(sq, sync=self._syncs()) / count.clamp(min=1)
+        var = all_reduce_sum(sq, sync=self._syncs()) / count.clamp(min=1)
         return mean, var, count.item()
 
     @torch.no_grad()
@@ -294,7 +294,7 @@ class _MeanVarBatchNorm(BatchStatNorm):
         mean, var = mean.reshape(-1, self.num_features), var.reshape(-1, self.num_features)  # (G, D)
         count = torch.as_tensor(count, dtype=torch.float64, device=var.device).reshape(-1, 1)  # (G, 1)
         drift = torch.sqrt(torch.mean((mean - self.running_mean) ** 2 / (self.running_var + self.eps), dim=-1))
-        drift = drift + _log_ratio_rms(var, self.running_var, self.eps)  # (G,): each group's distance
+        drift = drift + log_ratio_rms(var, self.running_var, self.eps)  # (G,): each group's distance
         self.last_stat_drift = drift.mean()
         unbiased = var * (count / (count - 1)).to(var.dtype)  # torch's BatchNorm stores the unbiased running variance
         new_mean, new_var = self._mean_over_groups(mean, unbiased)
@@ -346,7 +346,7 @@ class BatchCentering(BatchStatNorm):
             if groups is None:
                 xr = torch.where(real.unsqueeze(-1), x2d, torch.zeros((), dtype=x2d.dtype, device=x2d.device))
                 stats = torch.cat([xr.sum(dim=0), real.sum().to(x2d.dtype).reshape(1)])  # (D + 1,)
-                stats = _all_reduce_sum(stats, sync=self._syncs())
+                stats = all_reduce_sum(stats, sync=self._syncs())
                 count = stats[-1].item()
                 mean = stats[:-1] / max(count, 1)  # (D,)
             else:
@@ -354,7 +354,7 @@ class BatchCentering(BatchStatNorm):
             self._check_count(count)
             if self.training:
                 self._after_training_forward(x2d, real, mean.detach())
-            mean = _per_row(mean, groups)
+            mean = per_row(mean, groups)
         else:
             mean = self.running_mean
         return (x2d - mean).reshape(x.shape).to(x.dtype)

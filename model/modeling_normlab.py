@@ -380,7 +380,7 @@ class NormLabModel(NormLabPreTrainedModel):
         return BaseModelOutput(last_hidden_state=x, hidden_states=hidden_states, attentions=attentions)
 
 
-def _pool(x, attention_mask, pooling):
+def pool_tokens(x, attention_mask, pooling):
     """(B, L, D) -> (B, D): the first token ([CLS]) or the mean over real tokens."""
     if pooling == "cls":
         return x[:, 0]
@@ -416,7 +416,7 @@ class NormLabForSequenceClassification(NormLabPreTrainedModel):
                 labels=None, output_attentions=None, output_hidden_states=None):
         out = self.normlab(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                            output_attentions, output_hidden_states, return_dict=True)
-        pooled = _pool(out.last_hidden_state, attention_mask, self.config.pooling)  # (B, D)
+        pooled = pool_tokens(out.last_hidden_state, attention_mask, self.config.pooling)  # (B, D)
         if self.center is not None:
             pooled = self.center(pooled)  # (B, D), each feature's batch mean removed
         if self.standardize is not None:

@@ -8,11 +8,11 @@ import torch
 from .base_norm import real_token_mask
 from .batch_norms import (
     BatchStatNorm,
-    _all_reduce_sum,
-    _log_ratio_rms,
-    _per_row,
-    _recomputing,
+    all_reduce_sum,
     group_moments,
+    log_ratio_rms,
+    per_row,
+    recomputing,
 )
 from .ops import compute_dtype
 
@@ -35,8 +35,8 @@ class _PowerFunction(torch.autograd.Function):
         g = dy * weight  # (N, D)
         approx_g = g - (1 - ctx.alpha_bkw) * ema_gz * z
         m = real.to(z.dtype).unsqueeze(-1)
-        count = _all_reduce_sum(m.sum())  # plain tensors here: no autograd inside backward
-        gz = _all_reduce_sum((approx_g * z * m).sum(dim=0)) / count
+        count = all_reduce_sum(m.sum())  # plain tensors here: no autograd inside backward
+        gz = all_reduce_sum((approx_g * z * m).sum(dim=0)) / count
         ema_gz.add_(gz)  # the authors' running gradient statistic: accumulated, scaled by (1 - alpha_bkw) in use
         dx = approx_g * torch.rsqrt(psi2_batch + ctx.eps)
         dw = (dy * z).sum(dim=0)
@@ -85,17 +85,17 @@ class PowerNorm(BatchStatNorm):
             groups = self._row_groups(x)
             psi2_b = self._batch_psi2(x2d, real, groups)  # (D,), or (G, D) one per group
         if self.training:
-            if _recomputing():
+            if recomputing():
                 psi2_used = self._replayed_psi2(psi2_b)
             elif self._population is not None:  # precise BN: normalize as the next step would, update nothing
                 self._population.add(x2d[real])
                 psi2_used = self._psi2_to_use(psi2_b, int(self.num_batches_tracked) + 1)
             else:
                 psi2_used = self._training_step(psi2_b)
-            y = _PowerFunction.apply(x2d, real, self.weight, self.bias, _per_row(psi2_used, groups),
-                                     _per_row(psi2_b, groups), self.ema_gz, self.alpha_bkw, self.eps)
+            y = _PowerFunction.apply(x2d, real, self.weight, self.bias, per_row(psi2_used, groups),
+                                     per_row(psi2_b, groups), self.ema_gz, self.alpha_bkw, self.eps)
         else:
-            psi2 = _per_row(psi2_b, groups) if self._uses_batch_stats() else self.running_psi2
+            psi2 = per_row(psi2_b, groups) if self._uses_batch_stats() else self.running_psi2
             y = x2d * torch.rsqrt(psi2 + self.eps) * self.weight + self.bias
         return y.reshape(x.shape).to(x.dtype)
 
@@ -109,7 +109,7 @@ class PowerNorm(BatchStatNorm):
             return mean_sq
         xr = torch.where(real.unsqueeze(-1), x2d, torch.zeros((), dtype=x2d.dtype, device=x2d.device))
         stats = torch.cat([xr.pow(2).sum(dim=0), real.sum().to(x2d.dtype).reshape(1)])  # (D + 1,)
-        stats = _all_reduce_sum(stats, sync=self._syncs())
+        stats = all_reduce_sum(stats, sync=self._syncs())
         count = stats[-1].item()
         self._check_count(count)
         return stats[:-1] / count
@@ -126,7 +126,7 @@ class PowerNorm(BatchStatNorm):
         t = int(self.num_batches_tracked)
         psi2_used = self._psi2_to_use(psi2_b, t)
         self._last_forward = (psi2_b, psi2_used)  # for a checkpointed recomputation: see _replayed_psi2
-        self.last_stat_drift = _log_ratio_rms(psi2_b, self.running_psi2, self.eps).mean()
+        self.last_stat_drift = log_ratio_rms(psi2_b, self.running_psi2, self.eps).mean()
         (psi2_mean,) = self._mean_over_groups(psi2_b.reshape(-1, self.num_features))
         if t < self.warmup_steps:  # a cumulative average first, then the exponential one
             self.running_psi2.mul_((t - 1) / t).add_(psi2_mean / t)

@@ -588,6 +588,22 @@ def test_batch_statistics_norms_are_the_layers_with_running_statistics(norm):
     assert model.config.uses_batch_statistics == bool(listed) == (norm in BATCH_STAT_NORMS)
 
 
+@pytest.mark.parametrize("norm", NORM_TYPES)
+def test_only_the_batch_statistics_norms_change_between_train_and_eval(norm):
+    """The third classic reason for LN over BN: with dropout off, `train()` and `eval()` give the same outputs for
+    every norm without running statistics, and different ones for the BN family (batch statistics in training,
+    running statistics in eval). Checked on the real tokens of a padded batch, so padding cannot be the cause."""
+    torch.manual_seed(0)
+    model = NormLabModel(tiny_config(norm=norm, norm_placement="pre", powernorm_warmup_steps=1))
+    input_ids, attention_mask = padded_batch()
+    real = attention_mask.bool()
+    with torch.no_grad():
+        trained = model.train()(input_ids, attention_mask=attention_mask).last_hidden_state[real]
+        evaluated = model.eval()(input_ids, attention_mask=attention_mask).last_hidden_state[real]
+    same = torch.allclose(trained, evaluated, rtol=1e-5, atol=1e-6)
+    assert same == (norm not in BATCH_STAT_NORMS), (norm, (trained - evaluated).abs().max())
+
+
 def test_taps_name_each_blocks_attention_logits_and_output():
     model = NormLabForSequenceClassification(tiny_config(qk_norm=True))
     taps = model.taps()

@@ -156,6 +156,19 @@ def test_a_study_built_in_pieces_keeps_every_invocation(tmp_path):
     assert set(data["runs"]) == {"a-s0", "a-s1"}
 
 
+def test_an_invocation_keeps_the_commit_it_started_at(tmp_path):
+    """study.py reads the commit when it starts: a commit made while its runs train (docs, say) must not be named
+    as the code they ran. Without one given, the checkout's commit now."""
+    path, st = tmp_path / "two.yaml", tmp_path / "st"
+    path.write_text(TWO_LRS)
+    st.mkdir()
+    study.Study(st, study.load_grid(path), path, "a").record("a-s0", status="completed")
+    study.record_invocation(st, "started earlier", started=0.0, commit="1234abc")
+    study.record_invocation(st, "now", started=0.0)
+    calls = json.loads((st / "study.json").read_text())["invocations"]
+    assert [c["commit"] for c in calls] == ["1234abc", study.git_commit()]
+
+
 def test_signal_rows_take_each_arms_best_lr_and_carry_provenance(tmp_path):
     from normlab.study import signal
 

@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 
 from model import NormLabForSequenceClassification
-from model.modeling_normlab import _pool
+from model.modeling_normlab import pool_tokens
 from normlab.files.formats import read_yaml
+from normlab.study.study_dir import provenance
 
 REPO = Path(__file__).resolve().parents[2]
 STEP = 16
@@ -69,7 +70,7 @@ def measure(ckpt: Path, probe: dict) -> dict:
     model.classifier.register_forward_pre_hook(lambda mod, args: seen.update(x=args[0]))
     logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
     hidden = model.normlab(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
-    pooled = _pool(hidden, enc["attention_mask"], model.config.pooling)
+    pooled = pool_tokens(hidden, enc["attention_mask"], model.config.pooling)
     return {"pooled_sd": float(pooled.std(0).median()), "input_sd": float(seen["x"].std(0).median()),
             "logit_sd": float((logits[:, 1] - logits[:, 0]).std())}
 
@@ -89,7 +90,8 @@ def main():
         name, _, given = arm.partition("=")
         for seed in args.seeds:
             ckpt = train_to_step(args.out / f"{name}-s{seed}", seed, args.lr, [o for o in given.split(",") if o])
-            row = {"variant": name, "seed": seed, "lr": args.lr, "step": STEP, **measure(ckpt, probe)}
+            row = {"variant": name, "seed": seed, "lr": args.lr, "step": STEP, **measure(ckpt, probe),
+                   **provenance()}  # commit, machine, time: every row says where it was measured
             print(json.dumps(row), flush=True)
 
 

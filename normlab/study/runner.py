@@ -331,7 +331,7 @@ def main(argv=None) -> int:
         validate_commands(grid, runs, study_dir, args.overrides)
         if args.dry_run:
             return dry_run(grid, runs, study_dir, args.overrides)
-        started = time.time()
+        started, commit = time.time(), git_commit()  # the code the runs train with, not HEAD when they end
         engine = make_engine(args.engine, parallel=args.parallel, address=args.address,
                              max_retries=args.max_retries, warm=not args.process_per_run)
         print(engine.describe())
@@ -343,6 +343,6 @@ def main(argv=None) -> int:
         print("\nstudy interrupted; run the same command again to continue (finished runs are skipped, "
               "interrupted ones resume from their last checkpoint)", file=sys.stderr)
         return 130
-    record_invocation(study_dir, command, started)
+    record_invocation(study_dir, command, started, commit=commit)
     after_training(study_dir, bool(grid["score"]), not args.no_report, shards=args.parallel or 1)
     return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed

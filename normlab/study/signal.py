@@ -24,7 +24,7 @@ from normlab.data.tokenizer import get_tokenizer
 from normlab.files.formats import read_yaml, write_jsonl
 from normlab.study.grid import REPO_ROOT, resolve_preset, selection_key
 from normlab.study.selection_file import read_selection
-from normlab.study.study_dir import StudyDir, provenance, record_invocation
+from normlab.study.study_dir import StudyDir, git_commit, provenance, record_invocation
 from normlab.train.step import model_inputs
 
 
@@ -126,12 +126,12 @@ def main(argv=None) -> int:
         return error_exit("signal.py", f"{preset} has no `signal` block (variants, seeds, steps, lr, batch_size, "
                                        f"max_length)")
     torch.set_num_threads(1)
-    started = time.time()
+    started, commit = time.time(), git_commit()
     run(preset, args.out, read_selection(args.selection) if args.selection else None)
     if StudyDir(args.out.parent).is_study:  # written into a study: meta.json lists this invocation
         record_invocation(args.out.parent, shlex.join(["python", "-m", "normlab.study.signal",
                                                        *(argv if argv is not None else sys.argv[1:])]),
-                          started, in_process=True)
+                          started, in_process=True, commit=commit)
     return 0
 
 

@@ -126,15 +126,16 @@ def git_commit() -> str | None:
     return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False) -> None:
-    """Append this command's commit, machine, wall time and CPU time to study.json: of the processes it started,
-    or (in_process: a measurement in one process) its own."""
+def record_invocation(study_dir: Path, command: str, started: float, in_process: bool = False,
+                      commit: str | None = None) -> None:
+    """Append this command's commit (`commit`: the one it started at; default: now's), machine, wall time and CPU
+    time to study.json: of the processes it started, or (in_process: a measurement in one process) its own."""
     path = StudyDir(study_dir).study_json
     data = read_json(path)
     times = os.times()
     cpu = times.user + times.system if in_process else times.children_user + times.children_system
     data.setdefault("invocations", []).append({
-        "command": command, "commit": git_commit(), "machine": machine(), "started": time.strftime(
+        "command": command, "commit": commit or git_commit(), "machine": machine(), "started": time.strftime(
             "%Y-%m-%d %H:%M:%S%z", time.localtime(started)), "wall_s": round(time.time() - started, 1),
         "cpu_s": round(cpu, 1)})
     atomic_write_json(path, data, indent=1)
