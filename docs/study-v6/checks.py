@@ -7,6 +7,7 @@ records alone (predictions.md declared both):
   part C  each arm's logit spread at step 16 (signal.jsonl, geometric mean over seeds) at each LR, and whether the
           fixed gain's (center_c) is within a factor 3 of standardization's (std_one); else the gain missed its
           target and the decision rule is not applied.
+Numpy and the records only, not the engine's hook: an independent recomputation, as docs/study-v5/scorecard.py is.
     python docs/study-v6/checks.py          # reads docs/study-v6/ghost/runs.jsonl.gz and mechanism/signal.jsonl"""
 
 import gzip
