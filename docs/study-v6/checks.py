@@ -7,8 +7,12 @@ records alone (predictions.md declared both):
   part C  each arm's logit spread at step 16 (signal.jsonl, geometric mean over seeds) at each LR, and whether the
           fixed gain's (center_c) is within a factor 3 of standardization's (std_one); else the gain missed its
           target and the decision rule is not applied.
+  part B  where a batch-8 penalty comes from (exploratory): mbn_b8 - ln_pre_b8 against part A's mbn_g8 - ln_pre,
+          each arm at its own LR of the rank, paired over seeds within each study; the difference of the two mean
+          differences with a percentile bootstrap interval that resamples seeds in each study independently (the
+          studies' runs are not paired).
 Numpy and the records only, not the engine's hook: an independent recomputation, as docs/study-v5/scorecard.py is.
-    python docs/study-v6/checks.py          # reads docs/study-v6/ghost/runs.jsonl.gz and mechanism/signal.jsonl"""
+    python docs/study-v6/checks.py          # reads docs/study-v6/{ghost,batch8}/ and mechanism/signal.jsonl"""
 
 import gzip
 import json
@@ -20,6 +24,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 RECORDS, SIGNAL = HERE / "ghost" / "runs.jsonl.gz", HERE / "mechanism" / "signal.jsonl"
+GHOST, BATCH8 = HERE / "ghost", HERE / "batch8"
+VAL = "val/sorted/running"  # the accuracy the reports state
 WARMUP = 50
 NEEDED = 2.0  # predictions.md: "at least 2 at both LRs" (4 expected from 1/sqrt(tokens) alone)
 LRS = {"best": 0.00178, "runner-up": 0.00316}  # masked BN's quick_v4 choices, shared by its ghost arms
@@ -36,9 +42,13 @@ def per_seed(runs: list[dict], variant: str, lr: float) -> dict[int, float]:
             if r["variant"] == variant and math.isclose(r["lr"], lr) and r["experiment"] == "board"}
 
 
-def drift_check(path: Path = RECORDS) -> bool:
+def read_runs(path: Path) -> list[dict]:
     with gzip.open(path, "rt") as f:
-        runs = [json.loads(line) for line in f]
+        return [json.loads(line) for line in f]
+
+
+def drift_check(path: Path = RECORDS) -> bool:
+    runs = read_runs(path)
     passed = True
     for rank, lr in LRS.items():
         base = per_seed(runs, "mbn_g32", lr)
@@ -75,6 +85,36 @@ def logit_check(path: Path = SIGNAL) -> bool:
     return passed
 
 
+def accuracy_gap(folder: Path, arm: str, ref: str, sweep: dict, rank: int) -> dict[int, float]:
+    """{seed: accuracy(arm) - accuracy(ref)} on the board, each at its own LR of the rank (best 0, runner-up 1)."""
+    selection = json.loads((folder / "selection.json").read_text())
+
+    def acc(variant, tuned):
+        choice = selection[f"tune/{tuned}/wuon"]
+        lr = (choice["lr"], choice["runner_up"])[rank]
+        return {r["seed"]: r["scores"][VAL]["accuracy"] for r in read_runs(folder / "runs.jsonl.gz")
+                if r["variant"] == variant and math.isclose(r["lr"], lr) and "board" in r["experiments"]}
+
+    a, b = acc(arm, sweep[arm]), acc(ref, sweep[ref])
+    return {s: a[s] - b[s] for s in sorted(a) if s in b}
+
+
+def penalty_source(draws: int = 10000) -> None:
+    rng = np.random.default_rng(0)
+    for rank, name in enumerate(("best", "runner-up")):
+        ghost = np.array(list(accuracy_gap(GHOST, "mbn_g8", "ln_pre", {"mbn_g8": "masked_batchnorm",
+                                                                         "ln_pre": "ln_pre"}, rank).values()))
+        b8 = np.array(list(accuracy_gap(BATCH8, "mbn_b8", "ln_pre_b8", {"mbn_b8": "mbn_b8",
+                                                                          "ln_pre_b8": "ln_pre_b8"}, rank).values()))
+        boot = (rng.choice(b8, (draws, len(b8))).mean(1) - rng.choice(ghost, (draws, len(ghost))).mean(1))
+        lo, hi = np.percentile(boot, [2.5, 97.5])
+        print(f"{name} LRs: mbn_b8 - ln_pre_b8 {b8.mean():+.4f} ({len(b8)} seeds); mbn_g8 - ln_pre {ghost.mean():+.4f} "
+              f"({len(ghost)} seeds); difference {b8.mean() - ghost.mean():+.4f} [{lo:+.4f}, {hi:+.4f}] "
+              f"(95% bootstrap over seeds; exploratory, not tested)")
+
+
 if __name__ == "__main__":
     drift_check(Path(sys.argv[1]) if len(sys.argv) > 1 else RECORDS)
     logit_check(Path(sys.argv[2]) if len(sys.argv) > 2 else SIGNAL)
+    if (BATCH8 / "runs.jsonl.gz").is_file():
+        penalty_source()
