@@ -21,6 +21,7 @@ from normlab.run_dir import RunDir
 from normlab.study.sharded import add_shard_options
 from normlab.study.study_dir import SCORED, StudyDir
 from normlab.train.evaluation import evaluate, in_row_order, score_batches
+from normlab.train.progress_bars import bars_on
 from normlab.train.run_summary import tokens_per_s
 
 # sorted: length-sorted batches padded to their longest; shuffled: one fixed random order, padded to the batch's
@@ -126,6 +127,7 @@ def document_rows(cfg, dsd) -> list[dict]:
 def score_data(cfg, dev_rows: int):
     """The run's data as its config builds it, with the training split's last `dev_rows` rows held out as dev
     (normlab.data.sources.hold_out_dev, as train.py's data.dev_rows), which the runs must not have trained on."""
+    bars_on()  # a study's scoring and LR choice write to its log: no "Casting the dataset" bars there
     d = cfg.data
     if d.dev_rows not in (None, dev_rows):
         raise SystemExit(f"score_runs.py: the runs held out data.dev_rows={d.dev_rows}, not the {dev_rows} dev rows "
