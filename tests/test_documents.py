@@ -176,3 +176,33 @@ def test_the_padding_command_prints_random_and_grouped_batches(sentences, capsys
                        for name in ("random", "length-grouped"))
     assert 0 <= grouped < random
     assert "training documents (" in out
+
+
+def test_scoring_lists_each_eval_document_with_its_size_and_label_for_the_study(sentences):
+    """score_runs.py writes STUDY/documents.jsonl from these rows; study "docs" scores its long documents with them."""
+    from normlab.study.scoring import document_rows, score_data, score_sets
+
+    folder, _ = sentences
+    cfg = docs_config(folder, "data.dev_rows=10")
+    dsd = score_data(cfg, 10)
+    rows, (texts, labels) = document_rows(cfg, dsd), score_sets(cfg, 10, dsd)["val"]
+    assert [r["row"] for r in rows] == list(range(len(texts))) and [r["label"] for r in rows] == list(labels)
+    assert [r["sentences"] for r in rows] == [len(doc) for doc in sentence_ids(dsd["validation"])]
+    sentences_cfg = load_config(overrides=[f"data.path={folder}", "data.label_names=[negative,positive]",
+                                           "data.dev_rows=10"])
+    assert document_rows(sentences_cfg, score_data(sentences_cfg, 10)) == []
+
+
+def test_the_docs_study_scores_long_documents_apart():
+    """configs/study/hooks/docs.py: acc_long reads only the documents of 5 sentences or more."""
+    from normlab.study import engine
+    from normlab.study.records import VAL, RunRecord
+
+    engine.load_hooks(REPO_ROOT / "configs" / "study" / "hooks" / "docs.py")
+    docs = [{"split": "val", "row": i, "sentences": k, "label": y}
+            for i, (k, y) in enumerate([(1, 0), (7, 1), (5, 0), (3, 1), (5, 1)])]
+    study = type("Study", (), {"tables": {"documents": docs}})()
+    run = RunRecord(scores={VAL: {"pred": "01111"}}, extra={"pad_fraction": 0.6, "tokens_per_s": 900.0})
+    assert engine.MEASURES["acc_long"](run, study) == pytest.approx(2 / 3)  # rows 1, 2, 4: right, wrong, right
+    assert engine.MEASURES["pad_fraction"](run, study) == 0.6
+    assert engine.MEASURES["tokens_per_s"](RunRecord(), study) != engine.MEASURES["tokens_per_s"](RunRecord(), study)

@@ -14,12 +14,15 @@ from model.norms import real_token_mask
 from normlab.command import command_parser
 from normlab.config.loader import model_config_from
 from normlab.data.batching import MLM_PROBABILITY, encode_rows, row_batches
+from normlab.data.documents import SENTENCE_IDS
 from normlab.data.sources import DEV_SPLIT, DataError, resolve_dataset
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl, write_jsonl
 from normlab.run_dir import RunDir
 from normlab.study.sharded import add_shard_options
 from normlab.study.study_dir import SCORED, StudyDir
 from normlab.train.evaluation import evaluate, in_row_order, score_batches
+from normlab.train.progress_bars import bars_on
+from normlab.train.run_summary import tokens_per_s
 
 # sorted: length-sorted batches padded to their longest; shuffled: one fixed random order, padded to the batch's
 # longest; fixed: the sorted batches padded to data.max_length
@@ -102,10 +105,29 @@ def running_stat_gap(model, rows: list[dict], batch_size: int, pad_id: int) -> d
     return {"mean_gap": mean_gap, "log_var_ratio": log_var_ratio}
 
 
-def score_sets(cfg, dev_rows: int) -> dict:
-    """{"dev": (texts, labels), "val": (texts, labels)} from the run's own config (a RunConfig): dev is the training
-    split's last `dev_rows` rows (normlab.data.sources.hold_out_dev, as train.py's data.dev_rows), which the runs
-    must not have trained on."""
+def score_sets(cfg, dev_rows: int, dsd=None) -> dict:
+    """{"dev": (texts, labels), "val": (texts, labels)} from the run's own config (a RunConfig), or from `dsd`
+    (score_data's) where the caller has it: dev is the training split's last `dev_rows` rows."""
+    dsd = dsd if dsd is not None else score_data(cfg, dev_rows)
+    col, lab = cfg.data.text_column, cfg.data.label_column
+    dev, val = dsd[DEV_SPLIT], dsd[cfg.data.eval_split]
+    return {"dev": (dev[col], dev[lab]), "val": (val[col], val[lab])}
+
+
+def document_rows(cfg, dsd) -> list[dict]:
+    """One row per evaluation document (data.doc_sizes): its row in the val split, its number of sentences and its
+    label, so that a study can score its long documents apart; [] where the rows are sentences."""
+    val = dsd[cfg.data.eval_split]
+    if SENTENCE_IDS not in val.column_names:
+        return []
+    return [{"split": "val", "row": i, "sentences": len(ids), "label": int(y)}
+            for i, (ids, y) in enumerate(zip(val[SENTENCE_IDS], val[cfg.data.label_column]))]
+
+
+def score_data(cfg, dev_rows: int):
+    """The run's data as its config builds it, with the training split's last `dev_rows` rows held out as dev
+    (normlab.data.sources.hold_out_dev, as train.py's data.dev_rows), which the runs must not have trained on."""
+    bars_on()  # a study's scoring and LR choice write to its log: no "Casting the dataset" bars there
     d = cfg.data
     if d.dev_rows not in (None, dev_rows):
         raise SystemExit(f"score_runs.py: the runs held out data.dev_rows={d.dev_rows}, not the {dev_rows} dev rows "
@@ -117,9 +139,7 @@ def score_sets(cfg, dev_rows: int) -> dict:
                               with_labels=cfg.task == "classification")
     except DataError as e:  # the dev rows overlap the trained ones
         raise SystemExit(f"score_runs.py: {e}") from None
-    col, lab = d.text_column, d.label_column
-    dev, val = dsd[DEV_SPLIT], dsd[d.eval_split]
-    return {"dev": (dev[col], dev[lab]), "val": (val[col], val[lab])}
+    return dsd
 
 
 def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) -> tuple[dict, dict | None]:
@@ -184,7 +204,12 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
                loss_spikes=summary.get("loss_spikes"), wandb_run_id=summary.get("wandb_run_id"),
                cpu_threads=summary.get("cpu_threads"))  # a CPU run's last digits depend on its thread count
     if run.metrics_file.is_file():
-        rec["curves"] = curves(read_jsonl(run.metrics_file))
+        metrics = read_jsonl(run.metrics_file)
+        rec["curves"] = curves(metrics)
+        # outside the curves, so that older studies' records (which lack them) keep their digests
+        pads = [r["train/pad_fraction"] for r in metrics if r.get("train/pad_fraction") is not None]
+        rec["pad_fraction"] = _sig(float(np.mean(pads))) if pads else None
+        rec["tokens_per_s"] = _sig(tokens_per_s(run.metrics_file))
     if rec["status"] == "completed" and run.has_final():
         # batch statistics anywhere (blocks, final norm, pooled vector), not only the block norm rec["norm"] names
         full = rec["experiment"] == "e3" or NormLabForSequenceClassification.builds_batch_statistics(
@@ -211,7 +236,8 @@ def main(argv=None) -> int:
     for name, entry in sorted(study["runs"].items())[k::n]:
         cfg = RunDir(folder.run(name)).read_config() if sets is None else None
         if cfg is not None:
-            sets = score_sets(cfg, score["dev_rows"])
+            dsd = score_data(cfg, score["dev_rows"])
+            sets, documents = score_sets(cfg, score["dev_rows"], dsd), document_rows(cfg, dsd)
         # the dev rows choose LRs: a study with LR sweeps scores them for its sweeps' runs only
         needs_dev = not sweeps or bool(sweeps & set(entry.get("experiments", [entry.get("experiment")])))
         run_sets = sets if needs_dev or sets is None else {k: v for k, v in sets.items() if k != "dev"}
@@ -221,6 +247,8 @@ def main(argv=None) -> int:
     if sets is not None:  # the gold labels, once: the report scores the saved predictions against them
         labels = {split: "".join(str(int(y)) for y in ys) for split, (_, ys) in sets.items()}
         atomic_write_json(StudyDir(out.parent).labels_file, labels, indent=None)
+        if documents:
+            write_jsonl(StudyDir(out.parent).documents_file, documents)
     print(f"{len(rows)} records -> {out}")
     return 0
 

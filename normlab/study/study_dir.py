@@ -17,9 +17,9 @@ from normlab.study.selection_file import read_selection
 
 SPEC, HOOKS = "spec.yaml", "hooks.py"  # the study file as it ran, and its hook file (measures)
 STUDY_JSON, SCORED, SELECTION, META = "study.json", "runs.jsonl", "selection.json", "meta.json"
-SIGNAL, LABELS = "signal.jsonl", "labels.json"
-TABLES = ("signal",)  # extra per-arm or per-seed tables a study may write: NAME.jsonl
-COPIED = (SELECTION, LABELS, SIGNAL, SPEC, HOOKS)  # into a records folder as the study wrote them
+SIGNAL, LABELS, DOCUMENTS = "signal.jsonl", "labels.json", "documents.jsonl"
+TABLES = ("signal", "documents")  # extra tables a study may have (per arm, seed or eval row): NAME.jsonl
+COPIED = (SELECTION, LABELS, SIGNAL, DOCUMENTS, SPEC, HOOKS)  # into a records folder as the study wrote them
 PROVENANCE = ("experiments", "commit", "machine", "started_at", "duration_s")  # study.json's, joined to a record
 
 
@@ -35,6 +35,7 @@ class StudyDir:
     selection_file = property(lambda self: self.path / SELECTION, doc="the LR choices")
     meta_file = property(lambda self: self.path / META, doc="a records folder's name and invocations")
     labels_file = property(lambda self: self.path / LABELS, doc="the gold labels the predictions score against")
+    documents_file = property(lambda self: self.path / DOCUMENTS, doc="the eval documents' sizes (data.doc_sizes)")
 
     def run(self, name: str) -> Path:
         """A run's directory (its RunDir)."""
