@@ -284,6 +284,22 @@ def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, mon
     assert all(r["commit"] and r["machine"] and r["started_at"] for r in trained.values())
 
 
+def test_experiments_waiting_for_a_sweep_say_so_instead_of_training_nothing_silently(tmp_path, capsys):
+    path = tmp_path / "staged.yaml"
+    path.write_text(STAGED)
+    argv = ["--preset", str(path), "--study-dir", str(tmp_path / "st"), "--dry-run", "--only", "experiment=final"]
+    assert study.main(argv) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-2].startswith("0 runs (0 to train)")
+    assert out[-1] == ("study staged: final waits for the LRs that sweep chooses, not chosen yet: train it (--only "
+                       f"experiment=sweep), or copy a selection.json that has the choices into {tmp_path / 'st'}")
+    (tmp_path / "st").mkdir()
+    (tmp_path / "st" / "selection.json").write_text(json.dumps({"sweep/a/wuon": {"lr": 0.01},
+                                                                "sweep/b/wuon": {"lr": 0.001}}))
+    assert study.main(argv) == 0
+    assert "waits for" not in capsys.readouterr().out  # chosen: final expands
+
+
 def test_bad_staged_grids_are_refused_in_one_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(STAGED.replace("lr: {best_of: sweep}", "lr: {best_of: swep}"))

@@ -238,6 +238,19 @@ def selected_runs(grid, only: dict, selection: dict) -> list[RunSpec]:
     return narrow(expand(grid, selection), only, strict=not pending_selections(grid, selection))
 
 
+def waiting(grid, selection: dict, study_dir: Path) -> str | None:
+    """The line that says which experiments cannot expand yet, for want of their sweep's LR choice (None: none)."""
+    pending = pending_selections(grid, selection)
+    if not pending:
+        return None
+    sweeps = sorted({experiment for experiment, _, _ in pending.values()})
+    waits = [n for n, e in grid["experiments"].items() if e["best_of"] in sweeps]
+    return (f"study {grid['name']}: {', '.join(waits)} wait{'s' * (len(waits) == 1)} for the LRs that "
+            f"{', '.join(sweeps)} choose{'s' * (len(sweeps) == 1)}, not chosen yet: train "
+            f"{'it' if len(sweeps) == 1 else 'them'} (--only experiment={','.join(sweeps)}), or copy a "
+            f"selection.json that has the choices into {study_dir}")
+
+
 def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str, engine, shards: int = 1) -> None:
     """Train what can be trained; when an LR sweep has finished, choose its LRs on dev and train what they
     unlock; repeat until nothing more can run (a narrowed study may leave choices for a later invocation). The
@@ -268,6 +281,8 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
         if first:  # a narrowed sweep left choices open: train the rest that can run
             run_study(grid, grid_file, study_dir, [r for r in runs if r not in first], extra, command=command,
                       engine=engine)
+        if (line := waiting(grid, selection, study_dir)) is not None:  # a narrowed study may leave them for later
+            print(line)
         return
 
 
@@ -286,6 +301,8 @@ def dry_run(grid, runs, study_dir: Path, overrides) -> int:
                             for k, v in cfg.items() if v != default.get(k))
         print(f"{action:18s} {command}    # {settings}")
     print(f"{len(runs)} runs ({sum(s not in FINISHED for s in statuses)} to train) in {study_dir}")
+    if (line := waiting(grid, study_selection(grid, study_dir), study_dir)) is not None:
+        print(line)
     return 0
 
 
