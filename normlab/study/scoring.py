@@ -209,7 +209,7 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
         # outside the curves, so that older studies' records (which lack them) keep their digests
         pads = [r["train/pad_fraction"] for r in metrics if r.get("train/pad_fraction") is not None]
         rec["pad_fraction"] = _sig(float(np.mean(pads))) if pads else None
-        rec["tokens_per_s"] = _sig(tokens_per_s(run.metrics_file))
+        rec["tokens_per_s"] = _sig(tokens_per_s(rows=metrics))
     if rec["status"] == "completed" and run.has_final():
         # batch statistics anywhere (blocks, final norm, pooled vector), not only the block norm rec["norm"] names
         full = rec["experiment"] == "e3" or NormLabForSequenceClassification.builds_batch_statistics(

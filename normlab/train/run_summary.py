@@ -9,11 +9,11 @@ from normlab.files.formats import read_jsonl
 from normlab.run_dir import RunDir
 
 
-def tokens_per_s(metrics_path) -> float | None:
-    """The median of the logged train/tokens_per_s (the median: the first steps' warm-up does not count); None
-    without rows."""
-    rates = [r["train/tokens_per_s"] for r in read_jsonl(metrics_path)
-             if isinstance(r.get("train/tokens_per_s"), (int, float))]
+def tokens_per_s(metrics_path=None, rows=None) -> float | None:
+    """The median of the logged train/tokens_per_s (the median: the first steps' warm-up does not count), from
+    metrics.jsonl or its rows where the caller has read them; None without rows."""
+    rows = read_jsonl(metrics_path) if rows is None else rows
+    rates = [r["train/tokens_per_s"] for r in rows if isinstance(r.get("train/tokens_per_s"), (int, float))]
     return statistics.median(rates) if rates else None
 
 

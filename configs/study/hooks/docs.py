@@ -26,7 +26,11 @@ def acc_long(run, study) -> float:
 
 
 def _extra(field):
-    return lambda run, study: float(run.extra.get(field) if run.extra.get(field) is not None else math.nan)
+    """The measure of a number scoring keeps beside the curves (NaN in records made before it kept one)."""
+    def read(run, study) -> float:
+        value = run.extra.get(field)
+        return math.nan if value is None else float(value)
+    return read
 
 
 measure("pad_fraction")(_extra("pad_fraction"))
