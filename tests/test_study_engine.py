@@ -7,6 +7,7 @@ import gzip
 import itertools
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -223,6 +224,9 @@ def test_an_unknown_study_or_a_frozen_one_is_refused_in_one_line(tmp_path):
     (folder / "meta.json").write_text(json.dumps({"name": "x", "report_commit": "bb37ee6"}))
     with pytest.raises(StudyError, match="regenerates at commit bb37ee6"):
         make_report(folder)
+    with pytest.raises(StudyError, match=f"^{re.escape(str(folder))} is a finished study"):  # the source, not --out
+        make_report(folder, tmp_path / "elsewhere")
+    assert not (tmp_path / "elsewhere").exists()
 
 
 def test_provenance_says_what_a_part_trained_study_lacks_and_which_runs_no_invocation_trained(tmp_path):

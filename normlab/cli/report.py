@@ -8,7 +8,7 @@
 study folder): the committed records are kept and the study's finished runs join them (normlab/study/records.py).
 
 normlab/study/report.py writes it with the one analysis (normlab/study/engine.py) of the study's spec as it ran
-(spec.yaml in the folder). A finished study frozen at a commit (meta.json `report_commit`: studies v2-v5) is
+(spec.yaml in the folder). A finished study frozen at a commit (meta.json `report_commit`: studies v2-v6) is
 refused: its report regenerates at that commit. It writes nothing else into the report's folder. With --wandb,
 a W&B run in the study's group (job_type report; offline unless --wandb-mode or $WANDB_MODE says otherwise; never
 prompts) gets the figures, the scorecard and every run as a table row; its files go to --wandb-dir (default: the

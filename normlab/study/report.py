@@ -46,13 +46,18 @@ def copy_records(study_dir: Path, out: Path) -> None:
     atomic_write_json(folder.meta_file, {"name": study.get("name"), "invocations": calls}, indent=1)
 
 
-def load(folder: Path) -> engine.Study:
-    """The records of a folder with its spec snapshot, ready for the engine; a frozen study is refused."""
-    folder = StudyDir(folder)
+def refuse_frozen(folder: StudyDir) -> None:
+    """A finished study's report regenerates at the commit it was frozen at, never at HEAD."""
     if folder.frozen_at():
         raise StudyError(f"{folder.path} is a finished study whose report regenerates at commit "
                          f"{folder.frozen_at()} (meta.json): git worktree add /tmp/at-{folder.frozen_at()} "
                          f"{folder.frozen_at()} and run scripts/report.py there")
+
+
+def load(folder: Path) -> engine.Study:
+    """The records of a folder with its spec snapshot, ready for the engine; a frozen study is refused."""
+    folder = StudyDir(folder)
+    refuse_frozen(folder)
     spec = folder.spec()
     if spec.hooks:
         engine.load_hooks(spec.hooks)
@@ -64,6 +69,7 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabl
     """report.md and its figures in `out` (default: source); with a wandb_mode, the W&B report run's files go to
     wandb_dir (default: source), never into `out` unless it is that."""
     source, out = Path(source), Path(out or source)
+    refuse_frozen(StudyDir(source))  # before anything is copied into `out`
     out.mkdir(parents=True, exist_ok=True)
     if StudyDir(source).is_study:
         copy_records(source, out)
