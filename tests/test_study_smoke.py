@@ -71,6 +71,7 @@ def test_tiny_study_trains_scores_and_reports(tmp_path):
     for r in runs:
         assert r["status"] == "completed" and len(r["curves"]["loss"]) == 4  # one epoch of 64 rows in 16s
         assert 0 < r["pad_fraction"] < 1 and r["tokens_per_s"] > 0  # kept beside the curves, from the logged steps
+        assert r["examples_per_step"] == 16  # the outcome rules' window is 640 examples: 40 of these steps
         assert all(len(s["pred"]) == len(labels[k.split("/")[0]]) for k, s in r["scores"].items())
     bn = next(r for r in runs if r["norm"] == "batchnorm" and r["seed"] == 100)  # a sweep run: scored on dev too
     assert set(bn["scores"]) == {f"val/{h}/{m}" for h in ("sorted", "shuffled", "fixed")

@@ -42,6 +42,22 @@ def test_plateau_exit_is_the_first_step_the_moving_mean_is_clearly_below_ln2():
     assert oc.plateau_exit_step(steps[:60], curve((LN2, 30), (0.3, 10), (float("inf"), 20))) is not None
 
 
+def test_the_outcome_window_is_a_number_of_examples_so_a_small_batch_s_noise_is_not_a_divergence():
+    from normlab.study.records import RunRecord
+
+    # learned at step 100; a lucky 20-step stretch at 0.30, a last 20 steps at 0.55: batch-8 noise, not a blow-up
+    losses = curve((LN2, 100), (0.5, 100), (0.30, 20), (0.5, 160), (0.55, 20))
+    steps = list(range(1, len(losses) + 1))
+    at = {n: RunRecord(status="completed", curves={"step": steps, "loss": losses}, extra={"examples_per_step": n})
+          for n in (8, 32)}
+    assert oc.run_window(at[8]) == 80 and oc.run_window(at[32]) == oc.WINDOW == 20
+    assert oc.run_outcome(at[32]) == oc.outcome(losses) == oc.DIVERGED  # 20 steps of 32: the rule as it was
+    assert oc.run_outcome(at[8]) == oc.LEARNED  # 80 steps of 8: the same 640 examples
+    assert oc.run_exit(at[8]) == oc.plateau_exit_step(steps, losses, window=80) > oc.run_exit(at[32])
+    older = RunRecord(status="completed", curves={"step": steps, "loss": losses})  # before examples_per_step
+    assert oc.run_window(older) == 20 and oc.exit_or_end(older) == oc.run_exit(at[32])
+
+
 def test_largest_learning_lr():
     assert oc.largest_learning_lr({1e-3: oc.LEARNED, 1e-2: oc.LEARNED, 3e-2: oc.DIVERGED}) == 1e-2
     assert oc.largest_learning_lr({1e-3: oc.NEVER_LEARNED}) is None

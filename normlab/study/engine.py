@@ -131,7 +131,7 @@ def largest_lr_values(study: Study, h: Hypothesis) -> list[float]:
     for arm in (h.a, h.b):
         by_seed = {}
         for r in study.in_experiment(h.experiment, arm, h.warmup):
-            by_seed.setdefault(r.seed, {})[r.lr] = oc.outcome(r.curves["loss"], r.status)
+            by_seed.setdefault(r.seed, {})[r.lr] = oc.run_outcome(r)
         out.append({s: math.log10(oc.largest_learning_lr(o) or min(grid) * 10 ** -0.25) for s, o in by_seed.items()})
     return [out[0][s] - out[1][s] for s in sorted(set(out[0]) & set(out[1]))]
 

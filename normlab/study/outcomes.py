@@ -1,5 +1,6 @@
 """What a training run ended as, read from its per-step train loss: learned, never left the ln 2 plateau (a binary
-classifier's start), or diverged; and the step at which it left the plateau (docs/studies.md, "Outcomes apart").
+classifier's start), or diverged; and the step at which it left the plateau (docs/studies.md, "Outcomes apart"),
+both read from the moving mean of the loss over a fixed number of training examples.
 """
 
 import math
@@ -8,8 +9,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 PLATEAU = math.log(2)
-MARGIN = 0.05  # "clearly below ln 2": the 20-step mean train loss under 0.643
-WINDOW = 20  # steps in the moving mean; single batches of 32 are too noisy to read a level from
+MARGIN = 0.05  # "clearly below ln 2": the moving-mean train loss under 0.643
+# The moving mean covers 640 training examples, 20 steps of 32: single batches are too noisy to read a level from,
+# and at a smaller batch 20 steps are noisier still (at batch 8 noise alone made learned runs read "diverged").
+WINDOW_EXAMPLES = 640
+WINDOW = 20  # steps, for a record that does not say its examples per step (every one written before it did)
 
 LEARNED, NEVER_LEARNED, DIVERGED = "learned", "never learned", "diverged"
 OUTCOMES = (LEARNED, NEVER_LEARNED, DIVERGED)
@@ -50,9 +54,25 @@ def outcome(losses: Sequence[float], status: str = "completed", plateau: float =
     return LEARNED
 
 
+def run_window(run) -> int:
+    """Steps in a run's (RunRecord's) moving mean: WINDOW_EXAMPLES at its examples per optimizer step."""
+    per_step = run.examples_per_step
+    return max(1, round(WINDOW_EXAMPLES / per_step)) if per_step else WINDOW
+
+
+def run_outcome(run) -> str:
+    """outcome() of a run (RunRecord), over its own window."""
+    return outcome(run.curves.get("loss", []), run.status, window=run_window(run))
+
+
+def run_exit(run) -> int | None:
+    """plateau_exit_step() of a run (RunRecord), over its own window."""
+    return plateau_exit_step(run.curves.get("step", []), run.curves.get("loss", []), window=run_window(run))
+
+
 def exit_or_end(run) -> float:
     """A run's (RunRecord's) plateau exit step; a run that never left the plateau enters as its length."""
-    e = plateau_exit_step(run.curves.get("step", []), run.curves.get("loss", []))
+    e = run_exit(run)
     return float(e if e is not None else (run.curves.get("step") or [math.nan])[-1])
 
 

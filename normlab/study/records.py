@@ -78,6 +78,12 @@ class RunRecord:
         return {e["step"]: e[what] for e in self.curves.get("eval", []) if e.get(what) is not None}
 
     @property
+    def examples_per_step(self) -> int | None:
+        """Training examples per optimizer step (batch x accumulation x processes); None in a record written before
+        scoring recorded it."""
+        return self.extra.get("examples_per_step")
+
+    @property
     def steps(self) -> int:
         return (self.curves.get("step") or [0])[-1]
 

@@ -193,7 +193,7 @@ def arm_lines(study: engine.Study) -> list[str]:
         arms = {a: v for a, v in arms.items() if v}
         hz = rules.horizon(arms, study.steps([r for v in arms.values() for r in v])) if arms else {}
         for arm, runs in arms.items():
-            outs = [oc.outcome(r.curves["loss"], r.status) for r in runs]
+            outs = [oc.run_outcome(r) for r in runs]
             exit_ = hz[arm]["median_exit"]
             rows.append([arm, rules.RANKS[k], f"{study.lr(arm, k):g}", len(runs),
                          md.mean_ci([r.score() for r in runs]), md.mean_ci([r.score("loss") for r in runs]),
@@ -203,8 +203,8 @@ def arm_lines(study: engine.Study) -> list[str]:
     if not rows:
         return []
     return ["## Arms", "", "Validation, mean ± 95% t half-width over seeds (one seed: its value). Outcomes: learned "
-            "/ never learned / diverged. Plateau exit: the median step the 20-step mean train loss fell below ln 2 - "
-            "0.05.", "", *md.table(["arm", "LR rank", "LR", "seeds", "final accuracy", "final loss", "median exit",
+            "/ never learned / diverged. Plateau exit: the median step the train loss, as a moving mean over 640 "
+            "examples (20 steps of 32), fell below ln 2 - 0.05.", "", *md.table(["arm", "LR rank", "LR", "seeds", "final accuracy", "final loss", "median exit",
                                     "outcomes", "rank settled", "horizon"], rows)]
 
 

@@ -176,7 +176,7 @@ def robust_verdict(verdicts: dict) -> str:
 
 def median_exit(runs: list) -> float:
     """The arm's median plateau-exit step over seeds (a seed that never left the plateau counts as infinite)."""
-    exits = [oc.plateau_exit_step(r.curves["step"], r.curves["loss"]) for r in runs]
+    exits = [oc.run_exit(r) for r in runs]
     return float(np.median([math.inf if e is None else e for e in exits])) if exits else math.inf
 
 

@@ -203,6 +203,9 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
                grouped=bool(cfg is not None and cfg.data.group_by_length), duration_s=entry.get("duration_s"),
                loss_spikes=summary.get("loss_spikes"), wandb_run_id=summary.get("wandb_run_id"),
                cpu_threads=summary.get("cpu_threads"))  # a CPU run's last digits depend on its thread count
+    if cfg is not None:  # the outcome rules' window is a number of examples, so they need the batch's size
+        rec["examples_per_step"] = (cfg.train.batch_size * cfg.train.grad_accum_steps
+                                    * (summary.get("num_processes") or 1))
     if run.metrics_file.is_file():
         metrics = read_jsonl(run.metrics_file)
         rec["curves"] = curves(metrics)
