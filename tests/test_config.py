@@ -457,6 +457,24 @@ def test_steps_given_win_over_what_the_length_derives():
             load_config(None, [bad])
 
 
+def test_a_powernorm_warmup_that_outlasts_the_run_is_said_before_it():
+    from model import NormLabConfig, NormLabForSequenceClassification
+    from normlab.config.run_length import norm_warmup_notices
+
+    def model(**kw):
+        return NormLabForSequenceClassification(NormLabConfig(
+            vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, **kw))
+
+    pn = model(norm="powernorm", powernorm_warmup_steps=1000)
+    assert norm_warmup_notices(pn, 416) == [
+        "PowerNorm's warmup, model.powernorm_warmup_steps=1000, covers all 416 training batches of this run: it "
+        "normalizes with each batch's statistic throughout, never with its running one (set a smaller warmup to use "
+        "both)"]
+    assert norm_warmup_notices(pn, 1000) != [] and norm_warmup_notices(pn, 1001) == []
+    assert norm_warmup_notices(model(norm="powernorm", powernorm_warmup_steps=50), 416) == []
+    assert norm_warmup_notices(model(norm="batchnorm"), 10) == []  # BN has no warmup of its own
+
+
 # ----------------------------------------------------------------------------------------------------------
 # train.py --help-config: the keys, read off the schema and configs/default.yaml
 

@@ -4,6 +4,8 @@ itself warming up nor evaluates once."""
 
 import math
 
+from model.powernorm import PowerNorm
+
 
 def warmup_steps(train, total_steps: int) -> int:
     """train.warmup_steps when set (0: none); else the ratio train.warmup_ratio of the run's steps, rounded up, as
@@ -25,3 +27,13 @@ def eval_interval(train, total_steps: int) -> int:
         return 1
     unit = 10 ** (len(str(every)) - 1)
     return every // unit * unit
+
+
+def norm_warmup_notices(model, batches: int) -> list[str]:
+    """PowerNorm normalizes with each batch's statistic during its own warmup and with its running one after: a warmup
+    of at least the run's `batches` (training forward passes) means the second never happens, which changes the
+    method. One line for each such warmup, to say so before the run."""
+    warmups = sorted({m.warmup_steps for m in model.modules() if isinstance(m, PowerNorm)})
+    return [f"PowerNorm's warmup, model.powernorm_warmup_steps={w}, covers all {batches} training batches of this run: "
+            f"it normalizes with each batch's statistic throughout, never with its running one (set a smaller "
+            f"warmup to use both)" for w in warmups if w >= batches]

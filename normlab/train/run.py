@@ -29,7 +29,7 @@ from transformers import get_scheduler
 import normlab.kernels
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
 from normlab.config.loader import RunConfig, model_config_from, parse_cli
-from normlab.config.run_length import eval_interval, warmup_steps
+from normlab.config.run_length import eval_interval, norm_warmup_notices, warmup_steps
 from normlab.data.batching import build_dataloaders
 from normlab.data.sources import label_names
 from normlab.data.tokenizer import load_tokenized
@@ -106,6 +106,8 @@ def train(start: RunStart) -> int:
                                                                         *eval_loaders.values())
         eval_loaders = dict(zip(eval_loaders, prepared))
         scheduler, total_steps = build_scheduler(cfg, accelerator, optimizer, len(train_loader))
+        for message in norm_warmup_notices(model, total_steps * cfg.train.grad_accum_steps):
+            accelerator.print(f"note: {message}", file=sys.stderr)
         state, resume_rng = resume_state(accelerator, start.resume, len(train_loader))
         if resume_path is not None and nothing_to_do(cfg, accelerator, state, total_steps, resume_path):
             return EXIT_OK  # nothing written: final/, summary.json and the W&B run stay as they are
