@@ -204,8 +204,9 @@ def arm_lines(study: engine.Study) -> list[str]:
         return []
     return ["## Arms", "", "Validation, mean ± 95% t half-width over seeds (one seed: its value). Outcomes: learned "
             "/ never learned / diverged. Plateau exit: the median step the train loss, as a moving mean over 640 "
-            "examples (20 steps of 32), fell below ln 2 - 0.05.", "", *md.table(["arm", "LR rank", "LR", "seeds", "final accuracy", "final loss", "median exit",
-                                    "outcomes", "rank settled", "horizon"], rows)]
+            "examples (20 steps of 32), fell below ln 2 - 0.05.", "",
+            *md.table(["arm", "LR rank", "LR", "seeds", "final accuracy", "final loss", "median exit", "outcomes",
+                       "rank settled", "horizon"], rows)]
 
 
 def provenance_lines(study: engine.Study, meta: dict) -> list[str]:
