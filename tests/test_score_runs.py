@@ -100,3 +100,25 @@ def test_the_records_keep_the_batch_statistics_and_precise_bn_accuracies_of_runs
     assert score_runs.curves([plain])["eval"] == [{"step": 32, "loss": 0.5, "accuracy": 0.75}]
     assert score_runs.curves([precise])["eval"] == [{"step": 32, "loss": 0.5, "accuracy": 0.75,
                                                      "accuracy_batch_stats": 0.74, "accuracy_precise_bn": 0.76}]
+
+
+def test_a_record_is_kept_only_while_its_run_is_what_was_scored(tmp_path):
+    import json
+
+    from normlab.run_dir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    row = {"name": "run", "status": "completed", "curves": {"step": [1, 2, 3]}, "scores": {"val/sorted/running": {}}}
+    assert score_runs.still_scored(row, run, needs_dev=False) is None  # no summary.json: the run is not finished
+    run.summary_file.write_text(json.dumps({"status": "completed", "step": 3}))
+    assert score_runs.still_scored(row, run, needs_dev=False) is row
+    assert score_runs.still_scored(None, run, needs_dev=False) is None  # never scored
+    assert score_runs.still_scored(row, run, needs_dev=True) is None  # now a sweep's run: it needs dev scores
+    with_dev = {**row, "scores": {"dev/sorted/running": {}, **row["scores"]}}
+    assert score_runs.still_scored(with_dev, run, needs_dev=True) is with_dev
+    run.summary_file.write_text(json.dumps({"status": "completed", "step": 6}))  # trained further since
+    assert score_runs.still_scored(row, run, needs_dev=False) is None
+    run.summary_file.write_text(json.dumps({"status": "completed", "step": 3}))
+    for status in ("failed", "interrupted"):  # a record of a run that had not finished is never kept
+        assert score_runs.still_scored({**row, "status": status}, run, needs_dev=False) is None

@@ -51,7 +51,7 @@ hypotheses:
 """
 
 
-def test_tiny_study_trains_scores_and_reports(tmp_path):
+def test_tiny_study_trains_scores_and_reports(tmp_path, capsys):
     preset = tmp_path / "smoke.yaml"
     preset.write_text(TINY)
     study_dir = tmp_path / "st"
@@ -100,3 +100,11 @@ def test_tiny_study_trains_scores_and_reports(tmp_path):
     assert "| H1 | claim |" in text and "too few seeds to decide" in text and "nan" not in text.lower()
     assert (study_dir / "spec.yaml").read_text() == TINY  # the snapshot the report read
     assert (study_dir / "answer.png").is_file() and (study_dir / "runs.jsonl.gz").is_file()
+    # a later invocation scores again: no run changed, so every record is kept as it was, none recomputed
+    from normlab.study import scoring
+
+    before, _ = (study_dir / "runs.jsonl").read_text(), capsys.readouterr()
+    assert scoring.main([str(study_dir)]) == 0
+    out = capsys.readouterr().out
+    assert (study_dir / "runs.jsonl").read_text() == before
+    assert f"kept {len(runs)} records scored before" in out and "scored " not in out.replace("scored before", "")

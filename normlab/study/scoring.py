@@ -18,6 +18,7 @@ from normlab.data.documents import SENTENCE_IDS
 from normlab.data.sources import DEV_SPLIT, DataError, resolve_dataset
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl, write_jsonl
 from normlab.run_dir import RunDir
+from normlab.study.grid import FINISHED
 from normlab.study.sharded import add_shard_options
 from normlab.study.study_dir import SCORED, StudyDir
 from normlab.train.evaluation import evaluate, in_row_order, score_batches
@@ -31,6 +32,7 @@ SHUFFLE_SEED = 1234  # one order for every model, so their shuffled batches hold
 MLM_SEED = 1234  # the masks of every MLM model's scoring: one draw, shared
 SCORE_DEFAULTS = {"dev_rows": 2000, "batch_size": 32}  # a study file's `score` block overrides them
 BN_EVALS = ("accuracy_batch_stats", "accuracy_precise_bn")  # the records' evaluations keep them with precise BN
+COORDINATES = ("experiment", "variant", "lr", "warmup", "seed")  # a run's place in the study (study.json's entry)
 
 
 def _sig(x, digits=5):
@@ -190,11 +192,30 @@ def score_mlm(run: RunDir, cfg, sets: dict, batch_size: int) -> dict:
     return out
 
 
+def scored_before(folder: StudyDir) -> dict[str, dict]:
+    """{run name: its record} from the study's last scoring, where there was one (with its gold labels)."""
+    if not (folder.scored.is_file() and folder.labels_file.is_file()):
+        return {}
+    return {row["name"]: row for row in read_jsonl(folder.scored)}
+
+
+def still_scored(row: dict | None, run: RunDir, needs_dev: bool) -> dict | None:
+    """A record from an earlier scoring that still holds: its run had finished then, with the status and step its
+    summary.json has now (a run trained further or again is scored anew), and with the dev scores it needs."""
+    summary = run.read_summary() or {}
+    if row is None or row.get("status") not in FINISHED or row.get("status") != summary.get("status"):
+        return None
+    if (row.get("curves", {}).get("step") or [None])[-1] != summary.get("step"):
+        return None
+    has_dev = any(key.startswith("dev/") for key in row.get("scores", {}))
+    return row if has_dev or not needs_dev else None
+
+
 def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> dict:
     run = RunDir(StudyDir(study_dir).run(name))
     cfg = run.read_config()  # None: the run never started
     summary = run.read_summary() or {}
-    rec = {k: entry.get(k) for k in ("experiment", "variant", "lr", "warmup", "seed")}
+    rec = {k: entry.get(k) for k in COORDINATES}
     model_cfg = cfg.model.given() if cfg is not None else {}
     rec.update(name=name, status=summary.get("status", entry.get("status")),
                task=cfg.task if cfg is not None else "classification",
@@ -234,18 +255,25 @@ def main(argv=None) -> int:
     score = {**SCORE_DEFAULTS, **(study.get("score") or {})}
     torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
     sets, out = None, args.out or folder.scored
-    rows = []
+    rows, kept = [], 0
     sweeps = {e["best_of"] for e in (study.get("experiments") or {}).values() if e.get("best_of")}
+    earlier = scored_before(folder)
     for name, entry in sorted(study["runs"].items())[k::n]:
+        # the dev rows choose LRs: a study with LR sweeps scores them for its sweeps' runs only
+        needs_dev = not sweeps or bool(sweeps & set(entry.get("experiments", [entry.get("experiment")])))
+        if (row := still_scored(earlier.get(name), RunDir(folder.run(name)), needs_dev)) is not None:
+            rows.append({**row, **{key: entry.get(key) for key in COORDINATES}})
+            kept += 1
+            continue
         cfg = RunDir(folder.run(name)).read_config() if sets is None else None
         if cfg is not None:
             dsd = score_data(cfg, score["dev_rows"])
             sets, documents = score_sets(cfg, score["dev_rows"], dsd), document_rows(cfg, dsd)
-        # the dev rows choose LRs: a study with LR sweeps scores them for its sweeps' runs only
-        needs_dev = not sweeps or bool(sweeps & set(entry.get("experiments", [entry.get("experiment")])))
         run_sets = sets if needs_dev or sets is None else {k: v for k, v in sets.items() if k != "dev"}
         rows.append(record(args.study_dir, name, entry, run_sets, score["batch_size"]))
         print(f"scored {name}: {rows[-1]['status']}", flush=True)
+    if kept:
+        print(f"kept {kept} records scored before: their runs have not changed since", flush=True)
     write_jsonl(out, rows)
     if sets is not None:  # the gold labels, once: the report scores the saved predictions against them
         labels = {split: "".join(str(int(y)) for y in ys) for split, (_, ys) in sets.items()}
