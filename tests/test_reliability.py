@@ -26,6 +26,7 @@ from train_utils import (
     run_cmd,
     run_here,
     summary,
+    terminal_signals,
 )
 
 pytestmark = pytest.mark.slow  # killed and resumed training runs in subprocesses
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.slow  # killed and resumed training runs in subprocesse
 
 def start(out, *overrides) -> subprocess.Popen:
     return subprocess.Popen(python_cmd(out, *overrides), cwd=Path(__file__).resolve().parent.parent, env=env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            preexec_fn=terminal_signals, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for_step(proc, out, step, timeout=180) -> int:
@@ -101,7 +102,8 @@ def test_a_stop_under_accelerate_launch_saves_and_the_resumed_run_has_the_same_l
     out = tmp_path / "run"
     # a process group of its own, as a job's: the group's signal reaches the launcher and train.py, not pytest
     proc = subprocess.Popen(accelerate_cmd(out, *REFERENCE, *overrides), cwd=REPO, env=env(),
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            start_new_session=True, preexec_fn=terminal_signals, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     try:
         wait_for_step(proc, out, 6)
         trainer = psutil.Process(proc.pid).children()[0].pid  # train.py, which the launcher started

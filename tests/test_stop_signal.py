@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from train_utils import REPO, env
+from train_utils import REPO, env, terminal_signals
 
 # Stands in for the training loop: installs the handlers, says so, and stops when told on stdin (every signal has
 # been delivered by then) or when a signal ends it.
@@ -28,6 +28,7 @@ def deliver(signals, same_request_s) -> subprocess.CompletedProcess:
     """Run SCRIPT and send it `signals`, each after the previous one was handled (two signals sent back to back
     could reach it as one: the kernel keeps one pending signal of a kind)."""
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(same_request_s)], cwd=REPO, env=env(),
+                            preexec_fn=terminal_signals,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "ready\n"

@@ -26,6 +26,15 @@ TINY = [
 REFERENCE = ["train.max_steps=40", "train.save_steps=10", "train.eval_steps=20"]
 
 
+def terminal_signals() -> None:
+    """preexec_fn of a child whose Ctrl-C a test sends: SIGINT back to its default. A shell starts a background job
+    (`cmd &`, a CI script's) with SIGINT ignored, and Python keeps an ignored SIGINT ignored, so without this the
+    child would never see the KeyboardInterrupt a terminal's Ctrl-C gives."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def env() -> dict:
     e = dict(os.environ)
     e.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true",
