@@ -209,3 +209,5 @@ def test_the_docs_study_scores_long_documents_apart():
     assert engine.MEASURES["pad_fraction"](run, study) == 0.6
     assert engine.MEASURES["tokens_per_s"](run, study) == 900.0
     assert math.isnan(engine.MEASURES["tokens_per_s"](RunRecord(), study))  # a record from before scoring kept it
+    # read from the final model like accuracy, so the declared horizon rule guards L and L_random too
+    assert engine.AT_END["acc_long"] == "accuracy" and "pad_fraction" not in engine.AT_END

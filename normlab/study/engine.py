@@ -18,14 +18,20 @@ from normlab.study.records import RunRecord
 from normlab.study.seedstats import Paired, holm
 from normlab.study.spec import Hypothesis, StudySpec
 
-AT_END = ("accuracy", "loss")  # outcomes read at the end of training: the horizon rule guards them
+# {outcome: the logged evaluation whose ranking the horizon rule reads}: the outcomes read from the final model,
+# which the horizon rule guards
+AT_END = {"accuracy": "accuracy", "loss": "loss"}
 MEASURES = {}  # {name: fn(run: RunRecord, study) -> float}: the per-run outcomes; a study's hook file adds its own
 
 
-def measure(name: str):
-    """Register `fn(run: RunRecord, study) -> float` as the outcome `name` (a study's hook file uses this)."""
+def measure(name: str, at_end: str | None = None):
+    """Register `fn(run: RunRecord, study) -> float` as the outcome `name` (a study's hook file uses this).
+    `at_end`: the outcome is read from the final model like that logged evaluation (accuracy, loss), e.g. the
+    accuracy on a subset of the documents, so the horizon rule guards it too, reading that evaluation's ranking."""
     def register(fn):
         MEASURES[name] = fn
+        if at_end is not None:
+            AT_END[name] = at_end
         return fn
     return register
 
@@ -206,7 +212,7 @@ def test_hypotheses(study: Study, test: str) -> list[Result]:
         r.verdicts = {k: single(r, k, spec.alpha) for k in r.est}
         r.verdict = rules.robust_verdict(r.verdicts)
         if r.h.outcome in AT_END:
-            r.horizon = horizon(study, spec.arms_of(r.h), r.h.outcome)
+            r.horizon = horizon(study, spec.arms_of(r.h), AT_END[r.h.outcome])
             if r.horizon[0] is False:
                 r.verdict += f"; {rules.HORIZON_TOO_SHORT}"
         r.score = scored(r)

@@ -16,7 +16,7 @@ from normlab.study.records import VAL
 LONG = 5  # sentences: a document of at least this many is "long"
 
 
-@measure("acc_long")
+@measure("acc_long", at_end="accuracy")  # the final model's accuracy on a subset: the horizon rule guards it
 def acc_long(run, study) -> float:
     pred = run.scores.get(VAL, {}).get("pred")
     docs = [d for d in study.tables.get("documents", []) if d["split"] == "val" and d["sentences"] >= LONG]
