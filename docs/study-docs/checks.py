@@ -48,6 +48,9 @@ def manipulation(runs: list[dict]) -> bool:
 
 def throughput(runs: list[dict], selection: dict) -> None:
     for rank, name in enumerate(("best", "runner-up")):
+        if not all(by_seed(runs, a, lr_of(selection, a, rank), "tokens_per_s") for a in ARMS):
+            print(f"T, {name} LRs: not every arm has trained there yet")
+            continue
         medians = {a: float(np.median(list(by_seed(runs, a, lr_of(selection, a, rank), "tokens_per_s").values())))
                    for a in ARMS}
         slow = by_seed(runs, "bn_random", lr_of(selection, "bn_random", rank), "tokens_per_s")

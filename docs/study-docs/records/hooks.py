@@ -16,7 +16,7 @@ from normlab.study.records import VAL
 LONG = 5  # sentences: a document of at least this many is "long"
 
 
-@measure("acc_long")
+@measure("acc_long", at_end="accuracy")  # the final model's accuracy on a subset: the horizon rule guards it
 def acc_long(run, study) -> float:
     pred = run.scores.get(VAL, {}).get("pred")
     docs = [d for d in study.tables.get("documents", []) if d["split"] == "val" and d["sentences"] >= LONG]
@@ -26,7 +26,11 @@ def acc_long(run, study) -> float:
 
 
 def _extra(field):
-    return lambda run, study: float(run.extra.get(field) if run.extra.get(field) is not None else math.nan)
+    """The measure of a number scoring keeps beside the curves (NaN in records made before it kept one)."""
+    def read(run, study) -> float:
+        value = run.extra.get(field)
+        return math.nan if value is None else float(value)
+    return read
 
 
 measure("pad_fraction")(_extra("pad_fraction"))
