@@ -148,9 +148,16 @@ def test_a_run_record_reads_its_fields_by_name_and_gives_its_row_back():
 
 
 def test_a_study_whose_board_has_not_run_scores_nothing_yet(tmp_path):
-    """Study docs's committed records hold its LR sweep only: the report says what ran and that no prediction is
-    scored yet, instead of a scorecard of "undecided" rows."""
-    text = report.make_report(REPO_ROOT / "docs" / "study-docs" / "records", tmp_path / "out").read_text()
+    """Study docs's committed records cut to its LR sweep (as they were before its board trained): the report says
+    what ran and that no prediction is scored yet, instead of a scorecard of "undecided" rows."""
+    import shutil
+
+    from normlab.study.records import RECORDS, write_records
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(REPO_ROOT / "docs" / "study-docs" / "records", sweep)
+    write_records(sweep / RECORDS, [r for r in read_records(sweep / RECORDS) if r["experiment"] == "tune"])
+    text = report.make_report(sweep, tmp_path / "out").read_text()
     assert "No arm has finished runs at a chosen LR yet" in text and "36 training runs" in text
     assert text.rstrip().endswith("No prediction is scored yet: the arms have not trained at their chosen LRs.")
     assert "## Scorecard" not in text and "undecided" not in text
