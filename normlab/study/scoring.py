@@ -261,11 +261,12 @@ def main(argv=None) -> int:
     for name, entry in sorted(study["runs"].items())[k::n]:
         # the dev rows choose LRs: a study with LR sweeps scores them for its sweeps' runs only
         needs_dev = not sweeps or bool(sweeps & set(entry.get("experiments", [entry.get("experiment")])))
-        if (row := still_scored(earlier.get(name), RunDir(folder.run(name)), needs_dev)) is not None:
+        run = RunDir(folder.run(name))
+        if (row := still_scored(earlier.get(name), run, needs_dev)) is not None:
             rows.append({**row, **{key: entry.get(key) for key in COORDINATES}})
             kept += 1
             continue
-        cfg = RunDir(folder.run(name)).read_config() if sets is None else None
+        cfg = run.read_config() if sets is None else None
         if cfg is not None:
             dsd = score_data(cfg, score["dev_rows"])
             sets, documents = score_sets(cfg, score["dev_rows"], dsd), document_rows(cfg, dsd)
