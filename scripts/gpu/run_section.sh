@@ -25,11 +25,21 @@ rc=$?
 # the processes still holding the token (this script and its grep never do: only the command's environment has it)
 holders() { grep -lzxF "GPU_CHECK_SECTION_ID=$token" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
 
+# SIGKILL already pending: timeout's KILL to its group reached the process, which is on its way out. It was not
+# left running, and counting it would make the message depend on how fast a loaded machine delivers the signal.
+dying() {
+    local key val
+    while read -r key val; do
+        case $key in SigPnd:|ShdPnd:) (( 0x$val & 0x100 )) && return 0 ;; esac
+    done < "/proc/$1/status"
+    return 1
+} 2>/dev/null
+
 declare -A ended=()
 for _ in 1 2 3 4 5; do  # again: one may have started another before it was killed
     pids=$(holders)
     [ -n "$pids" ] || break
-    for pid in $pids; do kill -KILL "$pid" 2>/dev/null && ended[$pid]=1; done
+    for pid in $pids; do dying "$pid" || { kill -KILL "$pid" 2>/dev/null && ended[$pid]=1; }; done
     sleep 0.2
 done
 if [ ${#ended[@]} -gt 0 ]; then
