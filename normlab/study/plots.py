@@ -32,10 +32,11 @@ def plot_sweep(selection: dict, title: str):
     return fig
 
 
-def plot_board(board: dict, title: str):
+def plot_board(board: dict, title: str, majority: float | None = None):
     """Left: each arm's final validation accuracy at its best LR (filled) and its runner-up LR (hollow), one dot per
     seed, mean and 95% t interval. Right: mean validation accuracy over training at the best LR, every
-    evaluation. `board`: {arm: (runs at the best LR[, runs at the runner-up LR])}."""
+    evaluation, against `majority`, the accuracy of always answering the most common class, where it is known.
+    `board`: {arm: (runs at the best LR[, runs at the runner-up LR])}."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1.2, 1]})
     order = sorted(board, key=lambda a: np.nanmean([r.score() for r in board[a][0]]))
     for i, arm in enumerate(order):
@@ -56,7 +57,8 @@ def plot_board(board: dict, title: str):
     left.set_xlabel("validation accuracy: best LR (filled, upper) and runner-up LR (hollow, lower)")
     right.set_xlabel("optimizer step")
     right.set_ylabel("validation accuracy (mean over seeds, best LR)")
-    right.axhline(0.509, color="grey", ls=":", lw=1)
+    if majority is not None:
+        right.axhline(majority, color="grey", ls=":", lw=1, label="always the majority class")
     right.legend(fontsize=7, ncol=2)
     fig.suptitle(title)
     return fig

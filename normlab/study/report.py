@@ -256,7 +256,8 @@ def draw_figures(study: engine.Study, out: Path) -> list[str]:
     board = {a: tuple(study.arm(a, k) for k in range(study.spec.ranks())) for a in study.spec.arms()}
     board = {a: runs for a, runs in board.items() if runs[0]}
     drawn = {"answer.png": plots.plot_board(board, f"{study.spec.name}: each arm at its chosen LRs "
-                                                   f"({study.steps([r for v in board.values() for r in v[0]])} steps)")
+                                                   f"({study.steps([r for v in board.values() for r in v[0]])} steps)",
+                                            StudyDir(out).majority_share())
              if board else None,
              "sweep.png": plots.plot_sweep(study.selection, f"{study.spec.name}: mean dev loss over the sweep's seeds; "
                                                             f"a star at each arm's best LR")
