@@ -156,6 +156,8 @@ def test_a_study_whose_board_has_not_run_scores_nothing_yet(tmp_path):
 
     sweep = tmp_path / "sweep"
     shutil.copytree(REPO_ROOT / "docs" / "study-docs" / "records", sweep)
+    meta = json.loads((sweep / "meta.json").read_text())  # unfrozen, as it was then: HEAD refuses a frozen study
+    (sweep / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if not k.startswith("report_")}))
     write_records(sweep / RECORDS, [r for r in read_records(sweep / RECORDS) if r["experiment"] == "tune"])
     text = report.make_report(sweep, tmp_path / "out").read_text()
     assert "No arm has finished runs at a chosen LR yet" in text and "36 training runs" in text
@@ -181,12 +183,15 @@ def test_head_reads_every_committed_records_folder():
             assert choice["lr"] > 0 and all("lr" in row for row in choice.get("by_lr", [])), folder
 
 
-@pytest.mark.parametrize("folder", ["study-v3", "study-v4/quick", "study-v4/long", "study-v4/mlm", "study-v4/p2",
-                                    "study-v5/factorial"])
-def test_a_finished_study_names_the_commit_that_regenerates_its_report_and_head_refuses_it(folder, tmp_path):
+@pytest.mark.parametrize("folder,commit", [
+    *((f, "bb37ee6") for f in ("study-v3", "study-v4/quick", "study-v4/long", "study-v4/mlm", "study-v4/p2",
+                               "study-v5/factorial")),
+    *((f"study-v6/{part}", "836df07") for part in ("ghost", "batch8", "mechanism")),
+    ("study-docs/records", "20ffecf")])
+def test_a_finished_study_names_the_commit_that_regenerates_its_report_and_head_refuses_it(folder, commit, tmp_path):
     folder = StudyDir(REPO_ROOT / "docs" / folder)
-    assert folder.frozen_at() == "bb37ee6" and (folder / "report.md").is_file()
-    with pytest.raises(report.StudyError, match="regenerates at commit bb37ee6"):
+    assert folder.frozen_at() == commit and (folder / "report.md").is_file()
+    with pytest.raises(report.StudyError, match=f"regenerates at commit {commit}"):
         report.make_report(folder.path, tmp_path)
 
 
