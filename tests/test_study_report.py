@@ -212,3 +212,35 @@ def test_the_answer_figure_marks_its_own_datas_majority_class(tmp_path, monkeypa
     assert marked == [[], [0.7]]
     assert StudyDir(REPO_ROOT / "docs/study-docs/records").majority_share() == pytest.approx(1180 / 1987)
     assert StudyDir(REPO_ROOT / "docs/study-v3").majority_share() == pytest.approx(444 / 872)
+
+
+def test_freezing_a_finished_study_checks_its_report_regenerates_byte_for_byte(tmp_path, monkeypatch, capsys):
+    """report.py --freeze names this commit in meta.json only where the committed report.md and figures come out of
+    it byte-identical; a difference, uncommitted code or an already frozen study is refused in one line, and nothing
+    is written. Frozen, the folder is refused by report.py, naming the commit."""
+    from normlab.cli import report as report_cli
+    from normlab.study import freeze
+
+    study = tmp_path / "study"
+    write_study(study, synthetic_records())
+    out = tmp_path / "records"
+    report.make_report(study, out)
+    meta = (out / "meta.json").read_text()
+    monkeypatch.setattr(freeze, "git_commit", lambda: "abc1234+dirty")
+    assert report_cli.main([str(out), "--freeze"]) == 2
+    assert "commit the code and the records first" in capsys.readouterr().err
+    monkeypatch.setattr(freeze, "git_commit", lambda: "abc1234")
+    (out / "report.md").write_text((out / "report.md").read_text() + "edited by hand\n")
+    assert report_cli.main([str(out), "--freeze"]) == 2
+    err = capsys.readouterr().err
+    assert "report.md differ from what this commit regenerates" in err and len(err.strip().splitlines()) == 1
+    assert (out / "meta.json").read_text() == meta
+    report.make_report(out)
+    assert report_cli.main([str(out), "--freeze"]) == 0 and "frozen at abc1234" in capsys.readouterr().out
+    frozen = json.loads((out / "meta.json").read_text())
+    assert frozen["report_commit"] == "abc1234" and frozen["invocations"] == json.loads(meta)["invocations"]
+    with pytest.raises(report.StudyError, match="regenerates at commit abc1234"):
+        report.make_report(out)
+    assert report_cli.main([str(out), "--freeze"]) == 2 and "abc1234" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        report_cli.main([str(out), "--freeze", "--out", str(tmp_path / "x")])

@@ -125,10 +125,13 @@ def machine() -> str:
     return f"{cpu_name()}, {os.cpu_count()} CPU cores, no GPU"
 
 
+def git(*args) -> str:
+    """A git command's output in this checkout ("" where it fails)."""
+    return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+
+
 def git_commit() -> str | None:
     """The checkout's commit, with "+dirty" when tracked files differ from it (the runs then are not that commit's)."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
     commit = git("rev-parse", "--short", "HEAD") or None
     return commit and commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
