@@ -10,6 +10,7 @@ from pathlib import Path
 
 from normlab.files.formats import atomic_write_json
 from normlab.study.grid import REPO_ROOT, StudyError
+from normlab.study.report import make_report, refuse_frozen
 from normlab.study.study_dir import StudyDir, git, git_commit
 
 REGENERATED = ("report.md", "answer.png", "sweep.png")  # what report.py writes from the records
@@ -28,8 +29,6 @@ def freeze(folder: Path) -> str:
     """Regenerate the folder's report at this commit into a temporary folder; where every file of REGENERATED it
     holds is byte-identical, write this commit into its meta.json and return it. Refused in one line (StudyError):
     a frozen study, uncommitted code or records (the commit named must be what regenerated them), or a difference."""
-    from normlab.study.report import make_report, refuse_frozen
-
     folder = StudyDir(folder)
     refuse_frozen(folder)
     commit = git_commit()
