@@ -16,7 +16,7 @@ from normlab.paths import REPO_ROOT
 from normlab.study import engine, rules
 from normlab.study.grid import StudyError
 from normlab.study.records import RECORDS
-from normlab.study.report import make_report, provenance_lines
+from normlab.study.report import bound_lines, make_report, provenance_lines
 from normlab.study.spec import StudySpec
 
 ARMS = ("ln_pre", "batchnorm", "rmsnorm", "dyt")
@@ -131,6 +131,41 @@ def test_a_bad_hypothesis_is_refused_in_one_line_naming_the_key(tmp_path, change
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+BOUNDED = SPEC + """
+  - {id: B1, outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 1, family: B1, every_run: {a: ">= 0.70", b: "< 0.75"}}
+  - {id: B2, outcome: accuracy, a: rmsnorm, b: [ln_pre], contrast: group_means, sign: 1, family: B2,
+     every_run: {b: ">= 0.725"}}
+"""
+
+
+def test_a_declared_bound_on_every_run_is_scored_and_one_run_outside_it_fails_the_prediction(tmp_path):
+    """RMSNorm is planted 0.02 ahead of LN, every run near 0.72-0.74: B1's bounds hold at both LR ranks, so its
+    confirmed sign is held; B2's bound on LN (>= 0.725, a group of one) is broken by some of its runs, so B2 fails
+    although its test confirms the sign."""
+    a = analysed(tmp_path, synthetic_runs(), BOUNDED)
+    r = {x.h.id: x for x in a.results}
+    assert r["B1"].verdict == "confirmed" and r["B1"].score == "held"
+    assert [row[0::5] for k in (0, 1) for row in r["B1"].bounds[k]] == [("a", True), ("b", True)] * 2
+    assert r["B2"].verdict == "confirmed" and r["B2"].score == "**FAILED**: a run outside its declared bound"
+    side, bound, lo, hi, n, met = r["B2"].bounds[0][0]
+    assert (side, bound, n, met) == ("b", ">= 0.725", 10, False) and lo < 0.725 <= hi
+    lines = bound_lines(a)
+    assert lines[0] == "## Declared bounds on every run" and sum("**not met**" in x for x in lines) == 2
+    assert not bound_lines(analysed(tmp_path, synthetic_runs()))  # no bound declared: no section
+
+
+@pytest.mark.parametrize("every_run, words", [
+    ('{a: "=> 0.5"}', "every_run: a: '=> 0.5' is not a bound; write OP NUMBER, OP one of >=, <=, >, <"),
+    ('{a: ">= half"}', "every_run: a: '>= half' is not a bound"),
+    ('{c: ">= 0.5"}', "every_run: unknown side 'c'; valid sides: a, b"),
+])
+def test_a_bad_bound_is_refused_in_one_line(tmp_path, every_run, words):
+    bad = SPEC + f"  - {{id: B, outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 1, every_run: {every_run}}}\n"
+    with pytest.raises(StudyError) as err:
+        StudySpec.load(spec_file(tmp_path, bad))
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
 FACTORIAL = """
 name: factorial
 factors:
@@ -184,6 +219,10 @@ def test_a_factorial_needs_two_levels_a_factor_and_one_config_a_cell(tmp_path):
         StudySpec.load(spec_file(tmp_path, FACTORIAL.replace("emb: {off: {}", "emb: {off: {config: dyt}")))
     with pytest.raises(StudyError, match="main_effect names one factor of block, emb, final"):
         StudySpec.load(spec_file(tmp_path, FACTORIAL.replace("factors: [final], sign", "factors: [fnal], sign")))
+    with pytest.raises(StudyError, match="every_run bounds the runs of side a or b, so it needs contrast pair or "
+                                         "group_means; got main_effect"):
+        StudySpec.load(spec_file(tmp_path, FACTORIAL.replace("factors: [final], sign: -1,",
+                                                             'factors: [final], sign: -1, every_run: {a: "> 0"},')))
 
 
 def write_folder(folder, runs, spec_text=SPEC, name="synthetic"):

@@ -158,6 +158,7 @@ class Result:
     verdicts: dict = field(default_factory=dict)
     verdict: str = ""
     horizon: tuple = (None, "")  # (ok or None where the rule does not apply, why not)
+    bounds: dict = field(default_factory=dict)  # {rank: [(side, bound, lowest, highest, n runs, met)]}: every_run
     score: str = ""
 
 
@@ -172,12 +173,14 @@ def single(result: Result, rank: int, alpha: float) -> str:
 
 def scored(result: Result) -> str:
     """The prediction against the result: held, failed, not shown, undecided (a predicted 'not separated' that
-    separated failed)."""
+    separated failed, and so does any prediction with a run outside its declared `every_run` bound)."""
     v, sign = result.verdict, result.h.sign
     if v.startswith(rules.UNDECIDED):
         return "undecided"
     if result.horizon[0] is False:
         return "no verdict: horizon too short"
+    if any(not row[-1] for rows in result.bounds.values() for row in rows):
+        return "**FAILED**: a run outside its declared bound"
     if sign is None:
         return "no prediction"
     if v == rules.DEPENDS:
@@ -211,12 +214,26 @@ def test_hypotheses(study: Study, test: str) -> list[Result]:
     for r in results:
         r.verdicts = {k: single(r, k, spec.alpha) for k in r.est}
         r.verdict = rules.robust_verdict(r.verdicts)
+        r.bounds = {k: bound_rows(study, r.h, k) for k in r.est} if r.h.every_run else {}
         if r.h.outcome in AT_END:
             r.horizon = horizon(study, spec.arms_of(r.h), AT_END[r.h.outcome])
             if r.horizon[0] is False:
                 r.verdict += f"; {rules.HORIZON_TOO_SHORT}"
         r.score = scored(r)
     return results
+
+
+def bound_rows(study: Study, h: Hypothesis, rank: int) -> list[tuple]:
+    """Each declared `every_run` bound at an LR rank: (side, bound, lowest, highest, runs, met), over every run of
+    the side's arms at that rank."""
+    rows = []
+    for side, bound in h.every_run.items():
+        arms = getattr(h, side)
+        values = [MEASURES[h.outcome](run, study) for a in ([arms] if isinstance(arms, str) else arms)
+                  for run in study.arm(a, rank)]
+        lo, hi = (min(values), max(values)) if values else (math.nan, math.nan)
+        rows.append((side, bound, lo, hi, len(values), rules.bound_met(values, bound)))
+    return rows
 
 
 def horizon(study: Study, arms: list[str], field: str) -> tuple:

@@ -99,7 +99,8 @@ def write_markdown(a: engine.Analysis, meta: dict, figures: list[str]) -> str:
              *provenance_lines(study, meta), "", *[f"![{f}]({f})" for f in figures], ""]
     if not any(study.arm(arm, 0) for arm in spec.arms()):  # only sweeps ran: a scorecard would read "undecided"
         return "\n".join(lines + ["No prediction is scored yet: the arms have not trained at their chosen LRs."]) + "\n"
-    lines += scorecard_lines(a) + aa_lines(a) + test_lines(a) + correlation_lines(a) + arm_lines(study)
+    lines += scorecard_lines(a) + aa_lines(a) + test_lines(a) + bound_lines(a) + correlation_lines(a) + \
+        arm_lines(study)
     return "\n".join(lines) + "\n"
 
 
@@ -135,8 +136,12 @@ def scorecard_lines(a: engine.Analysis) -> list[str]:
 def describe(h) -> str:
     if h.contrast in ("main_effect", "interaction"):
         return " x ".join(h.factors)
-    side = lambda x: x if isinstance(x, str) else "{" + ", ".join(x) + "}"  # noqa: E731 - one line
-    return f"{side(h.a)} - {side(h.b)}"
+    return f"{describe_side(h.a)} - {describe_side(h.b)}"
+
+
+def describe_side(arms) -> str:
+    """An arm, or a group of arms as {a, b}."""
+    return arms if isinstance(arms, str) else "{" + ", ".join(arms) + "}"
 
 
 def aa_lines(a: engine.Analysis) -> list[str]:
@@ -173,6 +178,18 @@ def test_lines(a: engine.Analysis) -> list[str]:
             "(else \"depends on the LR\"). The horizon rule (outcomes read at the end of training): every arm "
             f"compared left the plateau within the first {rules.HORIZON_FRACTION:.0%} of its steps and their ranking "
             "held over the last two evaluations.", "", *md.table(header, rows)]
+
+
+def bound_lines(a: engine.Analysis) -> list[str]:
+    """The declared bounds on every run (`every_run`), each side's lowest and highest value against its bound."""
+    rows = [[r.h.id, r.h.outcome, rules.RANKS[k], describe_side(getattr(r.h, side)), bound, f"{lo:.3g} .. {hi:.3g}",
+             n, "met" if met else "**not met**"]
+            for r in a.results for k, found in r.bounds.items() for side, bound, lo, hi, n, met in found]
+    if not rows:
+        return []
+    return ["## Declared bounds on every run", "", "A bound the spec declares for every run of one side of a "
+            "contrast (`every_run`), at each LR rank; the prediction fails where a run is outside it.", "",
+            *md.table(["id", "outcome", "LRs", "arms", "bound", "lowest .. highest", "runs", "result"], rows)]
 
 
 def correlation_lines(a: engine.Analysis) -> list[str]:

@@ -7,6 +7,7 @@ have left the plateau early and the ranking must have settled), and the A/A cont
 
 import itertools
 import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,6 +169,29 @@ def robust_verdict(verdicts: dict) -> str:
         return max(undecided)
     each = set(verdicts.values())
     return each.pop() if len(each) == 1 else DEPENDS
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a declared bound on every run (the number that decides a manipulation check)
+
+BOUND_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
+
+
+def parse_bound(text) -> tuple[str, float]:
+    """'>= 0.55' -> ('>=', 0.55); ValueError in one line naming the form where it is not one."""
+    op, _, number = str(text).strip().partition(" ")
+    try:
+        if op in BOUND_OPS:
+            return op, float(number)
+    except ValueError:
+        pass
+    raise ValueError(f"{text!r} is not a bound; write OP NUMBER, OP one of {', '.join(BOUND_OPS)} (e.g. '>= 0.55')")
+
+
+def bound_met(values: list, bound: str) -> bool:
+    """Every value meets the bound (a NaN never does: a run without the number cannot show it)."""
+    op, limit = parse_bound(bound)
+    return bool(values) and all(BOUND_OPS[op](v, limit) for v in values)
 
 
 # ---------------------------------------------------------------------------------------------------------------

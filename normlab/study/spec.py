@@ -38,6 +38,9 @@ class Hypothesis:
     role: str = dataclasses.field(default="claim", metadata={"choices": ROLES})
     experiment: typing.Optional[str] = None  # largest_learning_lr: the LR grid it reads
     warmup: str = "on"
+    # pair, group_means: {"a" or "b": "OP NUMBER"}, a bound every run of that side must meet at each LR rank
+    # (e.g. a manipulation check's "every random-batch run pads >= 55%"); the prediction fails where one does not
+    every_run: typing.Optional[typing.Dict[str, str]] = None
 
     @property
     def predicted(self) -> str:
@@ -178,6 +181,8 @@ class StudySpec:
             if unknown and h.outcome != "largest_learning_lr":
                 raise StudyError(f"{at}: arm {unknown[0]!r} is not an arm of the study; choose from "
                                  f"{', '.join(sorted(arms))}")
+            if h.every_run:
+                check_bounds(h, at)
             if h.outcome == "largest_learning_lr" and h.experiment not in self.grid["experiments"]:
                 raise StudyError(f"{at}: largest_learning_lr needs `experiment`, one of "
                                  f"{', '.join(self.grid['experiments'])}")
@@ -186,3 +191,17 @@ class StudySpec:
             if exp is None or (self.aa.copy or self.aa.arm) not in exp["variants"]:
                 raise StudyError(f"{where}: aa: experiment {self.aa.experiment!r} must be one of "
                                  f"{', '.join(self.grid['experiments'])} and train {self.aa.copy or self.aa.arm}")
+
+
+def check_bounds(h: Hypothesis, at: str) -> None:
+    """`every_run` bounds a side of a pair or of group means: keys a and b, values OP NUMBER."""
+    if h.contrast not in ("pair", "group_means"):
+        raise StudyError(f"{at}: every_run bounds the runs of side a or b, so it needs contrast pair or group_means; "
+                         f"got {h.contrast}")
+    for side, bound in h.every_run.items():
+        if side not in ("a", "b"):
+            raise StudyError(f"{at}: every_run: unknown side {side!r}; valid sides: a, b")
+        try:
+            rules.parse_bound(bound)
+        except ValueError as err:
+            raise StudyError(f"{at}: every_run: {side}: {err}") from None
