@@ -152,6 +152,10 @@ def test_a_declared_bound_on_every_run_is_scored_and_one_run_outside_it_fails_th
     lines = bound_lines(a)
     assert lines[0] == "## Declared bounds on every run" and sum("**not met**" in x for x in lines) == 2
     assert not bound_lines(analysed(tmp_path, synthetic_runs()))  # no bound declared: no section
+    best_only = analysed(tmp_path, [x for x in synthetic_runs() if x["lr"] == BEST], BOUNDED)
+    b1 = next(x for x in best_only.results if x.h.id == "B1")  # the runner-up LRs have not trained yet
+    assert [row[-1] for row in b1.bounds[1]] == [None, None] and b1.score == "undecided"
+    assert sum("| no runs yet |" in x for x in bound_lines(best_only)) == 3 and "nan" not in "".join(lines)
 
 
 @pytest.mark.parametrize("every_run, words", [

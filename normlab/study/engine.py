@@ -179,7 +179,7 @@ def scored(result: Result) -> str:
         return "undecided"
     if result.horizon[0] is False:
         return "no verdict: horizon too short"
-    if any(not row[-1] for rows in result.bounds.values() for row in rows):
+    if any(row[-1] is False for rows in result.bounds.values() for row in rows):
         return "**FAILED**: a run outside its declared bound"
     if sign is None:
         return "no prediction"
@@ -225,14 +225,14 @@ def test_hypotheses(study: Study, test: str) -> list[Result]:
 
 def bound_rows(study: Study, h: Hypothesis, rank: int) -> list[tuple]:
     """Each declared `every_run` bound at an LR rank: (side, bound, lowest, highest, runs, met), over every run of
-    the side's arms at that rank."""
+    the side's arms at that rank; met is None where the side has no runs there yet (a part-trained study)."""
     rows = []
     for side, bound in h.every_run.items():
         arms = getattr(h, side)
         values = [MEASURES[h.outcome](run, study) for a in ([arms] if isinstance(arms, str) else arms)
                   for run in study.arm(a, rank)]
         lo, hi = (min(values), max(values)) if values else (math.nan, math.nan)
-        rows.append((side, bound, lo, hi, len(values), rules.bound_met(values, bound)))
+        rows.append((side, bound, lo, hi, len(values), rules.bound_met(values, bound) if values else None))
     return rows
 
 

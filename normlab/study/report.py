@@ -182,8 +182,8 @@ def test_lines(a: engine.Analysis) -> list[str]:
 
 def bound_lines(a: engine.Analysis) -> list[str]:
     """The declared bounds on every run (`every_run`), each side's lowest and highest value against its bound."""
-    rows = [[r.h.id, r.h.outcome, rules.RANKS[k], describe_side(getattr(r.h, side)), bound, f"{lo:.3g} .. {hi:.3g}",
-             n, "met" if met else "**not met**"]
+    rows = [[r.h.id, r.h.outcome, rules.RANKS[k], describe_side(getattr(r.h, side)), bound,
+             f"{lo:.3g} .. {hi:.3g}" if n else "-", n, {True: "met", False: "**not met**", None: "no runs yet"}[met]]
             for r in a.results for k, found in r.bounds.items() for side, bound, lo, hi, n, met in found]
     if not rows:
         return []
