@@ -165,7 +165,7 @@ def test_a_study_whose_board_has_not_run_scores_nothing_yet(tmp_path):
     assert "## Scorecard" not in text and "undecided" not in text
 
 
-COMMITTED = sorted(p.parent for p in (REPO_ROOT / "docs").glob("study-v*/**/runs.jsonl*"))
+COMMITTED = sorted(p.parent for p in (REPO_ROOT / "docs").glob("study-*/**/runs.jsonl*"))
 
 
 def test_head_reads_every_committed_records_folder():
