@@ -9,7 +9,7 @@ from scipy import stats
 
 from normlab.study import rules
 from normlab.study.records import RunRecord
-from normlab.study.seedstats import Paired, holm, paired_test
+from normlab.study.seedstats import Paired, holm, paired_test, sign_flip_p
 
 LN2 = math.log(2)
 
@@ -30,6 +30,21 @@ def test_floor_is_the_smallest_p_scipy_and_the_sign_flip_test_can_reach(k):
     assert stats.wilcoxon(d).pvalue == pytest.approx(rules.test_floor(k))
     assert paired_test(d, "permutation").p == pytest.approx(rules.test_floor(k))
     assert rules.test_floor(k) == pytest.approx(2.0 ** (1 - k))
+
+
+def test_sign_flip_p_does_not_depend_on_the_outcome_s_scale():
+    """Tokens/s differences (study docs_long's T-ln at its runner-up LRs): summed in another order, the observed
+    signs came out 1.5e-11 short of themselves and the exact p read 0, below the test's floor."""
+    d = np.array([-7546.2, -7782.1, -7237.6, -6979.6, -7072.7, -6396.0, -7267.2, -6853.5, -7328.3, -7618.5])
+    for scale in (1e-6, 1.0, 1e6):
+        assert sign_flip_p(d * scale) == rules.test_floor(len(d))
+    mixed = np.array([3.0, -1.0, 2.0, 5.0, -0.5, 4.0])  # flipping a subset summing to <= 0 or >= 12.5: 8 of 64
+    assert sign_flip_p(mixed * 1e5) == sign_flip_p(mixed) == pytest.approx(8 / 64)
+
+
+def test_sign_flip_p_beyond_16_seeds_is_a_monte_carlo_p_never_0():
+    d = np.full(20, 1e4)  # exact p 2 / 2**20; 20,000 draws see none beyond the observed: (0 + 1) / 20,001
+    assert sign_flip_p(d) == pytest.approx(1 / 20001)
 
 
 def test_floor_after_holm_is_the_family_times_the_floor():
