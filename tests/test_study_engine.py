@@ -158,6 +158,17 @@ def test_a_declared_bound_on_every_run_is_scored_and_one_run_outside_it_fails_th
     assert sum("| no runs yet |" in x for x in bound_lines(best_only)) == 3 and "nan" not in "".join(lines)
 
 
+@pytest.mark.parametrize("text, parsed", [(">= 0.55", (">=", 0.55)), (">=0.55", (">=", 0.55)),
+                                          (" < 1e-3 ", ("<", 1e-3)), ("> 2", (">", 2.0)),
+                                          ("=> 0.5", None), (">= nan", None), ("0.5", None)])
+def test_a_bound_is_read_with_or_without_a_space(text, parsed):
+    if parsed is None:
+        with pytest.raises(ValueError, match="is not a bound; write OP NUMBER"):
+            rules.parse_bound(text)
+    else:
+        assert rules.parse_bound(text) == parsed
+
+
 @pytest.mark.parametrize("every_run, words", [
     ('{a: "=> 0.5"}', "every_run: a: '=> 0.5' is not a bound; write OP NUMBER, OP one of >=, <=, >, <"),
     ('{a: ">= half"}', "every_run: a: '>= half' is not a bound"),

@@ -221,7 +221,10 @@ def arm_lines(study: engine.Study) -> list[str]:
         return []
     return ["## Arms", "", "Validation, mean ± 95% t half-width over seeds (one seed: its value). Outcomes: learned "
             "/ never learned / diverged. Plateau exit: the median step the train loss, as a moving mean over 640 "
-            "examples (20 steps of 32), fell below ln 2 - 0.05.", "",
+            "examples (20 steps of 32), fell below ln 2 - 0.05. Rank settled: the arm's place among all "
+            "the arms at its LR rank is the same at the last two evaluations; horizon: that, and the median exit "
+            "within the first third. A hypothesis's horizon reads only the arms it compares, so it can hold where "
+            "this table says no.", "",
             *md.table(["arm", "LR rank", "LR", "seeds", "final accuracy", "final loss", "median exit", "outcomes",
                        "rank settled", "horizon"], rows)]
 

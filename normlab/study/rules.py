@@ -8,6 +8,7 @@ have left the plateau early and the ranking must have settled), and the A/A cont
 import itertools
 import math
 import operator
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -178,10 +179,10 @@ BOUND_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operat
 
 
 def parse_bound(text) -> tuple[str, float]:
-    """'>= 0.55' -> ('>=', 0.55); ValueError in one line naming the form where it is not one."""
-    op, _, number = str(text).strip().partition(" ")
+    """'>= 0.55' or '>=0.55' -> ('>=', 0.55); ValueError in one line naming the form where it is not one."""
+    op, number = re.fullmatch(r"\s*([<>]=?)?\s*(.*?)\s*", str(text)).groups()
     try:
-        if op in BOUND_OPS:
+        if op in BOUND_OPS and math.isfinite(float(number)):  # a NaN bound is met by nothing, inf by everything
             return op, float(number)
     except ValueError:
         pass
