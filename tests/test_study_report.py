@@ -189,10 +189,13 @@ def test_head_reads_every_committed_records_folder():
     *((f"study-v6/{part}", "836df07") for part in ("ghost", "batch8", "mechanism")),
     ("study-docs/records", "20ffecf"), ("study-docs-long/records", "c449e59")])
 def test_a_finished_study_names_the_commit_that_regenerates_its_report_and_head_refuses_it(folder, commit, tmp_path):
+    where = folder
     folder = StudyDir(REPO_ROOT / "docs" / folder)
     assert folder.frozen_at() == commit and (folder / "report.md").is_file()
-    with pytest.raises(report.StudyError, match=f"regenerates at commit {commit}"):
+    with pytest.raises(report.StudyError, match=f"regenerates at commit {commit}") as err:
         report.make_report(folder.path, tmp_path)
+    # python -m from the commit's worktree: its own code, where scripts/report.py there would import an installed one
+    assert f"cd /tmp/at-{commit} && python -m normlab.cli.report docs/{where} --out" in str(err.value)
 
 
 def test_the_answer_figure_marks_its_own_datas_majority_class(tmp_path, monkeypatch):
@@ -239,6 +242,7 @@ def test_freezing_a_finished_study_checks_its_report_regenerates_byte_for_byte(t
     assert report_cli.main([str(out), "--freeze"]) == 0 and "frozen at abc1234" in capsys.readouterr().out
     frozen = json.loads((out / "meta.json").read_text())
     assert frozen["report_commit"] == "abc1234" and frozen["invocations"] == json.loads(meta)["invocations"]
+    assert frozen["report_command"].startswith("git worktree add /tmp/at-abc1234 abc1234 && cd /tmp/at-abc1234 && ")
     with pytest.raises(report.StudyError, match="regenerates at commit abc1234"):
         report.make_report(out)
     assert report_cli.main([str(out), "--freeze"]) == 2 and "abc1234" in capsys.readouterr().err

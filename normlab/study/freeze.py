@@ -10,7 +10,7 @@ from pathlib import Path
 
 from normlab.files.formats import atomic_write_json
 from normlab.study.grid import REPO_ROOT, StudyError
-from normlab.study.report import make_report, refuse_frozen
+from normlab.study.report import make_report, refuse_frozen, regenerate_command
 from normlab.study.study_dir import StudyDir, git, git_commit
 
 REGENERATED = ("report.md", "answer.png", "sweep.png")  # what report.py writes from the records
@@ -44,6 +44,6 @@ def freeze(folder: Path) -> str:
                          f"regenerates; report it again (python scripts/report.py {folder.path}), commit, then freeze")
     meta = folder.meta()
     frozen = {"name": meta.get("name"), "report_commit": commit,
-              "report_command": f"python scripts/report.py {folder.path}  # at report_commit: the study is finished"}
+              "report_command": regenerate_command(folder, commit)}
     atomic_write_json(folder.meta_file, {**frozen, **meta}, indent=1)
     return commit

@@ -15,7 +15,7 @@ from normlab.files.formats import atomic_write_json
 from normlab.study import engine, rules
 from normlab.study import markdown as md
 from normlab.study import outcomes as oc
-from normlab.study.grid import StudyError
+from normlab.study.grid import REPO_ROOT, StudyError
 from normlab.study.records import RECORDS, SCHEMA_VERSION, keep_committed, read_records, write_records
 from normlab.study.study_dir import COPIED, META, StudyDir
 
@@ -46,12 +46,21 @@ def copy_records(study_dir: Path, out: Path) -> None:
     atomic_write_json(folder.meta_file, {"name": study.get("name"), "invocations": calls}, indent=1)
 
 
+def regenerate_command(folder: StudyDir, commit: str, repo: Path | None = None) -> str:
+    """The shell line that regenerates a frozen study's report with `commit`'s code: `python -m` from a worktree at
+    that commit, so that its own code runs there and not an installed checkout's (`repo`: where git runs)."""
+    path = folder.path.resolve()
+    where = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+    return (f"git {f'-C {repo} ' if repo else ''}worktree add /tmp/at-{commit} {commit} && cd /tmp/at-{commit} && "
+            f"python -m normlab.cli.report {where} --out /tmp/report-{commit}")
+
+
 def refuse_frozen(folder: StudyDir) -> None:
     """A finished study's report regenerates at the commit it was frozen at, never at HEAD."""
-    if folder.frozen_at():
-        raise StudyError(f"{folder.path} is a finished study whose report regenerates at commit "
-                         f"{folder.frozen_at()} (meta.json): git worktree add /tmp/at-{folder.frozen_at()} "
-                         f"{folder.frozen_at()} and run scripts/report.py there")
+    commit = folder.frozen_at()
+    if commit:
+        raise StudyError(f"{folder.path} is a finished study whose report regenerates at commit {commit} (meta.json): "
+                         f"{regenerate_command(folder, commit, REPO_ROOT)}")
 
 
 def load(folder: Path) -> engine.Study:
