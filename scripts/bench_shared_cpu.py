@@ -1,6 +1,6 @@
 """`python scripts/bench_shared_cpu.py ARGS` runs `python -m normlab.cli.bench_shared_cpu ARGS`.
 normlab/cli/bench_shared_cpu.py's docstring and --help give the usage."""
 
-from _checkout import run
+import runpy
 
-run("normlab.cli.bench_shared_cpu")
+runpy.run_module("normlab.cli.bench_shared_cpu", run_name="__main__", alter_sys=True)

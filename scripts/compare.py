@@ -1,6 +1,6 @@
 """`python scripts/compare.py ARGS` runs `python -m normlab.cli.compare ARGS` (= `normlab-compare ARGS`).
 normlab/cli/compare.py's docstring and --help give the usage."""
 
-from _checkout import run
+import runpy
 
-run("normlab.cli.compare")
+runpy.run_module("normlab.cli.compare", run_name="__main__", alter_sys=True)

@@ -1,6 +1,6 @@
 """`python scripts/evaluate.py ARGS` runs `python -m normlab.cli.evaluate ARGS` (= `normlab-evaluate ARGS`).
 normlab/cli/evaluate.py's docstring and --help give the usage."""
 
-from _checkout import run
+import runpy
 
-run("normlab.cli.evaluate")
+runpy.run_module("normlab.cli.evaluate", run_name="__main__", alter_sys=True)

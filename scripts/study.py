@@ -1,6 +1,6 @@
 """`python scripts/study.py ARGS` runs `python -m normlab.cli.study ARGS` (= `normlab-study ARGS`).
 normlab/cli/study.py's docstring and --help give the usage."""
 
-from _checkout import run
+import runpy
 
-run("normlab.cli.study")
+runpy.run_module("normlab.cli.study", run_name="__main__", alter_sys=True)

@@ -1,6 +1,6 @@
 """`python scripts/wandb_charts.py ARGS` runs `python -m normlab.cli.wandb_charts ARGS`.
 normlab/cli/wandb_charts.py's docstring and --help give the usage."""
 
-from _checkout import run
+import runpy
 
-run("normlab.cli.wandb_charts")
+runpy.run_module("normlab.cli.wandb_charts", run_name="__main__", alter_sys=True)

@@ -194,7 +194,7 @@ def test_a_finished_study_names_the_commit_that_regenerates_its_report_and_head_
     assert folder.frozen_at() == commit and (folder / "report.md").is_file()
     with pytest.raises(report.StudyError, match=f"regenerates at commit {commit}") as err:
         report.make_report(folder.path, tmp_path)
-    # python -m from the commit's worktree: its own code, where scripts/report.py there would import an installed one
+    # python -m from the commit's worktree runs its own code; scripts/report.py there imports the installed checkout
     assert f"cd /tmp/at-{commit} && python -m normlab.cli.report docs/{where} --out" in str(err.value)
 
 
