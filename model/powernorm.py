@@ -32,11 +32,15 @@ class _PowerFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         z, real, weight, psi2_batch, ema_gz = ctx.saved_tensors
-        g = dy * weight  # (N, D)
-        approx_g = g - (1 - ctx.alpha_bkw) * ema_gz * z
-        m = real.to(z.dtype).unsqueeze(-1)
+        # Pad rows are not tokens: the authors drop them before normalizing, so here they carry no gradient and take
+        # no part in ema_gz. Without the mask the correction term below is non-zero at a pad row even where dy is
+        # zero, and flows back into whatever was added to every row (a bias), so the padded layout would train
+        # another model than the packed one, which has no pad rows.
+        m = real.to(z.dtype).unsqueeze(-1)  # (N, 1)
+        dy = dy * m
+        approx_g = (dy * weight - (1 - ctx.alpha_bkw) * ema_gz * z) * m  # (N, D)
         count = all_reduce_sum(m.sum())  # plain tensors here: no autograd inside backward
-        gz = all_reduce_sum((approx_g * z * m).sum(dim=0)) / count
+        gz = all_reduce_sum((approx_g * z).sum(dim=0)) / count
         ema_gz.add_(gz)  # the authors' running gradient statistic: accumulated, scaled by (1 - alpha_bkw) in use
         dx = approx_g * torch.rsqrt(psi2_batch + ctx.eps)
         dw = (dy * z).sum(dim=0)

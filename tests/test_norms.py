@@ -322,12 +322,13 @@ def _batch(seed, lengths=(6, 4, 2), extra_pad=0):
 
 
 def _real_outputs_and_grads(norm, x, mask, loss_weight):
-    """Output and input gradient at real tokens (packed (R, D)) for a loss over real tokens only."""
+    """Output and input gradient at real tokens (packed (R, D)) for a loss over real tokens only, and the input
+    gradient at the pads (P, D)."""
     x = x.clone().requires_grad_(True)
     y = norm(x, mask)
     real = mask.bool()
     (y[real] * loss_weight).sum().backward()
-    return y[real].detach(), x.grad[real]
+    return y[real].detach(), x.grad[real], x.grad[~real]
 
 
 def _pad_config(name):
@@ -343,13 +344,15 @@ def test_padding_does_not_change_real_tokens_in_train(name):
         x, mask = _batch(step)
         xp, maskp = _batch(step, extra_pad=5)
         c = torch.randn(int(mask.sum()), D)
-        y, dx = _real_outputs_and_grads(short, x, mask, c)
-        yp, dxp = _real_outputs_and_grads(padded, xp, maskp, c)
+        y, dx, _ = _real_outputs_and_grads(short, x, mask, c)
+        yp, dxp, pad_grad = _real_outputs_and_grads(padded, xp, maskp, c)
         if NORM_REGISTRY[name].sees_padding:  # the naive batchnorm: what its class declares
             assert (y - yp).abs().max() > 1e-3  # the pads leak into the statistics: the harm, shown
             return
         _assert_close(yp, y, atol=1e-5, rtol=1e-5)
         _assert_close(dxp, dx, atol=1e-5, rtol=1e-5)
+        # a pad is not a token: no gradient flows back through it into what wrote it (a bias added to every row)
+        assert torch.equal(pad_grad, torch.zeros_like(pad_grad)), f"step {step}: gradient at pad rows"
     for (n, a), (_, b) in zip(short.named_buffers(), padded.named_buffers()):  # running statistics too
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=lambda m: f"buffer {n}: {m}")
     for (n, a), (_, b) in zip(short.named_parameters(), padded.named_parameters()):
@@ -391,7 +394,7 @@ def test_masked_batchnorm_equals_batchnorm1d_on_real_tokens():
         x, mask = _batch(step)
         real = mask.bool()
         c = torch.randn(int(real.sum()), D)
-        y, dx = _real_outputs_and_grads(ours, x, mask, c)
+        y, dx, _ = _real_outputs_and_grads(ours, x, mask, c)
         packed = x[real].clone().requires_grad_(True)  # (R, D): the real tokens only
         y_ref = ref(packed)
         (y_ref * c).sum().backward()
@@ -501,42 +504,54 @@ def test_stat_drift_and_batch_stats_in_eval(name):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _reference_powernorm(steps, weight, bias, eps, alpha_fwd, alpha_bkw, warmup):
-    """Shen et al. 2020 Alg. 1 as MaskPowerNorm implements it, written out on packed real tokens (R, D)."""
+def _reference_powernorm(steps, weight, bias, eps, alpha_fwd, alpha_bkw, warmup, group_size=None):
+    """Shen et al. 2020 Alg. 1 as MaskPowerNorm implements it, written out on packed real tokens (R, D). With ghost
+    groups of `group_size` consecutive sentences, what NormLab defines: each
+    token is scaled by its own group's psi^2, while `ema_gz` stays one statistic, moved once a step by the mean over
+    all real tokens, and the running psi^2 moves towards the mean of the groups' psi^2."""
     running, ema_gz, results = torch.ones(D), torch.zeros(D), []
     for t, (x, mask, c) in enumerate(steps, start=1):
-        xr = x[mask.bool()].clone().requires_grad_(True)  # (R, D)
+        real = mask.bool()
+        sentence = torch.arange(x.shape[0])[:, None].expand_as(real)[real]  # (R,) each real token's sentence
+        group = sentence // (group_size or x.shape[0])  # (R,); the batches here hold whole groups
+        xr = x[real].clone().requires_grad_(True)  # (R, D)
         xs = xr / torch.sqrt((xr**2).mean(-1, keepdim=True) + eps)  # group scaling (group_num=1)
-        psi2 = (xs.detach() ** 2).mean(0)  # quadratic mean over real tokens, per feature
-        z = xs.detach() / torch.sqrt((psi2 if t <= warmup else running) + eps)
+        psi2 = torch.stack([(xs.detach()[group == k] ** 2).mean(0) for k in range(int(group.max()) + 1)])  # (G, D)
+        z = xs.detach() / torch.sqrt((psi2[group] if t <= warmup else running) + eps)
         y = weight * z + bias
         g = c * weight  # dL/dy = c
         approx = g - (1 - alpha_bkw) * ema_gz * z
         ema_gz = ema_gz + (approx * z).mean(0)
-        (dx,) = torch.autograd.grad(xs, xr, approx / torch.sqrt(psi2 + eps))
+        (dx,) = torch.autograd.grad(xs, xr, approx / torch.sqrt(psi2[group] + eps))
         if t < warmup:
-            running = running * (t - 1) / t + psi2 / t
-        running = alpha_fwd * running + (1 - alpha_fwd) * psi2
+            running = running * (t - 1) / t + psi2.mean(0) / t
+        running = alpha_fwd * running + (1 - alpha_fwd) * psi2.mean(0)
         results.append((y, dx, running.clone(), ema_gz.clone()))
     return results
 
 
-def test_powernorm_matches_algorithm_1_before_and_after_warmup():
+@pytest.mark.parametrize("group_size", [None, 2])
+def test_powernorm_matches_algorithm_1_before_and_after_warmup(group_size):
+    """Whole-batch statistics, and ghost groups of 2 sentences (with groups of different psi^2: the reference's
+    definition, with its one ema_gz, is what they must equal)."""
     torch.manual_seed(0)
-    cfg = _config("powernorm", powernorm_alpha_fwd=0.8, powernorm_alpha_bkw=0.7, powernorm_warmup_steps=3)
+    cfg = _config("powernorm", powernorm_alpha_fwd=0.8, powernorm_alpha_bkw=0.7, powernorm_warmup_steps=3,
+                  bn_group_size=group_size)
     norm = build_norm(cfg).train()
     assert isinstance(norm, PowerNorm)
     with torch.no_grad():
         norm.weight.normal_(1.0, 0.3), norm.bias.normal_(0.0, 0.3)
     steps = []
     for s in range(5):  # steps 1-3 use the batch psi^2 (warmup), 4-5 the running one
-        x, mask = _batch(s)
+        x, mask = _batch(s, lengths=(6, 4, 2, 5))
         steps.append((x, mask, torch.randn(int(mask.sum()), D)))
-    want = _reference_powernorm(steps, norm.weight.detach(), norm.bias.detach(), cfg.norm_eps, 0.8, 0.7, 3)
+    want = _reference_powernorm(steps, norm.weight.detach(), norm.bias.detach(), cfg.norm_eps, 0.8, 0.7, 3,
+                                group_size)
     for (x, mask, c), (y_ref, dx_ref, running_ref, ema_ref) in zip(steps, want):
-        y, dx = _real_outputs_and_grads(norm, x, mask, c)
+        y, dx, pad_grad = _real_outputs_and_grads(norm, x, mask, c)
         _assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
         _assert_close(dx, dx_ref, atol=1e-5, rtol=1e-5)
+        assert torch.equal(pad_grad, torch.zeros_like(pad_grad))  # pads are dropped, as MaskPowerNorm drops them
         _assert_close(norm.running_psi2, running_ref, atol=1e-6, rtol=1e-5)
         _assert_close(norm.ema_gz, ema_ref, atol=1e-6, rtol=1e-5)
     assert int(norm.num_batches_tracked) == 5
