@@ -15,10 +15,12 @@ import copy
 import pytest
 import torch
 
+import normlab.kernels
 from model import NormLabForSequenceClassification
 from model.norms import NORM_TYPES, PowerNorm
 from tiny_model import VOCAB, width16_config
 
+pytestmark = pytest.mark.usefixtures("restore_cpu_backend")  # a test may switch the CPU kernels
 RTOL, ATOL = 1e-9, 1e-12  # float64: rounding differences are ~1e-15; today's PowerNorm bug was ~1e-1
 STEPS = 3
 LENGTHS = ((10, 3, 6, 6), (7, 2, 5, 7), (4, 8, 3, 8))  # a new padded width each step: compile's dynamic shapes
@@ -60,6 +62,7 @@ PATHS = {
     "checkpointed_padded": dict(checkpointing=True, unpad=False),
     "ghost_whole_batch": dict(group_size=8),  # one group: the packed layout, no process sync
     "ghost_halves": dict(group_size=4),  # two groups, each with the whole batch's statistics here
+    "cpp_kernels": dict(kernels=True),  # train.kernels=auto on CPU
     "compiled_aot_eager": dict(backend="aot_eager"),  # padded, as compilation needs static-rank shapes
     "compiled_inductor": dict(backend="inductor"),
 }
@@ -73,6 +76,8 @@ def _path_model(norm, placement, path, state):
     model.normlab.unpad = how.get("unpad", True)
     if how.get("checkpointing"):
         model.activation_checkpointing_enable({"use_reentrant": False})
+    if how.get("kernels"):
+        normlab.kernels.use(model, "auto", "cpu")  # the C++ LayerNorm, attention and dropout (the `cpp` fixture)
     if "backend" in how:
         torch._dynamo.reset()
         model.compile(backend=how["backend"], dynamic=True)
@@ -91,6 +96,7 @@ def _assert_same(got, ref, skip=()):
 def _check(norm, placement, path):
     base = _model(norm, placement)
     state = copy.deepcopy(base.state_dict())
+    normlab.kernels.use(base, "reference", "cpu")  # model/'s operators as written: the reference computation
     ref = _train(base)
     # The running variance is unbiased with each group's count (BatchNorm1d's on that group), not the batch's:
     # by design, and pinned against separate batches in test_ghost_batch.py.
@@ -111,6 +117,13 @@ def test_path_matches_packed_eager(norm, path, placement):
     backward, in each layout; ghost_whole_batch: bn_group_size = the batch (one group); ghost_halves: two groups,
     whose statistics are the whole batch's here, so the grouped code must meet the reference too."""
     _check(norm, placement, path)
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+@pytest.mark.parametrize("norm", NORM_TYPES)
+def test_cpp_kernels_match_packed_eager(norm, placement, cpp, restore_cpu_backend):
+    """The C++ CPU kernels (normlab.kernels) in place of model/'s reference operators, in float64."""
+    _check(norm, placement, "cpp_kernels")
 
 
 @pytest.mark.parametrize("placement", ["pre", "post"])
