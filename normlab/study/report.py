@@ -67,10 +67,7 @@ def load(folder: Path) -> engine.Study:
     """The records of a folder with its spec snapshot, ready for the engine; a frozen study is refused."""
     folder = StudyDir(folder)
     refuse_frozen(folder)
-    spec = folder.spec()
-    if spec.hooks:
-        engine.load_hooks(spec.hooks)
-    return engine.Study(folder.records(), folder.selection(), spec, folder.tables())
+    return engine.Study(folder.records(), folder.selection(), folder.spec(), folder.tables())
 
 
 def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabled",
