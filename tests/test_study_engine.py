@@ -117,7 +117,7 @@ def test_a_plan_that_cannot_decide_is_refused_at_load_unless_a_pilot(tmp_path, c
 @pytest.mark.parametrize("change, words", [
     ("outcome: accuracy, a: batchnorm", "outcome 'accurcy' is not one of accuracy, exit, largest_learning_lr, loss"),
     ("a: batchnorm, b: ln_pre, sign: -1", "arm 'batchnrm' is not an arm of the study"),
-    ("sign: -1, family: F}", "sign=-2 is not valid"),
+    ("sign: -1, family: F}", "hypothesis H1: sign=-2 is not valid"),
     ("contrast: group_means", "contrast='group_mean' is not valid"),
     ("id: H1,", "unknown key 'idd'"),
 ])

@@ -92,7 +92,7 @@ class StudySpec:
         raw = load_yaml_mapping(path)
         where = str(path)
         spec = cls(name=grid["name"], grid=grid, cells=grid["cells"], measures=list(raw.get("measures") or []),
-                   hypotheses=[checked(Hypothesis, h, f"{where}: hypothesis {i + 1}", StudyError)
+                   hypotheses=[checked(Hypothesis, h, f"{where}: hypothesis {hypothesis_id(h, i)}", StudyError)
                                for i, h in enumerate(raw.get("hypotheses") or [])],
                    aa=checked(AAControl, raw["aa"], f"{where}: aa", StudyError) if raw.get("aa") else None,
                    pin={arm: checked(Pin, p, f"{where}: pin {arm}", StudyError)
@@ -215,6 +215,11 @@ class StudySpec:
             if exp is None or (self.aa.copy or self.aa.arm) not in exp["variants"]:
                 raise StudyError(f"{where}: aa: experiment {self.aa.experiment!r} must be one of "
                                  f"{', '.join(self.grid['experiments'])} and train {self.aa.copy or self.aa.arm}")
+
+
+def hypothesis_id(raw, index: int) -> str:
+    """How messages name a hypothesis: its id (H1), or its place in the list where it has none."""
+    return str(raw.get("id", index + 1)) if isinstance(raw, dict) else str(index + 1)
 
 
 def bad_outcome(key: str, name: str, outcomes: set) -> str:
