@@ -213,18 +213,20 @@ def test_evaluate_runs_the_code_a_checkpoint_carries_only_with_trust_remote_code
     expected = json.loads(capsys.readouterr().out)["predictions"][0]["probabilities"]
     assert not (tmp_path / "ran").exists()
 
-    def elsewhere(*flags) -> subprocess.CompletedProcess:
+    def elsewhere(*args) -> subprocess.CompletedProcess:
         e = {**env(), "HF_MODULES_CACHE": str(tmp_path / "hf_modules")}  # PYTHONPATH: NormLab, not the package
-        return subprocess.run([sys.executable, "-m", "normlab.cli.evaluate", *argv, *flags], cwd=tmp_path, env=e,
+        return subprocess.run([sys.executable, "-m", "normlab.cli.evaluate", *args], cwd=tmp_path, env=e,
                               capture_output=True, text=True, timeout=240)
 
-    refused = elsewhere()
+    refused = elsewhere(*argv)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr[-3000:]
     assert f"No module named '{PKG}'" in refused.stderr and "pass --trust-remote-code" in refused.stderr
-    trusted = elsewhere("--trust-remote-code")
+    trusted = elsewhere(*argv, "--trust-remote-code")
     assert trusted.returncode == 0 and trusted.stderr == "", trusted.stderr[-3000:]
     got = json.loads(trusted.stdout)["predictions"][0]["probabilities"]
     assert got == pytest.approx(expected, abs=1e-6) and (tmp_path / "ran").exists()  # the carried code ran
+    split = elsewhere(str(out), "--trust-remote-code")  # the run's own split: its config is checked as train.py's
+    assert split.returncode == 2 and "score --text, or --data FILE with --text-column" in split.stderr
 
 
 def test_norm_names_are_checked_when_the_config_is(user_pkg, tmp_path, capsys):

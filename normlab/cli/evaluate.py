@@ -447,6 +447,9 @@ def main(argv=None) -> int:
         mode = resolve_mode(args.wandb_mode) if args.wandb else "disabled"
         result, accelerator, examples = evaluate(args)
     except ValueError as err:  # EvalError, and normlab.data.sources's DataError / ConfigError
+        if args.trust_remote_code and "cannot import it" in str(err):  # the run's config.yaml, checked as train.py's
+            err = (f"{err}; the run's saved config is read with the same checks, so under --trust-remote-code "
+                   f"score --text, or --data FILE with --text-column and --label-column")
         return error_exit("evaluate.py", err)
     if accelerator.is_main_process:
         if mode != "disabled":
