@@ -68,6 +68,9 @@ def test_every_run_is_overlaid_in_its_own_colour_on_each_metric(three_runs):
     (legend,) = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == [f"{label}, acc 0.750" for label in labels]
     assert len(panels["by layer: gradient norm"].get_lines()[0].get_xdata()) == 2  # one point per layer
+    by_layer = panels["by layer: gradient norm"]  # a 2-layer model has layers 0 and 1, nothing between
+    lo, hi = by_layer.get_xlim()
+    assert [t for t in by_layer.get_xticks() if lo <= t <= hi] == [0, 1]
 
 
 def test_y_axis_is_linear_where_a_metric_barely_moves(three_runs):

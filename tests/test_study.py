@@ -302,6 +302,18 @@ def test_experiments_waiting_for_a_sweep_say_so_instead_of_training_nothing_sile
     assert "waits for" not in capsys.readouterr().out  # chosen: final expands
 
 
+def test_an_experiment_before_its_sweep_says_so_and_leaves_a_fresh_folder_untouched(tmp_path, capsys):
+    """The documented `--only experiment=board` on a fresh folder, not a dry run: the waiting line and nothing else
+    (no "done" line, no traceback), exit 0 (nothing ran, nothing failed), no study folder written."""
+    st = tmp_path / "st"
+    assert study.main(["--preset", "smoke", "--only", "experiment=board", "--study-dir", str(st)]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1:] == [  # after the pilot's floors line, which every load of smoke prints
+        "study smoke: board waits for the LRs that tune chooses, not chosen yet: train it (--only experiment=tune), "
+        f"or copy a selection.json that has the choices into {st}"]
+    assert err == "" and not st.exists()
+
+
 def test_bad_staged_grids_are_refused_in_one_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(STAGED.replace("lr: {best_of: sweep}", "lr: {best_of: swep}"))

@@ -117,7 +117,7 @@ def test_a_plan_that_cannot_decide_is_refused_at_load_unless_a_pilot(tmp_path, c
 @pytest.mark.parametrize("change, words", [
     ("outcome: accuracy, a: batchnorm", "outcome 'accurcy' is not one of accuracy, exit, largest_learning_lr, loss"),
     ("a: batchnorm, b: ln_pre, sign: -1", "arm 'batchnrm' is not an arm of the study"),
-    ("sign: -1, family: F}", "sign=-2 is not valid"),
+    ("sign: -1, family: F}", "hypothesis H1: sign=-2 is not valid"),
     ("contrast: group_means", "contrast='group_mean' is not valid"),
     ("id: H1,", "unknown key 'idd'"),
 ])
@@ -129,6 +129,52 @@ def test_a_bad_hypothesis_is_refused_in_one_line_naming_the_key(tmp_path, change
     with pytest.raises(StudyError) as err:
         StudySpec.load(spec_file(tmp_path, SPEC.replace(change, bad, 1)))
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+SPREAD_HOOKS = "hooks: configs/study/hooks/spread.py\n"
+
+
+@pytest.mark.parametrize("outcome, extra, words", [
+    ("spread", "measures: [spread]\n", "measures: 'spread' is not a measure of this study; valid: accuracy, exit, "
+                                       "loss (the built-in ones and those its `hooks:` file registers with @measure)"),
+    ("spread", "measures: [spread]\nhooks: configs/study/hooks/sprad.py\n",
+     f"hooks: {REPO_ROOT}/configs/study/hooks/sprad.py not found"),
+    ("spread", "measures: [spred]\n" + SPREAD_HOOKS,
+     "measures: 'spred' is not a measure of this study (did you mean 'spread'?); valid: accuracy, exit, loss, spread"),
+    ("spred", "measures: [spread]\n" + SPREAD_HOOKS,
+     "hypothesis M1: outcome 'spred' is not one of accuracy, exit, largest_learning_lr, loss, spread (did you mean "
+     "'spread'?)"),
+])
+def test_a_measure_nothing_registers_is_refused_at_load_before_a_study_folder_is_written(tmp_path, capsys, outcome,
+                                                                                          extra, words):
+    """Every measure and outcome a spec names is checked against the built-in measures and those its own hook file
+    registers, by study.py's dry run and real run alike, before anything trains (not by the report after)."""
+    from normlab.study import runner
+
+    hypothesis = f"  - {{id: M1, outcome: {outcome}, a: batchnorm, b: ln_pre, sign: 1, family: M}}\n"
+    path = spec_file(tmp_path, SPEC + hypothesis + extra)
+    for dry in (["--dry-run"], []):
+        assert runner.main(["--preset", str(path), "--study-dir", str(tmp_path / "st"), *dry]) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1
+    assert not (tmp_path / "st").exists()
+
+
+def test_a_measure_name_means_one_function(tmp_path):
+    """A hook file loaded again, or its copy in a study folder, registers the same functions again; another
+    function under a taken name is refused in one line naming both places."""
+    hooks = REPO_ROOT / "configs" / "study" / "hooks" / "spread.py"
+    (tmp_path / "copy.py").write_text(hooks.read_text())
+    assert engine.load_hooks(hooks) == engine.load_hooks(hooks) == engine.load_hooks(tmp_path / "copy.py") == {"spread"}
+    (tmp_path / "other.py").write_text("from normlab.study.engine import measure\n\n"
+                                       "measure('spread')(lambda run, study: 0.0)\n")
+    with pytest.raises(StudyError) as err:
+        engine.load_hooks(tmp_path / "other.py")
+    assert str(err.value) == (f"measure 'spread' ({tmp_path / 'other.py'}:3) is already registered by another "
+                              f"function ({tmp_path / 'copy.py'}:10); give yours another name")
+    with pytest.raises(StudyError, match="^measure 'accuracy' .* is already registered by another function"):
+        engine.measure("accuracy")(lambda run, study: 1.0)
+    assert engine.load_hooks(hooks) == {"spread"}  # the original is still the one registered
 
 
 BOUNDED = SPEC + """

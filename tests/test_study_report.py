@@ -217,6 +217,29 @@ def test_the_answer_figure_marks_its_own_datas_majority_class(tmp_path, monkeypa
     assert StudyDir(REPO_ROOT / "docs/study-v3").majority_share() == pytest.approx(444 / 872)
 
 
+def test_sweep_and_answer_figures_draw_an_arm_alike_and_no_best_lr_star_hides_another(tmp_path, monkeypatch):
+    """sweep.png and answer.png give each arm one colour; the stars of arms that chose the same LR (here all four,
+    at one dev loss) stand side by side; the LRs are written as every figure writes them; and the arms table's
+    plateau-exit window is said at the study's own batch size (16 here)."""
+    from normlab.study import plots
+
+    figs = {}
+    for name in ("plot_board", "plot_sweep"):
+        monkeypatch.setattr(plots, name, lambda *args, f=getattr(plots, name), n=name: figs.setdefault(n, f(*args)))
+    selection = {k: {**v, "by_lr": [{"lr": lr, "dev_loss": 0.45 if lr == v["lr"] else 0.5} for lr in (1e-3, 3.16e-3)]}
+                 for k, v in SELECTION.items()}
+    write_study(tmp_path / "study", [{**r, "examples_per_step": 16} for r in synthetic_records()], selection=selection)
+    assert "a moving mean over 640 examples (40 steps of 16)," in report.make_report(tmp_path / "study").read_text()
+    answer = {line.get_label(): line.get_color() for line in figs["plot_board"].axes[1].get_lines()}
+    sweep = figs["plot_sweep"].axes[0]
+    curves = [line for line in sweep.get_lines() if line.get_marker() == "o"]
+    assert {line.get_label(): line.get_color() for line in curves} == answer and len(answer) == 4
+    stars = [line for line in sweep.get_lines() if line.get_marker() == "*"]
+    at = {tuple(s.get_transform().transform((s.get_xdata()[0], s.get_ydata()[0])).round(1)) for s in stars}
+    assert len(stars) == len(at) == 4
+    assert [t.get_text() for t in sweep.get_xticklabels()] == ["1e-3", "3.2e-3"]
+
+
 def test_freezing_a_finished_study_checks_its_report_regenerates_byte_for_byte(tmp_path, monkeypatch, capsys):
     """report.py --freeze names this commit in meta.json only where the committed report.md and figures come out of
     it byte-identical; a difference, uncommitted code or an already frozen study is refused in one line, and nothing

@@ -6,6 +6,7 @@ imported, with the same logits. A norm whose module cannot travel is refused in 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -173,11 +174,18 @@ def test_a_preset_of_a_norm_defined_beside_norms_py_loads_from_the_folders_own_c
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+def _scale_norm_run(tmp_path) -> Path:
+    """A 3-step run of the user's ScaleNorm, given as `model.norm=module:Class` on the command line."""
+    out = tmp_path / "run"
+    assert run_here(out, f"model.norm={PKG}.scale:ScaleNorm", "train.max_steps=3", "train.eval_steps=3",
+                    "train.save_steps=3") == 0
+    return out
+
+
 @pytest.mark.slow
 def test_a_run_with_a_user_norm_loads_where_its_package_is_absent(user_pkg, tmp_path):
     """`model.norm=module:Class` on the command line: trained, and final/ and the checkpoint carry its module."""
-    out, path = tmp_path / "run", f"{PKG}.scale:ScaleNorm"
-    assert run_here(out, f"model.norm={path}", "train.max_steps=3", "train.eval_steps=3", "train.save_steps=3") == 0
+    out, path = _scale_norm_run(tmp_path), f"{PKG}.scale:ScaleNorm"
     final, checkpoint = out / "final", out / "checkpoints" / "step_3"
     assert json.loads((final / "config.json").read_text())["norm"] == path  # as written: loads here by import
     for folder in (final, checkpoint):
@@ -187,6 +195,38 @@ def test_a_run_with_a_user_norm_loads_where_its_package_is_absent(user_pkg, tmp_
     assert type(scale).__name__ == "ScaleNorm" and scale.g.item() != pytest.approx(4.0)  # trained away from sqrt(16)
     with torch.no_grad():
         _assert_loaded_elsewhere(tmp_path, {final: trained(IDS).logits, checkpoint: trained(IDS).logits})
+
+
+@pytest.mark.slow
+def test_evaluate_runs_the_code_a_checkpoint_carries_only_with_trust_remote_code(user_pkg, tmp_path, capsys):
+    """Where the user's package is absent, evaluate.py refuses the run in one line naming --trust-remote-code,
+    and with it scores the text as the run's own model does. Without it, the checkpoint's carried model code
+    never runs, even where the package is present (a modified modeling file does nothing)."""
+    from normlab.cli import evaluate
+
+    out = _scale_norm_run(tmp_path)
+    with open(out / "final" / "modeling_normlab.py", "a") as f:
+        f.write(f"\nopen({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    argv = [str(out), "--text", "a fine film", "--json"]
+    capsys.readouterr()  # the training's lines
+    assert evaluate.main(argv) == 0  # here the package imports: NormLab's own code, never the carried one
+    expected = json.loads(capsys.readouterr().out)["predictions"][0]["probabilities"]
+    assert not (tmp_path / "ran").exists()
+
+    def elsewhere(*args) -> subprocess.CompletedProcess:
+        e = {**env(), "HF_MODULES_CACHE": str(tmp_path / "hf_modules")}  # PYTHONPATH: NormLab, not the package
+        return subprocess.run([sys.executable, "-m", "normlab.cli.evaluate", *args], cwd=tmp_path, env=e,
+                              capture_output=True, text=True, timeout=240)
+
+    refused = elsewhere(*argv)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr[-3000:]
+    assert f"No module named '{PKG}'" in refused.stderr and "pass --trust-remote-code" in refused.stderr
+    trusted = elsewhere(*argv, "--trust-remote-code")
+    assert trusted.returncode == 0 and trusted.stderr == "", trusted.stderr[-3000:]
+    got = json.loads(trusted.stdout)["predictions"][0]["probabilities"]
+    assert got == pytest.approx(expected, abs=1e-6) and (tmp_path / "ran").exists()  # the carried code ran
+    split = elsewhere(str(out), "--trust-remote-code")  # the run's own split: its config is checked as train.py's
+    assert split.returncode == 2 and "score --text, or --data FILE with --text-column" in split.stderr
 
 
 def test_norm_names_are_checked_when_the_config_is(user_pkg, tmp_path, capsys):

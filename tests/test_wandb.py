@@ -381,3 +381,5 @@ def test_wandb_charts_titles_every_column_where_it_is_first_drawn():
     assert sorted(t.split("\n")[0] for t in titles) == ["depth/act_rms", "depth/grad_norm", "depth/stat_drift"]
     drift = fig.axes[-1]  # the BN run's drift panel (the last of the grid)
     assert drift.get_title().startswith("depth/stat_drift\nBN batch vs running statistics drift")
+    # each row's label in short lines that fit its height, the LR as every figure writes it
+    assert fig.axes[0].get_ylabel() == "layernorm\npre-norm, lr 1e-3\ncompleted, val acc 0.800"

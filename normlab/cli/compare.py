@@ -26,10 +26,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from normlab.command import command_parser, error_exit
-from normlab.files.figures import save_figure
+from normlab.files.figures import lr_text, save_figure
 from normlab.files.formats import load_yaml_mapping, read_jsonl
 from normlab.run_dir import RunDir
 from normlab.study.outcomes import smooth
@@ -158,17 +158,12 @@ def y_scale(values) -> str:
     return "log" if max(positive) / min(positive) >= LOG_RATIO else "linear"
 
 
-def _lr(value) -> str:
-    mantissa, exponent = f"{value:.1e}".split("e")
-    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
-
-
 def run_label(config: dict) -> str | None:
     """`masked_batchnorm pre lr 1.8e-3` from a run's config.yaml; None without a norm."""
     model, train = config.get("model") or {}, config.get("train") or {}
     if not model.get("norm"):
         return None
-    lr = f"lr {_lr(train['lr'])}" if _finite(train.get("lr")) else None
+    lr = f"lr {lr_text(train['lr'])}" if _finite(train.get("lr")) else None
     return " ".join(p for p in (model["norm"], model.get("norm_placement"), lr) if p)
 
 
@@ -247,6 +242,7 @@ def draw_panel(ax, panel: Panel, colors: dict) -> None:
     ax.set_title(panel.metric.title, fontsize=9)
     ax.set_xlabel(panel.metric.xname, fontsize=8)
     ax.tick_params(labelsize=7, which="both")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # x is a step or a layer's index: never 0.5
     if ax.get_yscale() == "log":
         plain_log_ticks(ax.yaxis, *ax.get_ylim())
     ax.grid(alpha=0.3, which="both" if ax.get_yscale() == "log" else "major")

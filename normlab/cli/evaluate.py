@@ -7,6 +7,8 @@
     accelerate launch --num_processes 2 scripts/evaluate.py runs/default   # big sets: shards, gathered once
     python scripts/evaluate.py runs/default --wandb             # + confusion matrix and predictions table in W&B
     python scripts/evaluate.py wandb:ENTITY/normlab/model-RUNID:final   # a run's model artifact (online)
+    python scripts/evaluate.py runs/mine --trust-remote-code    # its norm's package is not installed here: run the
+                                                                # code the checkpoint carries (a checkpoint you trust)
 
 How the checkpoint, its dataset and the scores are found: docs/studies.md; what --wandb logs: docs/wandb.md.
 Bad input (missing checkpoint or columns, unknown labels, a tokenizer larger than the vocabulary) ends with one
@@ -113,24 +115,44 @@ def check_model_files(checkpoint: Path) -> None:
         raise damaged(weights.name, "is missing")
 
 
-def load_model(checkpoint: Path):
+def model_classes(checkpoint: Path, trust_remote_code: bool) -> tuple:
+    """(config class, model class): this checkout's NormLab code (registered with the Auto classes, it wins over
+    the code a checkpoint carries, so a checkpoint from elsewhere runs none of its own); with trust_remote_code, the
+    code the checkpoint carries (its config's auto_map), which holds the norms of a user's package too."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    auto_map = read_json(checkpoint / "config.json").get("auto_map") or {}
+    if not trust_remote_code or not {"AutoConfig", AutoModelForSequenceClassification.__name__} <= set(auto_map):
+        return AutoConfig, AutoModelForSequenceClassification
+    return tuple(get_class_from_dynamic_module(auto_map[name], checkpoint)
+                 for name in ("AutoConfig", AutoModelForSequenceClassification.__name__))
+
+
+def load_model(checkpoint: Path, trust_remote_code: bool = False):
     import datasets
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # stdout/stderr stay the results and the errors
     datasets.disable_progress_bars()
     check_model_files(checkpoint)
-    config = AutoConfig.from_pretrained(checkpoint, trust_remote_code=True)
+    config_class, model_class = model_classes(checkpoint, trust_remote_code)
+    try:
+        config = config_class.from_pretrained(checkpoint)
+    except ValueError as err:  # e.g. a norm from a package this environment cannot import
+        carried = "auto_map" in read_json(checkpoint / "config.json") and not trust_remote_code
+        raise EvalError(f"{err}" + (f"; or pass --trust-remote-code to run the model and norm code {checkpoint} "
+                                    f"carries (only for a checkpoint you trust)" if carried else "")) from None
     architectures = getattr(config, "architectures", None) or []
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise EvalError(f"{checkpoint} holds a {', '.join(architectures)} model; evaluate.py scores sequence "
                         f"classifiers (train with task=classification)")
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, config=config, trust_remote_code=trust_remote_code)
     if len(tokenizer) > config.vocab_size:
         raise EvalError(f"vocabulary mismatch: the tokenizer in {checkpoint} has {len(tokenizer)} tokens but the "
                         f"model's vocab_size is {config.vocab_size}; save the tokenizer the model was trained with")
-    model = AutoModelForSequenceClassification.from_pretrained(checkpoint, trust_remote_code=True)
+    model = model_class.from_pretrained(checkpoint, config=config)
     return model, tokenizer
 
 
@@ -320,7 +342,7 @@ def evaluate(args):
     from normlab.train.accelerator import make_accelerator
 
     accelerator = make_accelerator()  # train.py's device setup, without a training config
-    model, tokenizer = load_model(checkpoint)
+    model, tokenizer = load_model(checkpoint, args.trust_remote_code)
     names = label_set(model)
     if args.batch_stats:  # BN family: normalize with each batch's own statistics (the train/eval gap)
         check_batch_stats(model, checkpoint)
@@ -408,6 +430,10 @@ def main(argv=None) -> int:
                              f"run's train.batch_size)")
     parser.add_argument("--batch-stats", action="store_true",
                         help="BN-family norms: use each batch's statistics instead of the running ones")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="run the model and norm code the checkpoint carries (a norm from a package not "
+                             "installed here); by default this checkout's model code runs and the carried code never "
+                             "does. Only for a checkpoint you trust")
     parser.add_argument("--wandb", action="store_true",
                         help="also log a W&B eval run: metrics, confusion matrix, per-example predictions table")
     parser.add_argument("--wandb-mode", choices=("auto", "online", "offline"), default="auto",
@@ -421,6 +447,9 @@ def main(argv=None) -> int:
         mode = resolve_mode(args.wandb_mode) if args.wandb else "disabled"
         result, accelerator, examples = evaluate(args)
     except ValueError as err:  # EvalError, and normlab.data.sources's DataError / ConfigError
+        if args.trust_remote_code and "cannot import it" in str(err):  # the run's config.yaml, checked as train.py's
+            err = (f"{err}; the run's saved config is read with the same checks, so under --trust-remote-code "
+                   f"score --text, or --data FILE with --text-column and --label-column")
         return error_exit("evaluate.py", err)
     if accelerator.is_main_process:
         if mode != "disabled":

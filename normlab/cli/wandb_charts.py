@@ -12,9 +12,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from normlab.command import command_parser, error_exit
-from normlab.files.figures import save_figure
+from normlab.files.figures import lr_text, save_figure
 from normlab.run_dir import RunDir
 from normlab.tracking.wandb_records import RecordsError, offline_runs
 from normlab.tracking.wandb_run import DEPTH_CHARTS
@@ -30,10 +31,14 @@ def training_run(run_dir: Path):
 
 
 def row_label(run) -> str:
+    """The run in three short lines (norm; placement and LR; status and accuracy): a row's label must fit beside
+    its panels, whose height is all it has."""
     c, s = run.config, run.summary
-    label = f"{c.get('model.norm')} ({c.get('model.norm_placement')}-norm), lr {c.get('train.lr')}\n{s.get('status')}"
+    lr = c.get("train.lr")
     accuracy = s.get("final/eval/accuracy")
-    return label + (f", val acc {accuracy:.3f}" if isinstance(accuracy, float) else "")
+    return (f"{c.get('model.norm')}\n{c.get('model.norm_placement')}-norm, lr "
+            f"{lr_text(lr) if isinstance(lr, (int, float)) else lr}\n{s.get('status')}"
+            + (f", val acc {accuracy:.3f}" if isinstance(accuracy, float) else ""))
 
 
 def figure(runs, log_y: bool = True):
@@ -63,6 +68,7 @@ def figure(runs, log_y: bool = True):
             if quantity not in titled:
                 ax.set_title(f"depth/{quantity}\n{DEPTH_CHARTS[quantity]}", fontsize=8)
                 titled.add(quantity)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps: never 1.25
             if row == len(runs) - 1:
                 ax.set_xlabel("step")
             if col == 0:

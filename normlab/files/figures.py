@@ -1,4 +1,5 @@
-"""Writing a matplotlib figure: the one way the command lines save their charts."""
+"""Writing a matplotlib figure: the one way the command lines save their charts; and how every figure writes an
+LR."""
 
 from pathlib import Path
 
@@ -16,3 +17,9 @@ def save_figure(fig, out: Path, dpi: int = 80) -> None:
         from PIL import Image  # matplotlib's dependency
 
         Image.open(out).convert("RGB").quantize(256).save(out, optimize=True)
+
+
+def lr_text(value: float) -> str:
+    """An LR as every figure writes it: two significant digits in powers of ten, `5e-4`, `1.8e-3`."""
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"

@@ -4,7 +4,6 @@ rank correlation over arms); exact paired sign-flip test (or the t test where th
 within each family and rank, each test's floor, a verdict only where both LR ranks agree, the horizon rule for
 outcomes read at the end of training, and a scorecard of every prediction (docs/studies.md, "The analysis")."""
 
-import importlib.util
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -14,37 +13,10 @@ import numpy as np
 from normlab.study import outcomes as oc
 from normlab.study import rules
 from normlab.study.grid import FINISHED, selection_key, three_digits
+from normlab.study.measures import AT_END, MEASURES, load_hooks, measure  # noqa: F401  (hook files: measure)
 from normlab.study.records import RunRecord
 from normlab.study.seedstats import Paired, holm
 from normlab.study.spec import Hypothesis, StudySpec
-
-# {outcome: the logged evaluation whose ranking the horizon rule reads}: the outcomes read from the final model,
-# which the horizon rule guards
-AT_END = {"accuracy": "accuracy", "loss": "loss"}
-MEASURES = {}  # {name: fn(run: RunRecord, study) -> float}: the per-run outcomes; a study's hook file adds its own
-
-
-def measure(name: str, at_end: str | None = None):
-    """Register `fn(run: RunRecord, study) -> float` as the outcome `name` (a study's hook file uses this).
-    `at_end`: the outcome is read from the final model like that logged evaluation (accuracy, loss), e.g. the
-    accuracy on a subset of the documents, so the horizon rule guards it too, reading that evaluation's ranking."""
-    def register(fn):
-        MEASURES[name] = fn
-        if at_end is not None:
-            AT_END[name] = at_end
-        return fn
-    return register
-
-
-measure("exit")(lambda run, study: oc.exit_or_end(run))
-measure("accuracy")(lambda run, study: run.score("accuracy"))
-measure("loss")(lambda run, study: run.score("loss"))
-
-
-def load_hooks(path) -> None:
-    """A study's hook file: Python that registers its measures with @measure (at most one file per study)."""
-    module = importlib.util.spec_from_file_location(f"study_hooks_{abs(hash(str(path)))}", path)
-    module.loader.exec_module(importlib.util.module_from_spec(module))
 
 
 class Study:

@@ -8,23 +8,41 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import NullLocator
+from matplotlib.transforms import offset_copy
 
+from normlab.files.figures import lr_text
 from normlab.study.grid import selection_arm
 from normlab.study.rules import eval_means
 from normlab.study.seedstats import t_interval
 
 
-def plot_sweep(selection: dict, title: str):
-    """Mean dev loss against the LR in the tuning sweep, per arm: where each arm's LR was chosen."""
+def arm_colours(arms: list[str]) -> dict:
+    """{arm: colour}, one per arm in the study's order, so that every figure of a study draws an arm alike."""
+    palette = plt.cm.tab10 if len(arms) <= 10 else plt.cm.tab20
+    return {arm: palette(i % palette.N) for i, arm in enumerate(dict.fromkeys(arms))}
+
+
+def plot_sweep(selection: dict, title: str, colours: dict):
+    """Mean dev loss against the LR in the tuning sweep, per arm: where each arm's LR was chosen (a star; the stars
+    of arms that chose the same LR side by side, so that none hides another)."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for key, chosen in sorted(selection.items()):
+    keys = sorted(selection)
+    sharing = {k: [x for x in keys if math.isclose(selection[x]["lr"], selection[k]["lr"])] for k in keys}
+    for key in keys:
+        chosen = selection[key]
         xs = [row["lr"] for row in chosen["by_lr"]]
         ys = [min(row["dev_loss"], 1.0) for row in chosen["by_lr"]]
-        variant = selection_arm(key)
-        line, = ax.plot(xs, ys, "-o", ms=3, label=variant)
+        colour = colours[selection_arm(key)]
+        ax.plot(xs, ys, "-o", ms=3, color=colour, label=selection_arm(key))
         best = next(y for x, y in zip(xs, ys) if math.isclose(x, chosen["lr"]))
-        ax.plot([chosen["lr"]], [best], "*", ms=12, color=line.get_color())
+        shift = (sharing[key].index(key) - (len(sharing[key]) - 1) / 2) * 11  # points: a star's width
+        ax.plot([chosen["lr"]], [best], "*", ms=11, color=colour, mec="black", mew=0.5, zorder=3,
+                transform=offset_copy(ax.transData, fig=fig, x=shift, units="points"))
     ax.set_xscale("log")
+    lrs = sorted({row["lr"] for chosen in selection.values() for row in chosen["by_lr"]})
+    ax.set_xticks(lrs, [lr_text(lr) for lr in lrs], fontsize=8)
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("mean dev loss (capped at 1)")
     ax.set_title(title, fontsize=10)
@@ -32,7 +50,7 @@ def plot_sweep(selection: dict, title: str):
     return fig
 
 
-def plot_board(board: dict, title: str, majority: float | None = None):
+def plot_board(board: dict, title: str, colours: dict, majority: float | None = None):
     """Left: each arm's final validation accuracy at its best LR (filled) and its runner-up LR (hollow), one dot per
     seed, mean and 95% t interval. Right: mean validation accuracy over training at the best LR, every
     evaluation, against `majority`, the accuracy of always answering the most common class, where it is known.
@@ -45,14 +63,14 @@ def plot_board(board: dict, title: str, majority: float | None = None):
             acc = acc[np.isfinite(acc)]
             if not len(acc):
                 continue
-            left.scatter(acc, np.full(len(acc), i + offset), s=12, alpha=0.6, color=f"C{i % 10}",
+            left.scatter(acc, np.full(len(acc), i + offset), s=12, alpha=0.6, color=colours[arm],
                          facecolors=face)
             if len(acc) > 1:
                 lo, hi = t_interval(acc)
                 left.errorbar(acc.mean(), i + offset, xerr=(hi - lo) / 2, fmt="ko", ms=4, capsize=3,
                               mfc="k" if face is None else "white")
         curve = eval_means(board[arm][0])
-        right.plot(list(curve), list(curve.values()), color=f"C{i % 10}", label=arm)
+        right.plot(list(curve), list(curve.values()), color=colours[arm], label=arm)
     left.set_yticks(range(len(order)), order)
     left.set_xlabel("validation accuracy: best LR (filled, upper) and runner-up LR (hollow, lower)")
     right.set_xlabel("optimizer step")

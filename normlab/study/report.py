@@ -15,7 +15,7 @@ from normlab.files.formats import atomic_write_json
 from normlab.study import engine, rules
 from normlab.study import markdown as md
 from normlab.study import outcomes as oc
-from normlab.study.grid import REPO_ROOT, StudyError
+from normlab.study.grid import REPO_ROOT, StudyError, selection_arm
 from normlab.study.records import RECORDS, SCHEMA_VERSION, keep_committed, read_records, write_records
 from normlab.study.study_dir import COPIED, META, StudyDir
 
@@ -67,10 +67,7 @@ def load(folder: Path) -> engine.Study:
     """The records of a folder with its spec snapshot, ready for the engine; a frozen study is refused."""
     folder = StudyDir(folder)
     refuse_frozen(folder)
-    spec = folder.spec()
-    if spec.hooks:
-        engine.load_hooks(spec.hooks)
-    return engine.Study(folder.records(), folder.selection(), spec, folder.tables())
+    return engine.Study(folder.records(), folder.selection(), folder.spec(), folder.tables())
 
 
 def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabled",
@@ -229,13 +226,20 @@ def arm_lines(study: engine.Study) -> list[str]:
     if not rows:
         return []
     return ["## Arms", "", "Validation, mean ± 95% t half-width over seeds (one seed: its value). Outcomes: learned "
-            "/ never learned / diverged. Plateau exit: the median step the train loss, as a moving mean over 640 "
-            "examples (20 steps of 32), fell below ln 2 - 0.05. Rank settled: the arm's place among all "
+            f"/ never learned / diverged. Plateau exit: the median step the train loss, as a moving mean over "
+            f"{window_words(study.runs)}, fell below ln 2 - 0.05. Rank settled: the arm's place among all "
             "the arms at its LR rank is the same at the last two evaluations; horizon: that, and the median exit "
             "within the first third. A hypothesis's horizon reads only the arms it compares, so it can hold where "
             "this table says no.", "",
             *md.table(["arm", "LR rank", "LR", "seeds", "final accuracy", "final loss", "median exit", "outcomes",
                        "rank settled", "horizon"], rows)]
+
+
+def window_words(runs) -> str:
+    """The outcome rules' moving mean as these runs had it: `640 examples (40 steps of 16)`."""
+    sizes = sorted({(oc.run_window(r), r.examples_per_step) for r in runs}, key=lambda w: (w[0], w[1] or 0))
+    steps = [f"{w} steps of {n}" if n else f"{w} steps, in records that do not say their batch size" for w, n in sizes]
+    return f"{oc.WINDOW_EXAMPLES} examples ({'; '.join(steps)})"
 
 
 def provenance_lines(study: engine.Study, meta: dict) -> list[str]:
@@ -284,12 +288,13 @@ def draw_figures(study: engine.Study, out: Path) -> list[str]:
 
     board = {a: tuple(study.arm(a, k) for k in range(study.spec.ranks())) for a in study.spec.arms()}
     board = {a: runs for a, runs in board.items() if runs[0]}
+    colours = plots.arm_colours(study.spec.arms() + [selection_arm(k) for k in sorted(study.selection)])
     drawn = {"answer.png": plots.plot_board(board, f"{study.spec.name}: each arm at its chosen LRs "
                                                    f"({study.steps([r for v in board.values() for r in v[0]])} steps)",
-                                            StudyDir(out).majority_share())
+                                            colours, StudyDir(out).majority_share())
              if board else None,
              "sweep.png": plots.plot_sweep(study.selection, f"{study.spec.name}: mean dev loss over the sweep's seeds; "
-                                                            f"a star at each arm's best LR")
+                                                            f"a star at each arm's best LR", colours)
              if any(c.get("by_lr") for c in study.selection.values())
              else None}
     for name, fig in drawn.items():

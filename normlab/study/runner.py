@@ -251,6 +251,19 @@ def waiting(grid, selection: dict, study_dir: Path) -> str | None:
             f"selection.json that has the choices into {study_dir}")
 
 
+def ready_to_choose(grid, selection: dict, study_dir: Path) -> dict:
+    """{selection key: {lr: [run names]}} of each arm whose sweep has finished but whose LR is not chosen yet."""
+    ready = {}
+    for key, (experiment, variant, warmup) in pending_selections(grid, selection).items():
+        sweep = [r for r in expand(grid, selection) if experiment in r.experiments
+                 and r.variant == variant and r.warmup == warmup]
+        if all(RunDir(StudyDir(study_dir).run(r.name)).status() in FINISHED for r in sweep):
+            ready[key] = {}
+            for r in sweep:
+                ready[key].setdefault(r.lr, []).append(r.name)
+    return ready
+
+
 def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str, engine, shards: int = 1) -> None:
     """Train what can be trained; when an LR sweep has finished, choose its LRs on dev and train what they
     unlock; repeat until nothing more can run (a narrowed study may leave choices for a later invocation). The
@@ -265,16 +278,9 @@ def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str
         runs = selected_runs(grid, only, selection)
         sweeps = {experiment for experiment, _, _ in pending_selections(grid, selection).values()}
         first = [r for r in runs if sweeps & set(r.experiments)]  # the sweeps that choose LRs go first
-        run_study(grid, grid_file, study_dir, first or runs, extra, command=command, engine=engine)
-        ready = {}
-        for key, (experiment, variant, warmup) in pending_selections(grid, selection).items():
-            sweep = [r for r in expand(grid, selection) if experiment in r.experiments
-                     and r.variant == variant and r.warmup == warmup]
-            if all(RunDir(StudyDir(study_dir).run(r.name)).status() in FINISHED for r in sweep):
-                ready[key] = {}
-                for r in sweep:
-                    ready[key].setdefault(r.lr, []).append(r.name)
-        if ready:
+        if runs:
+            run_study(grid, grid_file, study_dir, first or runs, extra, command=command, engine=engine)
+        if ready := ready_to_choose(grid, selection, study_dir):
             print(f"choosing the LR of {len(ready)} arm(s) on the dev split")
             selection = select(study_dir, ready, grid["score"], processes=shards)
             continue
@@ -344,10 +350,17 @@ def main(argv=None) -> int:
         grid = spec.grid
         only = parse_only(args.only)
         study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
-        runs = selected_runs(grid, only, study_selection(grid, study_dir))
+        selection = study_selection(grid, study_dir)
+        runs = selected_runs(grid, only, selection)
         validate_commands(grid, runs, study_dir, args.overrides)
         if args.dry_run:
             return dry_run(grid, runs, study_dir, args.overrides)
+        line = waiting(grid, selection, study_dir)
+        if not runs and line and not ready_to_choose(grid, selection, study_dir):
+            # narrowed to experiments still waiting for their sweep: nothing to run, nothing failed; say which
+            # sweep to train and leave the study folder as it was
+            print(line)
+            return 0
         started, commit = time.time(), git_commit()  # the code the runs train with, not HEAD when they end
         engine = make_engine(args.engine, parallel=args.parallel, address=args.address,
                              max_retries=args.max_retries, warm=not args.process_per_run)

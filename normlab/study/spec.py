@@ -9,9 +9,11 @@ import math
 import typing
 from pathlib import Path
 
-from normlab.config.keys import checked
+from normlab.config.keys import checked, suggest
+from normlab.paths import REPO_ROOT
 from normlab.study import rules
 from normlab.study.grid import StudyError, load_grid
+from normlab.study.measures import BUILT_IN, load_hooks
 
 OUTCOMES = ("exit", "accuracy", "loss", "largest_learning_lr")  # built in; a study's measures add names
 CONTRASTS = ("pair", "group_means", "main_effect", "interaction", "rank_correlation")
@@ -81,20 +83,23 @@ class StudySpec:
     hooks: typing.Optional[str] = None
 
     @classmethod
-    def load(cls, path: Path, quiet: bool = False) -> "StudySpec":
+    def load(cls, path: Path, quiet: bool = False, hooks_file: Path | None = None) -> "StudySpec":
+        """The study file, checked: its hook file imported (`hooks_file`: a study folder's copy of it), every name
+        it uses known, its plan able to decide (StudyError, one line, otherwise)."""
         from normlab.files.formats import load_yaml_mapping
 
         grid = load_grid(Path(path))
         raw = load_yaml_mapping(path)
         where = str(path)
         spec = cls(name=grid["name"], grid=grid, cells=grid["cells"], measures=list(raw.get("measures") or []),
-                   hypotheses=[checked(Hypothesis, h, f"{where}: hypothesis {i + 1}", StudyError)
+                   hypotheses=[checked(Hypothesis, h, f"{where}: hypothesis {hypothesis_id(h, i)}", StudyError)
                                for i, h in enumerate(raw.get("hypotheses") or [])],
                    aa=checked(AAControl, raw["aa"], f"{where}: aa", StudyError) if raw.get("aa") else None,
                    pin={arm: checked(Pin, p, f"{where}: pin {arm}", StudyError)
                         for arm, p in (raw.get("pin") or {}).items()},
                    test=raw.get("test", "permutation"), alpha=float(raw.get("alpha", rules.ALPHA)),
                    pilot=bool(raw.get("pilot")), hooks=raw.get("hooks"))
+        spec.load_measures(where, hooks_file)
         spec.check(where)
         try:
             rows = rules.check_plan(spec.planned_tests(), refuse=not spec.pilot)
@@ -156,15 +161,32 @@ class StudySpec:
             tests.append(rules.PlannedTest(h.id, len(seeds), family, effect=h.size, sd=h.sd, alpha=self.alpha))
         return tests
 
+    def load_measures(self, where: str, hooks_file: Path | None = None) -> None:
+        """Import the hook file (default: the spec's `hooks`, a path from the repository root), so that a name
+        under `measures` that nothing registers is refused now, before any run trains, not by the report after."""
+        valid = set(BUILT_IN)
+        if self.hooks:
+            path = Path(hooks_file or REPO_ROOT / self.hooks)
+            if not path.is_file():
+                raise StudyError(f"{where}: hooks: {path} not found; give the Python file that registers the "
+                                 f"study's measures (@measure), as a path from the repository root")
+            valid |= load_hooks(path)
+            self.hooks = str(path)
+        for name in self.measures:
+            if name not in valid:
+                raise StudyError(f"{where}: measures: {name!r} is not a measure of this study{suggest(name, valid)}; "
+                                 f"valid: {', '.join(sorted(valid))} (the built-in ones and those its `hooks:` file "
+                                 f"registers with @measure)")
+
     def check(self, where: str) -> None:
-        """Every name a hypothesis uses exists: its arms, factors, outcome and experiment."""
+        """Every name a hypothesis uses exists: its arms, factors, outcomes and experiment."""
         arms, outcomes = set(self.arms()) | set(self.cells), set(OUTCOMES) | set(self.measures)
         factors = {f for levels in self.cells.values() for f in levels}
         for h in self.hypotheses:
             at = f"{where}: hypothesis {h.id}"
-            if h.outcome not in outcomes:
-                raise StudyError(f"{at}: outcome {h.outcome!r} is not one of {', '.join(sorted(outcomes))} "
-                                 f"(a study's own measure is listed under `measures`)")
+            for key in ("outcome", "against"):
+                if getattr(h, key) is not None and getattr(h, key) not in outcomes:
+                    raise StudyError(f"{at}: {bad_outcome(key, getattr(h, key), outcomes)}")
             need = {"pair": ("a", "b"), "group_means": ("a", "b"), "main_effect": ("factors",),
                     "interaction": ("factors",), "rank_correlation": ("arms", "against")}[h.contrast]
             missing = [k for k in need if not getattr(h, k)]
@@ -187,10 +209,22 @@ class StudySpec:
                 raise StudyError(f"{at}: largest_learning_lr needs `experiment`, one of "
                                  f"{', '.join(self.grid['experiments'])}")
         if self.aa:
+            if self.aa.outcome not in outcomes:
+                raise StudyError(f"{where}: aa: {bad_outcome('outcome', self.aa.outcome, outcomes)}")
             exp = self.grid["experiments"].get(self.aa.experiment)
             if exp is None or (self.aa.copy or self.aa.arm) not in exp["variants"]:
                 raise StudyError(f"{where}: aa: experiment {self.aa.experiment!r} must be one of "
                                  f"{', '.join(self.grid['experiments'])} and train {self.aa.copy or self.aa.arm}")
+
+
+def hypothesis_id(raw, index: int) -> str:
+    """How messages name a hypothesis: its id (H1), or its place in the list where it has none."""
+    return str(raw.get("id", index + 1)) if isinstance(raw, dict) else str(index + 1)
+
+
+def bad_outcome(key: str, name: str, outcomes: set) -> str:
+    return (f"{key} {name!r} is not one of {', '.join(sorted(outcomes))}{suggest(name, outcomes)} (a study's own "
+            f"measure is listed under `measures`)")
 
 
 def check_bounds(h: Hypothesis, at: str) -> None:

@@ -80,10 +80,7 @@ class StudyDir:
         if not (self.path / SPEC).is_file():
             raise StudyError(f"{self.path}: no {SPEC}, the study's spec as it ran; a study started by "
                              f"scripts/study.py keeps one (copy the study file there as {SPEC} to report it)")
-        spec = StudySpec.load(self.path / SPEC, quiet=quiet)
-        if spec.hooks:
-            spec.hooks = str(self.path / HOOKS)
-        return spec
+        return StudySpec.load(self.path / SPEC, quiet=quiet, hooks_file=self.path / HOOKS)
 
     def scored_runs(self) -> tuple[list[dict], dict]:
         """(every run's record as scoring wrote it, joined with the provenance study.json keeps for its run,
