@@ -212,6 +212,8 @@ def test_evaluate_runs_the_code_a_checkpoint_carries_only_with_trust_remote_code
     assert evaluate.main(argv) == 0  # here the package imports: NormLab's own code, never the carried one
     expected = json.loads(capsys.readouterr().out)["predictions"][0]["probabilities"]
     assert not (tmp_path / "ran").exists()
+    assert evaluate.main([str(out), "--json"]) == 0  # the run's own split, as NormLab's own code scores it
+    own_split = capsys.readouterr().out
 
     def elsewhere(*args) -> subprocess.CompletedProcess:
         e = {**env(), "HF_MODULES_CACHE": str(tmp_path / "hf_modules")}  # PYTHONPATH: NormLab, not the package
@@ -225,8 +227,9 @@ def test_evaluate_runs_the_code_a_checkpoint_carries_only_with_trust_remote_code
     assert trusted.returncode == 0 and trusted.stderr == "", trusted.stderr[-3000:]
     got = json.loads(trusted.stdout)["predictions"][0]["probabilities"]
     assert got == pytest.approx(expected, abs=1e-6) and (tmp_path / "ran").exists()  # the carried code ran
-    split = elsewhere(str(out), "--trust-remote-code")  # the run's own split: its config is checked as train.py's
-    assert split.returncode == 2 and "score --text, or --data FILE with --text-column" in split.stderr
+    split = elsewhere(str(out), "--trust-remote-code", "--json")  # the run's own split, read from its config.yaml
+    assert split.returncode == 0 and split.stderr == "", split.stderr[-3000:]
+    assert json.loads(split.stdout)["accuracy"] == pytest.approx(json.loads(own_split)["accuracy"])
 
 
 def test_norm_names_are_checked_when_the_config_is(user_pkg, tmp_path, capsys):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from normlab.command import command_parser, error_exit
 from normlab.files.formats import read_json
-from normlab.run_dir import MODEL_DIR_CONFIG, RunDir, model_dir_config
+from normlab.run_dir import MODEL_DIR_CONFIG, RunDir, saved_config_raw
 from normlab.tracking.wandb_run import keep_offline_files_in, resolve_mode
 
 DEFAULT_BATCH_SIZE = 64  # evaluation with the running statistics: the batch size changes only the speed
@@ -83,11 +83,18 @@ def run_dir_of(checkpoint: Path) -> RunDir | None:
 
 
 def run_config(checkpoint: Path):
-    """The training config (a RunConfig, validated): the run directory's config.yaml, else the copy train.py saved
-    inside the model directory; None when there is neither."""
+    """The training config's data, train and W&B settings (a RunConfig, validated): the run directory's
+    config.yaml, else the copy train.py saved inside the model directory; None when there is neither. Its model
+    section is left out: the model is the checkpoint's own (config.json), and a norm named `module:Class` need not
+    be importable here when the checkpoint carries its code (--trust-remote-code)."""
+    from normlab.config.loader import load_config
+
     run = run_dir_of(checkpoint)
-    saved = run.read_config() if run is not None else None
-    return saved if saved is not None else model_dir_config(checkpoint)
+    for path in ([run.config_file] if run is not None else []) + [checkpoint / MODEL_DIR_CONFIG]:
+        if path.is_file():
+            raw, where = saved_config_raw(path)
+            return load_config(saved=({k: v for k, v in raw.items() if k != "model"}, where))
+    return None
 
 
 def check_model_files(checkpoint: Path) -> None:
@@ -373,14 +380,13 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
 
     checkpoint = Path(result["checkpoint"])
     cfg = run_config(checkpoint)
-    m = cfg.model.given() if cfg is not None else {}
     run_dir = run_dir_of(checkpoint)  # a run's final/ or checkpoint: log next to the training run
     in_run = run_dir is not None
     trained = (run_dir.read_summary() or {}) if in_run else {}
     project = (cfg.wandb.project if cfg is not None else os.environ.get("WANDB_PROJECT")) or "normlab"
     entity = cfg.wandb.entity if cfg is not None else None  # None: wandb reads $WANDB_ENTITY
     group = (cfg.wandb.group if cfg is not None else None) or (
-        f"{m['norm']}-{m['norm_placement']}" if m.get("norm") else None)
+        f"{result['norm']}-{result['norm_placement']}" if result.get("norm") else None)
     name = (run_dir.path.name if in_run else checkpoint.name) + "-eval"
     config = {"checkpoint": str(checkpoint), "train_run_id": trained.get("wandb_run_id"),
               "model_artifact": result.get("artifact"), "dataset": result.get("dataset"),
@@ -447,9 +453,6 @@ def main(argv=None) -> int:
         mode = resolve_mode(args.wandb_mode) if args.wandb else "disabled"
         result, accelerator, examples = evaluate(args)
     except ValueError as err:  # EvalError, and normlab.data.sources's DataError / ConfigError
-        if args.trust_remote_code and "cannot import it" in str(err):  # the run's config.yaml, checked as train.py's
-            err = (f"{err}; the run's saved config is read with the same checks, so under --trust-remote-code "
-                   f"score --text, or --data FILE with --text-column and --label-column")
         return error_exit("evaluate.py", err)
     if accelerator.is_main_process:
         if mode != "disabled":
