@@ -243,7 +243,7 @@ def horizon(study: Study, arms: list[str], field: str) -> tuple:
         runs = {a: study.arm(a, k) for a in arms}
         if not all(runs.values()):
             return False, f"no runs at the {rules.RANKS[k]} LRs"
-        h = rules.horizon(runs, study.steps([r for v in runs.values() for r in v]), field)
+        h = rules.horizon(runs, field)
         why = (["ranks swapped"] if not all(v["settled"] for v in h.values()) else []) + \
             (["late exit"] if not all(v["exit_ok"] for v in h.values()) else [])
         failed += [f"{w} at the {rules.RANKS[k]} LRs" for w in why]

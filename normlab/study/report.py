@@ -217,7 +217,7 @@ def arm_lines(study: engine.Study) -> list[str]:
     for k in range(study.spec.ranks()):
         arms = {a: study.arm(a, k) for a in study.spec.arms()}
         arms = {a: v for a, v in arms.items() if v}
-        hz = rules.horizon(arms, study.steps([r for v in arms.values() for r in v])) if arms else {}
+        hz = rules.horizon(arms) if arms else {}
         for arm, runs in arms.items():
             outs = [oc.run_outcome(r) for r in runs]
             exit_ = hz[arm]["median_exit"]
