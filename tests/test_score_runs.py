@@ -100,6 +100,9 @@ def test_the_records_keep_the_batch_statistics_and_precise_bn_accuracies_of_runs
     assert score_runs.curves([plain])["eval"] == [{"step": 32, "loss": 0.5, "accuracy": 0.75}]
     assert score_runs.curves([precise])["eval"] == [{"step": 32, "loss": 0.5, "accuracy": 0.75,
                                                      "accuracy_batch_stats": 0.74, "accuracy_precise_bn": 0.76}]
+    # a run that logged the statistics noise keeps its mean over blocks beside them (records before it: nothing)
+    noisy = {**precise, "bn/0/stat_noise": 0.2, "bn/1/stat_noise": 0.4}
+    assert score_runs.curves([noisy])["eval"][0]["stat_noise"] == pytest.approx(0.3)
 
 
 def test_a_record_is_kept_only_while_its_run_is_what_was_scored(tmp_path):

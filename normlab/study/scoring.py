@@ -39,6 +39,11 @@ def _sig(x, digits=5):
     return None if x is None or not np.isfinite(x) else float(f"{x:.{digits}g}")
 
 
+def block_values(row: dict, name: str) -> list[float]:
+    """The row's per-block `bn/{i}/<name>` values."""
+    return [v for k, v in row.items() if k.startswith("bn/") and k.endswith(f"/{name}")]
+
+
 def curves(metrics: list[dict]) -> dict:
     """Per-step series the report plots; layer-wise keys reduced to one number per step."""
     steps = [r for r in metrics if "train/loss" in r]
@@ -47,7 +52,7 @@ def curves(metrics: list[dict]) -> dict:
     logit = [[v for k, v in r.items() if k.endswith("/attn_logit_max")] for r in steps]
     if any(logit):
         out["attn_logit_max"] = [_sig(max(v)) if v else None for v in logit]
-    drift = [[v for k, v in r.items() if k.startswith("bn/") and k.endswith("/stat_drift")] for r in steps]
+    drift = [block_values(r, "stat_drift") for r in steps]
     if any(drift):
         out["stat_drift"] = [_sig(float(np.mean(v))) if v else None for v in drift]
     out["eval"] = [{"step": r["step"], "loss": _sig(r["eval/loss"]), "accuracy": _sig(r["eval/accuracy"]),
@@ -55,7 +60,10 @@ def curves(metrics: list[dict]) -> dict:
                        if "dev/loss" in r else {}),  # the dev rows (data.dev_rows), where the run held them out
                     # runs with precise BN (train.precise_bn_batches): its accuracy and the batch statistics' beside
                     # the running statistics' (only these: every earlier record stays byte for byte as it was)
-                    **({k: _sig(r[f"eval/{k}"]) for k in BN_EVALS} if "eval/accuracy_precise_bn" in r else {})}
+                    **({k: _sig(r[f"eval/{k}"]) for k in BN_EVALS} if "eval/accuracy_precise_bn" in r else {}),
+                    # the lag-free noise of the batch statistics, where the run logged it (the mean over blocks)
+                    **({"stat_noise": _sig(float(np.mean(noise)))}
+                       if (noise := block_values(r, "stat_noise")) else {})}
                    for r in metrics if "eval/loss" in r]
     return out
 
