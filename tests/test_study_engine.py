@@ -16,7 +16,7 @@ from normlab.paths import REPO_ROOT
 from normlab.study import engine, rules
 from normlab.study.grid import StudyError
 from normlab.study.records import RECORDS
-from normlab.study.report import bound_lines, make_report, provenance_lines
+from normlab.study.report import bound_lines, make_report, provenance_lines, scorecard_lines
 from normlab.study.spec import StudySpec
 
 ARMS = ("ln_pre", "batchnorm", "rmsnorm", "dyt")
@@ -169,16 +169,65 @@ def test_a_bound_is_read_with_or_without_a_space(text, parsed):
         assert rules.parse_bound(text) == parsed
 
 
-@pytest.mark.parametrize("every_run, words", [
-    ('{a: "=> 0.5"}', "every_run: a: '=> 0.5' is not a bound; write OP NUMBER, OP one of >=, <=, >, <"),
-    ('{a: ">= half"}', "every_run: a: '>= half' is not a bound"),
-    ('{c: ">= 0.5"}', "every_run: unknown side 'c'; valid sides: a, b"),
+@pytest.mark.parametrize("extra, words", [
+    ('every_run: {a: "=> 0.5"}', "every_run: a: '=> 0.5' is not a bound; write OP NUMBER, OP one of >=, <=, >, <"),
+    ('every_run: {a: ">= half"}', "every_run: a: '>= half' is not a bound"),
+    ('every_run: {c: ">= 0.5"}', "every_run: unknown side 'c'; valid sides: a, b"),
+    ('ratio: "=> 2"', "ratio: '=> 2' is not a bound; write OP NUMBER"),
+    ("within: 0.01", "within is the margin of a predicted tie: it needs sign 0 and a number > 0; got sign 1, "
+     "within 0.01"),
 ])
-def test_a_bad_bound_is_refused_in_one_line(tmp_path, every_run, words):
-    bad = SPEC + f"  - {{id: B, outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 1, every_run: {every_run}}}\n"
+def test_a_bad_bound_ratio_or_margin_is_refused_in_one_line(tmp_path, extra, words):
+    bad = SPEC + f"  - {{id: B, outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 1, {extra}}}\n"
     with pytest.raises(StudyError) as err:
         StudySpec.load(spec_file(tmp_path, bad))
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+DECLARED = SPEC + """
+  - {id: R1, outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 1, family: R1, ratio: ">= 1.01"}
+  - {id: R2, outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 1, family: R2, ratio: ">= 1.5"}
+  - {id: W1, outcome: accuracy, a: dyt, b: ln_pre, sign: 0, family: W1, within: 0.01}
+  - {id: W2, outcome: accuracy, a: dyt, b: ln_pre, sign: 0, family: W2, within: 0.0005}
+"""
+
+
+def early_dyt(runs):
+    """The synthetic runs with DyT leaving the plateau at step 60, so that its horizon holds."""
+    out = []
+    for r in runs:
+        if r["variant"] == "dyt":
+            steps = r["curves"]["step"]
+            r = {**r, "curves": {**r["curves"], "loss": [math.log(2) if s < 60 else 0.45 for s in steps]}}
+        out.append(r)
+    return out
+
+
+def test_a_declared_ratio_and_a_ties_margin_are_scored_and_printed_in_the_scorecard(tmp_path):
+    """RMSNorm's accuracy is planted 0.02 over LN's (~0.72): the geometric mean over seeds of their ratio, ~1.03,
+    meets ">= 1.01" (R1 held) and not ">= 1.5" (R2 fails although its sign is confirmed). DyT and LN do not
+    separate, with an interval of a few thousandths: within +-0.01 the tie holds (W1); within +-0.0005 it is not
+    shown (W2)."""
+    a = analysed(tmp_path, early_dyt(synthetic_runs()), DECLARED)
+    r = {x.h.id: x for x in a.results}
+    assert r["R1"].verdict == r["R2"].verdict == "confirmed"
+    assert all(1.02 < geo < 1.04 and n == 10 for geo, n, _ in r["R1"].ratios.values())
+    assert [met for _, _, met in r["R1"].ratios.values()] == [True, True] and r["R1"].score == "held"
+    assert [met for _, _, met in r["R2"].ratios.values()] == [False, False]
+    assert r["R2"].score == "**FAILED**: the ratio is not >= 1.5"
+    assert r["W1"].verdict == r["W2"].verdict == "not separated" and r["W1"].horizon[0] is True
+    assert r["W1"].score == "held" and r["W2"].score == "not shown: the interval is wider than +-0.0005"
+    card = "\n".join(scorecard_lines(a))
+    assert "| > 0; a / b >= 1.5 (geometric mean over seeds) |" in card
+    assert "confirmed; ratio best LRs 1.03 (not met), runner-up LRs 1.03 (not met) |" in card
+    assert "| not separated, interval within +-0.01 |" in card
+    with pytest.raises(StudyError, match="ratio divides arm a's outcome by arm b's per seed, so it needs contrast "
+                                         "pair; got group_means"):
+        StudySpec.load(spec_file(tmp_path, SPEC + '  - {id: G, outcome: accuracy, contrast: group_means, a: [dyt], '
+                                 'b: [ln_pre], ratio: ">= 2"}\n'))
+    best_only = analysed(tmp_path, [x for x in synthetic_runs() if x["lr"] == BEST], DECLARED)
+    assert next(x for x in best_only.results if x.h.id == "R1").ratios[1] == (pytest.approx(math.nan, nan_ok=True),
+                                                                               0, None)
 
 
 FACTORIAL = """

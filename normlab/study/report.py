@@ -130,8 +130,8 @@ TESTS = {"permutation": "exact paired sign-flip test over seeds", "t": "paired t
 
 
 def scorecard_lines(a: engine.Analysis) -> list[str]:
-    rows = [[r.h.id, r.h.role, r.h.claim or f"{r.h.outcome}: {describe(r.h)}", r.h.predicted, r.verdict,
-             r.score] for r in a.results]
+    rows = [[r.h.id, r.h.role, r.h.claim or f"{r.h.outcome}: {describe(r.h)}", r.h.predicted + declared(r.h),
+             r.verdict + ratio_read(r), r.score] for r in a.results]
     rows += [[c["h"].id, c["h"].role, c["h"].claim, c["h"].predicted, c["verdict"], c["score"]]
              for c in a.correlations]
     if not rows:
@@ -140,6 +140,20 @@ def scorecard_lines(a: engine.Analysis) -> list[str]:
             "smallest p at these seeds, after Holm, is not below alpha, so no result could have been significant; a "
             "predicted \"not separated\" that separated failed).", "",
             *md.table(["id", "role", "prediction", "predicted", "result", "score"], rows)]
+
+
+def declared(h) -> str:
+    """What a prediction declares beyond its sign: a ratio its arms must reach, the margin of a tie."""
+    return (f"; a / b {h.ratio} (geometric mean over seeds)" if h.ratio else "") + \
+        (f", interval within +-{h.within:g}" if h.within is not None else "")
+
+
+def ratio_read(r: engine.Result) -> str:
+    """The declared ratio as read at each LR rank."""
+    if not r.ratios:
+        return ""
+    return "; ratio " + ", ".join(f"{rules.RANKS[k]} LRs " + ("no runs yet" if met is None else f"{geo:.3g} "
+                                  f"({'met' if met else 'not met'})") for k, (geo, _, met) in r.ratios.items())
 
 
 def describe(h) -> str:
