@@ -16,7 +16,7 @@ from normlab.paths import REPO_ROOT
 from normlab.study import engine, rules
 from normlab.study.grid import StudyError
 from normlab.study.records import RECORDS
-from normlab.study.report import bound_lines, make_report, provenance_lines, scorecard_lines
+from normlab.study.report import bound_lines, heading, make_report, provenance_lines, scorecard_lines
 from normlab.study.spec import StudySpec
 
 ARMS = ("ln_pre", "batchnorm", "rmsnorm", "dyt")
@@ -228,6 +228,52 @@ def test_a_declared_ratio_and_a_ties_margin_are_scored_and_printed_in_the_scorec
     best_only = analysed(tmp_path, [x for x in synthetic_runs() if x["lr"] == BEST], DECLARED)
     assert next(x for x in best_only.results if x.h.id == "R1").ratios[1] == (pytest.approx(math.nan, nan_ok=True),
                                                                                0, None)
+
+
+V7 = {"ln_b32": (32, 0.0, None), "mbn_b32": (32, 0.01, 0.10), "mbn_b32_g8": (32, 0.0, 0.21),
+      "ln_b8": (8, 0.0, None), "mbn_b8": (8, -0.02, 0.19)}  # arm: batch, planted accuracy effect, noise
+
+
+def v7_runs(lr, seed, rng, experiment="runs", arms=V7):
+    runs = []
+    for arm in arms:
+        batch, effect, noise = V7[arm]
+        steps = 832 * 32 // batch
+        r = synthetic_run(arm, lr, seed, steps // 8, 0.76 + effect + 0.01 * lr * 1e3 + rng.normal(0, 0.002),
+                          experiment, steps=steps)
+        r["examples_per_step"] = batch
+        final = r["scores"]["val/sorted/running"]["accuracy"]  # rising by 0.001 every 1,024 examples to the end
+        r["curves"]["eval"] = [{**e, "accuracy": final - 0.001 * (steps - e["step"]) * batch / 1024,
+                                **({"stat_noise": noise * (1 + rng.normal(0, 0.05))} if noise else {})}
+                               for e in r["curves"]["eval"]]  # the BN arms' evaluations carry the noise
+        runs.append(r)
+    return runs
+
+
+def test_the_v7_spec_pairs_every_contrast_at_one_lr_and_reads_the_interaction_across_batch_sizes():
+    """configs/study/v7_batch.yaml on synthetic records (accuracy planted: masked BN -0.02 at batch 8, +0.01 at 32,
+    the ghost arm as pre-LN; the LR adds the same to every arm): every arm's rank 0 is 1e-3 and rank 1 1.78e-3, so
+    both sides of every contrast are runs at one LR; H2 is (mbn_b8 - ln_b8) - (mbn_b32 - ln_b32) = -0.03; the
+    horizon pairs batch 8's evaluations with batch 32's by examples; the noise check reads its ratio; the A/A
+    reads pre-LN at batch 8 on seeds 10-19."""
+    spec = StudySpec.load(REPO_ROOT / "configs" / "study" / "v7_batch.yaml", quiet=True)
+    engine.load_hooks(REPO_ROOT / spec.hooks)
+    rng = np.random.default_rng(0)
+    runs = [r for lr in (1e-3, 1.78e-3) for seed in range(10) for r in v7_runs(lr, seed, rng)]
+    runs += [r for seed in range(10, 20) for r in v7_runs(1e-3, seed, rng, "aa", ["ln_b8"])]
+    a = engine.analyse(engine.Study(runs, {}, spec))
+    for h in spec.hypotheses:
+        for k, lr in enumerate((1e-3, 1.78e-3)):
+            assert {r.lr for arm in spec.arms_of(h) for r in a.study.arm(arm, k)} <= {lr}, (h.id, k)
+    r = {x.h.id: x for x in a.results}
+    assert all(r[h].est[k].mean == pytest.approx(-0.03, abs=0.003) for h in ("H2",) for k in (0, 1))
+    assert r["H1"].verdict == r["H2"].verdict == "confirmed" and r["H2"].horizon == (True, "")
+    assert r["H1"].score == r["H2"].score == "held" and r["H3"].score == "held"
+    assert r["N-b8"].score == "held" and all(1.7 < geo < 2.1 for geo, _, _ in r["N-b8"].ratios.values())
+    assert a.aa["n"] == (10, 10) and a.study.lr("mbn_b32_g1", 1) == 1.78e-3  # the cut-first arm: no runs, no NaN
+    assert r["X-g1"].est[0].n == 0 and "nan" not in "\n".join(scorecard_lines(a)).lower()
+    assert heading(a.study, a.test)[0].startswith("5 arms, each at the LRs the spec fixes (0.001 and 0.00178); "
+                                                  "832-3328 steps; 10 seeds")
 
 
 FACTORIAL = """

@@ -119,8 +119,17 @@ def heading(study: engine.Study, test: str) -> list[str]:
     arms = [a for a in spec.arms() if study.arm(a, 0)]
     runs = [r for a in arms for r in study.arm(a, 0)]
     seeds = sorted({r.seed for r in runs})
-    ranks = "its best and its runner-up LR" if spec.ranks() == 2 else "its best LR"
-    return [f"{len(arms)} arms, each at {ranks} on dev; {study.steps(runs)} steps; {len(seeds)} "
+    ranks = "its best and its runner-up LR on dev" if spec.ranks() == 2 else "its best LR on dev"
+    if arms and all(a in spec.pin for a in arms):  # no sweep chose them: the report's "best" is the first pinned LR
+        ranks = "the LRs the spec fixes (" + " and ".join(
+            "/".join(sorted({f"{lr:g}" for a in arms if (lr := study.lr(a, k)) is not None}))
+            for k in range(spec.ranks())) + ")"
+    longest = {}  # per batch size: arms of several batch sizes step differently over the same data
+    for r in runs:
+        longest[r.examples_per_step] = max(longest.get(r.examples_per_step, 0), r.steps)
+    lengths = sorted(set(longest.values()))
+    steps = f"{lengths[0]}-{lengths[-1]}" if len(lengths) > 1 else f"{lengths[0]}"
+    return [f"{len(arms)} arms, each at {ranks}; {steps} steps; {len(seeds)} "
             f"seed{'s' * (len(seeds) != 1)} ({', '.join(map(str, seeds))}). Test: {TESTS[test]}; "
             f"alpha {spec.alpha:g}, Holm within each family and LR rank."] if runs else \
         ["No arm has finished runs at a chosen LR yet: nothing to compare."]
