@@ -127,8 +127,8 @@ def heading(study: engine.Study, test: str) -> list[str]:
     longest = {}  # per batch size: arms of several batch sizes step differently over the same data
     for r in runs:
         longest[r.examples_per_step] = max(longest.get(r.examples_per_step, 0), r.steps)
-    lengths = sorted(set(longest.values()))
-    steps = f"{lengths[0]}-{lengths[-1]}" if len(lengths) > 1 else f"{lengths[0]}"
+    lengths = sorted(set(longest.values())) or [0]
+    steps = "-".join(map(str, dict.fromkeys([lengths[0], lengths[-1]])))
     return [f"{len(arms)} arms, each at {ranks}; {steps} steps; {len(seeds)} "
             f"seed{'s' * (len(seeds) != 1)} ({', '.join(map(str, seeds))}). Test: {TESTS[test]}; "
             f"alpha {spec.alpha:g}, Holm within each family and LR rank."] if runs else \
