@@ -48,6 +48,14 @@ def log_ratio_rms(var_b, var_r, eps):
     return torch.sqrt(torch.mean((torch.log(var_b + eps) - torch.log(var_r + eps)) ** 2, dim=-1))
 
 
+def stat_distance(mean, var, ref_mean, ref_var, eps):
+    """(..., D) batch or group statistics against reference ones (D,) -> (...,): the RMS over features of the mean's
+    offset in reference SDs, plus (given `var`) the RMS log-ratio of the variances. One distance for the drift from
+    the running statistics and for the noise against the population's, so that the two read on one scale."""
+    offset = torch.sqrt(torch.mean((mean - ref_mean) ** 2 / (ref_var + eps), dim=-1))
+    return offset if var is None else offset + log_ratio_rms(var, ref_var, eps)
+
+
 # --- Ghost batches: statistics per group of sentences ------------------------------------------------------------
 
 
@@ -85,6 +93,11 @@ def per_row(stat, groups):
     return stat if groups is None else stat[groups[0]]
 
 
+def stacked(tensors, num_features):
+    """(D,) or (G, D) statistics of several forwards -> (all their groups, D) in float64, as the population's."""
+    return torch.cat([t.reshape(-1, num_features) for t in tensors]).double()
+
+
 class PopulationMoments:
     """Exact per-feature moments of every row given to `add`, over any number of batches: the count, the sum and the
     sum of squares, in float64 (E[x^2] - E[x]^2 in float32 loses the variance when |mean| >> std; in float64 it
@@ -114,7 +127,9 @@ class BatchStatNorm(Norm, nn.Module):
 
     Training normalizes with the batch's statistics and updates running ones (torch's momentum convention); eval
     uses the running ones, or the batch's when `use_batch_stats_in_eval` (to measure the train/eval gap).
-    `last_stat_drift` is the batch's distance from the running statistics. A gradient-checkpointing rerun
+    `last_stat_drift` is the batch's distance from the running statistics, which lag behind the moving weights;
+    `stat_noise`, after precise BN's collection, the mean distance of its forwards' batch (or group) statistics from
+    the population statistics of the same weights: the statistics' sampling noise alone. A gradient-checkpointing rerun
     normalizes as the first run did and updates nothing. A training forward needs 2 real tokens at least. The
     running statistics stay float32 whatever the module's dtype. docs/model.md, "The batch-statistics norms".
 
@@ -143,6 +158,8 @@ class BatchStatNorm(Norm, nn.Module):
         self.group_size = group_size  # sentences per group of statistics; None: the whole batch
         self.use_batch_stats_in_eval = False
         self._population = None  # a PopulationMoments while precise BN collects (`population_statistics`)
+        self._population_stats = []  # each collecting forward's batch (or group) statistics
+        self.stat_noise = None  # a float after a collection (not a buffer: precise BN restores every buffer)
         if self.affine:
             self.weight = nn.Parameter(torch.ones(num_features))
             self.bias = nn.Parameter(torch.zeros(num_features))
@@ -223,6 +240,7 @@ class BatchStatNorm(Norm, nn.Module):
             return
         if self._population is not None:
             self._population.add(x2d[real])
+            self._population_stats.append(stats)
         else:
             self._update_running(*stats)
 
@@ -230,18 +248,26 @@ class BatchStatNorm(Norm, nn.Module):
         """Precise BN: until `end_population`, training forwards normalize as in training but update no state; the
         rows whose statistics they use are added to exact population moments instead."""
         self._population = PopulationMoments()
+        self._population_stats = []
 
     @torch.no_grad()
     def end_population(self, apply: bool = True):
         """Stop collecting; with `apply`, the running statistics become the population's (`population`)."""
         moments, self._population = self._population, None
+        stats, self._population_stats = self._population_stats, []
         if not apply:
             return
         if moments is None or moments.count < 2:
             raise ValueError(f"{self.name}: precise BN needs at least 2 rows seen in training-mode forwards since "
                              f"begin_population, got {0 if moments is None else moments.count}")
+        self.stat_noise = float(self._noise(stats, moments).mean())
         for buffer, moment in self.population.items():
             getattr(self, buffer).copy_(getattr(moments, moment)())
+
+    def _noise(self, stats, moments):
+        """(every group of every collecting forward,): its statistics' distance from the population's
+        (`stat_distance`); `stats` are what each forward passed to `_after_training_forward`."""
+        raise NotImplementedError
 
 
 class _MeanVarBatchNorm(BatchStatNorm):
@@ -253,6 +279,11 @@ class _MeanVarBatchNorm(BatchStatNorm):
         super().__init__(num_features, eps, momentum, group_size)
         self._stat_buffer("running_mean", 0.0)
         self._stat_buffer("running_var", 1.0)
+
+    def _noise(self, stats, moments):
+        means, variances, _ = zip(*stats)  # each forward's (mean, biased variance, count)
+        d = self.num_features
+        return stat_distance(stacked(means, d), stacked(variances, d), moments.mean(), moments.var(), self.eps)
 
     def forward(self, x, mask=None):
         self._float32_buffers()
@@ -293,8 +324,7 @@ class _MeanVarBatchNorm(BatchStatNorm):
         """mean, var: (D,) of the whole batch or (G, D) of its groups; count: their real tokens (a number or (G,))."""
         mean, var = mean.reshape(-1, self.num_features), var.reshape(-1, self.num_features)  # (G, D)
         count = torch.as_tensor(count, dtype=torch.float64, device=var.device).reshape(-1, 1)  # (G, 1)
-        drift = torch.sqrt(torch.mean((mean - self.running_mean) ** 2 / (self.running_var + self.eps), dim=-1))
-        drift = drift + log_ratio_rms(var, self.running_var, self.eps)  # (G,): each group's distance
+        drift = stat_distance(mean, var, self.running_mean, self.running_var, self.eps)  # (G,): each group's
         self.last_stat_drift = drift.mean()
         unbiased = var * (count / (count - 1)).to(var.dtype)  # torch's BatchNorm stores the unbiased running variance
         new_mean, new_var = self._mean_over_groups(mean, unbiased)
@@ -336,6 +366,11 @@ class BatchCentering(BatchStatNorm):
     def __init__(self, num_features, eps=1e-5, momentum=0.1, group_size=None):
         super().__init__(num_features, eps, momentum, group_size)
         self._stat_buffer("running_mean", 0.0)
+
+    def _noise(self, stats, moments):
+        # no division here, but the offset is still read in the population's SDs, as masked BN's
+        means = stacked([m for (m,) in stats], self.num_features)
+        return stat_distance(means, None, moments.mean(), moments.var(), self.eps)
 
     def forward(self, x, mask=None):
         self._float32_buffers()

@@ -13,6 +13,7 @@ from .batch_norms import (
     log_ratio_rms,
     per_row,
     recomputing,
+    stacked,
 )
 from .ops import compute_dtype
 
@@ -93,6 +94,7 @@ class PowerNorm(BatchStatNorm):
                 psi2_used = self._replayed_psi2(psi2_b)
             elif self._population is not None:  # precise BN: normalize as the next step would, update nothing
                 self._population.add(x2d[real])
+                self._population_stats.append((psi2_b,))
                 psi2_used = self._psi2_to_use(psi2_b, int(self.num_batches_tracked) + 1)
             else:
                 psi2_used = self._training_step(psi2_b)
@@ -117,6 +119,10 @@ class PowerNorm(BatchStatNorm):
         count = stats[-1].item()
         self._check_count(count)
         return stats[:-1] / count
+
+    def _noise(self, stats, moments):
+        # PowerNorm's one statistic, the mean square, against the population's
+        return log_ratio_rms(stacked([p for (p,) in stats], self.num_features), moments.mean_square(), self.eps)
 
     def _psi2_to_use(self, psi2_b, t):
         """The psi^2 step t (1-based) normalizes with: the batch's (or its groups') during warmup, then the running."""

@@ -147,8 +147,9 @@ def test_an_error_inside_leaves_the_running_statistics_as_they_were():
 
 @pytest.mark.slow  # two tiny training runs
 def test_a_run_logs_precise_bn_accuracy_and_trains_as_without_it(tmp_path):
-    """train.precise_bn_batches=3: every evaluation logs eval/accuracy_precise_bn, and every other logged number
-    (losses, gradient norms, drift, accuracies) is the one of the same run without it."""
+    """train.precise_bn_batches=3: every evaluation logs eval/accuracy_precise_bn and each block's statistics noise
+    (bn/{i}/stat_noise), and every other logged number (losses, gradient norms, drift, accuracies) is the one of
+    the same run without it."""
     import json
 
     common = ["model.norm=masked_batchnorm", "model.bn_group_size=4", "train.max_steps=6", "train.eval_steps=3",
@@ -161,7 +162,76 @@ def test_a_run_logs_precise_bn_accuracy_and_trains_as_without_it(tmp_path):
     assert [row["step"] for row in evals] == [3, 6]
     assert all(0.0 <= row["eval/accuracy_precise_bn"] <= 1.0 for row in evals)
     assert not any("eval/accuracy_precise_bn" in row for row in plain)
+    noise = [f"bn/{i}/stat_noise" for i in range(2)]  # the tiny model's two blocks
+    assert all(row[k] > 0 for row in evals for k in noise)
+    assert not any(k.endswith("/stat_noise") for row in plain + [r for r in precise if r not in evals] for k in row)
     for a, b in zip(plain, precise):
-        b = {k: v for k, v in b.items() if k != "eval/accuracy_precise_bn"}
+        b = {k: v for k, v in b.items() if k != "eval/accuracy_precise_bn" and k not in noise}
         a.pop("train/tokens_per_s", None), b.pop("train/tokens_per_s", None)
         assert a == b
+
+
+def group_distance(rows_by_group, population, eps):
+    """The distance of each group's statistics (mean, biased variance) from the population's (mean, unbiased
+    variance), written out: the RMS over features of the mean's offset in population SDs plus the RMS log-ratio."""
+    mu, var = population.mean(0), population.var(0)
+    out = []
+    for rows in rows_by_group:
+        m, v = rows.mean(0), rows.var(0, unbiased=False)
+        out.append(((m - mu) ** 2 / (var + eps)).mean().sqrt() + ((torch.log(v + eps) - torch.log(var + eps)) ** 2)
+                   .mean().sqrt())
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("group_size", [None, 2])
+def test_the_statistics_noise_is_each_forwards_groups_against_the_population_of_the_same_weights(group_size):
+    """After precise BN's forwards every block norm's `stat_noise` is the mean, over the groups of sentences (one
+    group: the batch) of every forward, of the distance of the group's real-token mean and variance from the
+    population's of all the forwards' rows: computed here from the rows each norm saw. The running statistics
+    (lagging, here a few steps old) enter nowhere. PowerNorm and the pooled centring get one too."""
+    torch.manual_seed(0)
+    rows = train_rows()
+    model = warmed_up(tiny_model(bn_group_size=group_size), train_loader(rows))
+    batches = precise_bn_batches(train_loader(rows), 5)
+    norms = model.batch_statistics_norms()
+    blocks = {n: m for n, m in norms.items() if ".layers." in n}
+    groups = {n: [] for n in blocks}
+
+    def record(name, module, args):
+        x, mask = args[0], args[1] if len(args) > 1 else None
+        real = real_token_mask(x, mask).reshape(x.shape[0], -1)  # (B, L)
+        g = group_size or x.shape[0]
+        starts = list(range(0, x.shape[0] - g + 1, g))  # a last run shorter than g joins the group before it
+        for i, s in enumerate(starts):
+            end = starts[i + 1] if i + 1 < len(starts) else x.shape[0]
+            groups[name].append(x[s:end].reshape(-1, module.num_features)[real[s:end].reshape(-1)].double())
+
+    hooks = [m.register_forward_pre_hook(functools.partial(record, name)) for name, m in blocks.items()]
+    assert all(m.stat_noise is None for m in norms.values())
+    with precise_bn(None, model, batches):
+        for h in hooks:
+            h.remove()
+    for name, m in blocks.items():
+        want = group_distance(groups[name], torch.cat(groups[name]), m.eps).mean()
+        assert len(groups[name]) == 5 * (4 // (group_size or 4))
+        assert m.stat_noise == pytest.approx(want.item(), rel=1e-5), name
+    assert all(m.stat_noise > 0 for m in norms.values())  # PowerNorm's and the centring's too
+
+
+def test_the_noise_of_two_sentence_groups_is_about_four_times_the_whole_batchs_for_iid_rows():
+    """Rows drawn independently: a group of 2 of 32 sentences holds 1/16 of the tokens, so sampling theory puts its
+    statistics' distance from the population's at sqrt(16) = 4 times the whole batch's (the mean's offset and the
+    log-variance's spread both shrink as 1/sqrt(tokens))."""
+    from model.norms import MaskedBatchNorm, population_statistics
+
+    torch.manual_seed(0)
+    batches = [torch.randn(32, 10, 16) for _ in range(20)]  # 320 tokens a batch, 20 a group of 2 sentences
+    noise = {}
+    for g in (2, 32):
+        norm = MaskedBatchNorm(16, group_size=g).train()
+        with torch.no_grad(), population_statistics([norm]):
+            for x in batches:
+                norm(x)
+        noise[g] = norm.stat_noise
+    assert noise[2] > noise[32]
+    assert 3.6 < noise[2] / noise[32] < 4.4

@@ -47,6 +47,24 @@ def test_norms_without_running_statistics_have_no_record():
     assert score_runs.running_stat_gap(model, ROWS, batch_size=2, pad_id=0) is None
 
 
+def test_partner_dependence_is_zero_in_one_batch_and_grows_as_the_batches_shrink():
+    """A sentence's logit under batch statistics moves with its partners: in one batch of all 40 sentences every
+    random batching holds the same partners (dependence ~0, float sums in another order), in batches of 2 a
+    sentence's statistics are two sentences' (the largest); in batches of 8 in between. Fewer than 2 batchings
+    measure nothing."""
+    torch.manual_seed(0)
+    config = NormLabConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=32, norm="masked_batchnorm", norm_placement="pre",
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0)
+    model = NormLabForSequenceClassification(config).eval()
+    g = torch.Generator().manual_seed(1)
+    rows = [{"input_ids": torch.randint(1, 50, (int(k),), generator=g).tolist(), "index": i, "labels": 0}
+            for i, k in enumerate(torch.randint(3, 12, (40,), generator=g))]
+    got = {b: score_runs.partner_dependence(model, rows, b, pad_id=0, batchings=6) for b in (40, 8, 2)}
+    assert got[40] < 1e-3 < got[8] < got[2]
+    assert score_runs.partner_dependence(model, rows, 8, pad_id=0, batchings=1) is None
+
+
 def test_the_dev_rows_are_the_last_training_rows_and_must_not_have_been_trained_on(monkeypatch):
     """The study's dev split is train.py's data.dev_rows split: the training split's last rows; runs that trained on
     any of them, or held out other rows, are refused with one line."""
@@ -86,8 +104,8 @@ def test_runs_with_any_batch_statistics_module_get_the_batch_statistics_scorings
     run.write_summary({"status": "completed"})
     run.final.mkdir()
     asked = []
-    monkeypatch.setattr(score_runs, "score_run", lambda path, sets, full_batchings, bs: asked.append(full_batchings)
-                        or ({}, None))
+    monkeypatch.setattr(score_runs, "score_run", lambda path, sets, full_batchings, bs, **kw:
+                        asked.append(full_batchings) or ({}, {}))
     score_runs.record(tmp_path, "r", {"experiment": "e2"}, sets={}, batch_size=8)
     assert asked == [full]
 
@@ -100,6 +118,9 @@ def test_the_records_keep_the_batch_statistics_and_precise_bn_accuracies_of_runs
     assert score_runs.curves([plain])["eval"] == [{"step": 32, "loss": 0.5, "accuracy": 0.75}]
     assert score_runs.curves([precise])["eval"] == [{"step": 32, "loss": 0.5, "accuracy": 0.75,
                                                      "accuracy_batch_stats": 0.74, "accuracy_precise_bn": 0.76}]
+    # a run that logged the statistics noise keeps its mean over blocks beside them (records before it: nothing)
+    noisy = {**precise, "bn/0/stat_noise": 0.2, "bn/1/stat_noise": 0.4}
+    assert score_runs.curves([noisy])["eval"][0]["stat_noise"] == pytest.approx(0.3)
 
 
 def test_a_record_is_kept_only_while_its_run_is_what_was_scored(tmp_path):

@@ -16,7 +16,7 @@ from normlab.paths import REPO_ROOT
 from normlab.study import engine, rules
 from normlab.study.grid import StudyError
 from normlab.study.records import RECORDS
-from normlab.study.report import bound_lines, make_report, provenance_lines
+from normlab.study.report import bound_lines, heading, make_report, provenance_lines, scorecard_lines
 from normlab.study.spec import StudySpec
 
 ARMS = ("ln_pre", "batchnorm", "rmsnorm", "dyt")
@@ -215,16 +215,111 @@ def test_a_bound_is_read_with_or_without_a_space(text, parsed):
         assert rules.parse_bound(text) == parsed
 
 
-@pytest.mark.parametrize("every_run, words", [
-    ('{a: "=> 0.5"}', "every_run: a: '=> 0.5' is not a bound; write OP NUMBER, OP one of >=, <=, >, <"),
-    ('{a: ">= half"}', "every_run: a: '>= half' is not a bound"),
-    ('{c: ">= 0.5"}', "every_run: unknown side 'c'; valid sides: a, b"),
+@pytest.mark.parametrize("extra, words", [
+    ('every_run: {a: "=> 0.5"}', "every_run: a: '=> 0.5' is not a bound; write OP NUMBER, OP one of >=, <=, >, <"),
+    ('every_run: {a: ">= half"}', "every_run: a: '>= half' is not a bound"),
+    ('every_run: {c: ">= 0.5"}', "every_run: unknown side 'c'; valid sides: a, b"),
+    ('ratio: "=> 2"', "ratio: '=> 2' is not a bound; write OP NUMBER"),
+    ("within: 0.01", "within is the margin of a predicted tie: it needs sign 0 and a number > 0; got sign 1, "
+     "within 0.01"),
 ])
-def test_a_bad_bound_is_refused_in_one_line(tmp_path, every_run, words):
-    bad = SPEC + f"  - {{id: B, outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 1, every_run: {every_run}}}\n"
+def test_a_bad_bound_ratio_or_margin_is_refused_in_one_line(tmp_path, extra, words):
+    bad = SPEC + f"  - {{id: B, outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 1, {extra}}}\n"
     with pytest.raises(StudyError) as err:
         StudySpec.load(spec_file(tmp_path, bad))
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+DECLARED = SPEC + """
+  - {id: R1, outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 1, family: R1, ratio: ">= 1.01"}
+  - {id: R2, outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 1, family: R2, ratio: ">= 1.5"}
+  - {id: W1, outcome: accuracy, a: dyt, b: ln_pre, sign: 0, family: W1, within: 0.01}
+  - {id: W2, outcome: accuracy, a: dyt, b: ln_pre, sign: 0, family: W2, within: 0.0005}
+"""
+
+
+def early_dyt(runs):
+    """The synthetic runs with DyT leaving the plateau at step 60, so that its horizon holds."""
+    out = []
+    for r in runs:
+        if r["variant"] == "dyt":
+            steps = r["curves"]["step"]
+            r = {**r, "curves": {**r["curves"], "loss": [math.log(2) if s < 60 else 0.45 for s in steps]}}
+        out.append(r)
+    return out
+
+
+def test_a_declared_ratio_and_a_ties_margin_are_scored_and_printed_in_the_scorecard(tmp_path):
+    """RMSNorm's accuracy is planted 0.02 over LN's (~0.72): the geometric mean over seeds of their ratio, ~1.03,
+    meets ">= 1.01" (R1 held) and not ">= 1.5" (R2 fails although its sign is confirmed). DyT and LN do not
+    separate, with an interval of a few thousandths: within +-0.01 the tie holds (W1); within +-0.0005 it is not
+    shown (W2)."""
+    a = analysed(tmp_path, early_dyt(synthetic_runs()), DECLARED)
+    r = {x.h.id: x for x in a.results}
+    assert r["R1"].verdict == r["R2"].verdict == "confirmed"
+    assert all(1.02 < geo < 1.04 and n == 10 for geo, n, _ in r["R1"].ratios.values())
+    assert [met for _, _, met in r["R1"].ratios.values()] == [True, True] and r["R1"].score == "held"
+    assert [met for _, _, met in r["R2"].ratios.values()] == [False, False]
+    assert r["R2"].score == "**FAILED**: the ratio is not >= 1.5"
+    assert r["W1"].verdict == r["W2"].verdict == "not separated" and r["W1"].horizon[0] is True
+    assert r["W1"].score == "held" and r["W2"].score == "not shown: the interval is wider than +-0.0005"
+    card = "\n".join(scorecard_lines(a))
+    assert "| > 0; a / b >= 1.5 (geometric mean over seeds) |" in card
+    assert "confirmed; ratio best LRs 1.03 (not met), runner-up LRs 1.03 (not met) |" in card
+    assert "| not separated, interval within +-0.01 |" in card
+    with pytest.raises(StudyError, match="ratio divides arm a's outcome by arm b's per seed, so it needs contrast "
+                                         "pair; got group_means"):
+        StudySpec.load(spec_file(tmp_path, SPEC + '  - {id: G, outcome: accuracy, contrast: group_means, a: [dyt], '
+                                 'b: [ln_pre], ratio: ">= 2"}\n'))
+    best_only = analysed(tmp_path, [x for x in synthetic_runs() if x["lr"] == BEST], DECLARED)
+    assert next(x for x in best_only.results if x.h.id == "R1").ratios[1] == (pytest.approx(math.nan, nan_ok=True),
+                                                                               0, None)
+
+
+V7 = {"ln_b32": (32, 0.0, None), "mbn_b32": (32, 0.01, 0.10), "mbn_b32_g8": (32, 0.0, 0.21),
+      "ln_b8": (8, 0.0, None), "mbn_b8": (8, -0.02, 0.19)}  # arm: batch, planted accuracy effect, noise
+
+
+def v7_runs(lr, seed, rng, experiment="runs", arms=V7):
+    runs = []
+    for arm in arms:
+        batch, effect, noise = V7[arm]
+        steps = 832 * 32 // batch
+        r = synthetic_run(arm, lr, seed, steps // 8, 0.76 + effect + 0.01 * lr * 1e3 + rng.normal(0, 0.002),
+                          experiment, steps=steps)
+        r["examples_per_step"] = batch
+        final = r["scores"]["val/sorted/running"]["accuracy"]  # rising by 0.001 every 1,024 examples to the end
+        r["curves"]["eval"] = [{**e, "accuracy": final - 0.001 * (steps - e["step"]) * batch / 1024,
+                                **({"stat_noise": noise * (1 + rng.normal(0, 0.05))} if noise else {})}
+                               for e in r["curves"]["eval"]]  # the BN arms' evaluations carry the noise
+        runs.append(r)
+    return runs
+
+
+def test_the_v7_spec_pairs_every_contrast_at_one_lr_and_reads_the_interaction_across_batch_sizes():
+    """configs/study/v7_batch.yaml on synthetic records (accuracy planted: masked BN -0.02 at batch 8, +0.01 at 32,
+    the ghost arm as pre-LN; the LR adds the same to every arm): every arm's rank 0 is 1e-3 and rank 1 1.78e-3, so
+    both sides of every contrast are runs at one LR; H2 is (mbn_b8 - ln_b8) - (mbn_b32 - ln_b32) = -0.03; the
+    horizon pairs batch 8's evaluations with batch 32's by examples; the noise check reads its ratio; the A/A
+    reads pre-LN at batch 8 on seeds 10-19."""
+    spec = StudySpec.load(REPO_ROOT / "configs" / "study" / "v7_batch.yaml", quiet=True)
+    engine.load_hooks(REPO_ROOT / spec.hooks)
+    rng = np.random.default_rng(0)
+    runs = [r for lr in (1e-3, 1.78e-3) for seed in range(10) for r in v7_runs(lr, seed, rng)]
+    runs += [r for seed in range(10, 20) for r in v7_runs(1e-3, seed, rng, "aa", ["ln_b8"])]
+    a = engine.analyse(engine.Study(runs, {}, spec))
+    for h in spec.hypotheses:
+        for k, lr in enumerate((1e-3, 1.78e-3)):
+            assert {r.lr for arm in spec.arms_of(h) for r in a.study.arm(arm, k)} <= {lr}, (h.id, k)
+    r = {x.h.id: x for x in a.results}
+    assert all(r[h].est[k].mean == pytest.approx(-0.03, abs=0.003) for h in ("H2",) for k in (0, 1))
+    assert r["H1"].verdict == r["H2"].verdict == "confirmed" and r["H2"].horizon == (True, "")
+    assert r["H1"].score == r["H2"].score == "held" and r["H3"].score == "held"
+    assert r["N-b8"].score == "held" and all(1.7 < geo < 2.1 for geo, _, _ in r["N-b8"].ratios.values())
+    assert a.aa["n"] == (10, 10) and a.study.lr("mbn_b32_g1", 1) == 1.78e-3  # the cut-first arm: no runs, no NaN
+    assert r["X-g1"].est[0].n == 0 and "nan" not in "\n".join(scorecard_lines(a)).lower()
+    assert heading(a.study, a.test)[0].startswith("5 arms, each at the LRs the spec fixes (0.001 and 0.00178); "
+                                                  "832-3328 steps; 10 seeds")
 
 
 FACTORIAL = """

@@ -14,12 +14,15 @@ from normlab.study.seedstats import Paired, holm, paired_test, sign_flip_p
 LN2 = math.log(2)
 
 
-def run(exit_step: int, steps: int = 320, final_loss: float = 0.4, evals=None, seed: int = 0) -> RunRecord:
-    """A synthetic record: train loss at ln 2 until `exit_step`, then `final_loss`; evaluations {step: accuracy}."""
+def run(exit_step: int, steps: int = 320, final_loss: float = 0.4, evals=None, seed: int = 0,
+        batch: int | None = None) -> RunRecord:
+    """A synthetic record: train loss at ln 2 until `exit_step`, then `final_loss`; evaluations {step: accuracy};
+    `batch`: its examples per step, where the record says it."""
     loss = [LN2 if s < exit_step else final_loss for s in range(1, steps + 1)]
     return RunRecord.from_dict({"seed": seed, "curves": {"step": list(range(1, steps + 1)), "loss": loss,
                                                          "eval": [{"step": s, "accuracy": a, "loss": 1 - a}
-                                                                  for s, a in (evals or {}).items()]}})
+                                                                  for s, a in (evals or {}).items()]},
+                                **({"examples_per_step": batch} if batch else {})})
 
 
 # --- the floor --------------------------------------------------------------------------------------------------
@@ -144,7 +147,7 @@ def test_an_unflattened_arm_gets_horizon_too_short():
     evals = {288: 0.70, 320: 0.74}
     fast = [run(60, evals={288: 0.75, 320: 0.76}, seed=s) for s in range(5)]
     slow = [run(160 + s, evals=evals, seed=s) for s in range(5)]  # v3's pre-LN: median exit 164 of 320
-    h = rules.horizon({"bn": fast, "ln": slow}, steps=320)
+    h = rules.horizon({"bn": fast, "ln": slow})
     assert h["bn"]["ok"] and not h["ln"]["exit_ok"] and not h["ln"]["ok"]
     # the 20-step mean crosses ln 2 - 0.05 four steps after the drop: the median seed's drop at 162 -> 165
     assert h["ln"]["median_exit"] == 165 > 320 / 3
@@ -158,8 +161,29 @@ def test_a_ranking_that_changes_at_the_last_evaluation_is_not_settled():
     c = [run(50, evals={256: 0.60, 288: 0.61, 320: 0.62})]
     settled = rules.ranking_settled({"a": a, "b": b, "c": c})
     assert settled == {"a": False, "b": False, "c": True}
-    h = rules.horizon({"a": a, "b": b}, steps=320)
+    h = rules.horizon({"a": a, "b": b})
     assert not h["a"]["ok"] and h["a"]["exit_ok"]
+
+
+def test_arms_of_different_batch_sizes_are_held_to_the_same_third_of_the_data():
+    """Two epochs at batch 32 (832 steps) beside the same data at batch 8 (3,328 steps): an exit is early when it
+    is within the first third of the examples, and evaluations pair by the examples seen (step 64 of 32 with step
+    256 of 8), not by the step number."""
+    b32_evals = {s: 0.70 + s / 1e4 for s in range(64, 833, 64)}  # still rising; last two at 768 and 832
+    b8_evals = {4 * s: v + 0.01 for s, v in b32_evals.items()}  # ahead of it at every evaluation
+    b8_evals[3072] -= 0.05  # behind at its second-to-last evaluation only: the ranking moved
+    late = [run(400, steps=832, batch=32, evals=b32_evals, seed=s) for s in range(3)]  # 400 > 832 / 3
+    early = [run(1000, steps=3328, batch=8, evals=b8_evals, seed=s) for s in range(3)]  # 1000 < 3328 / 3
+    h = rules.horizon({"b32": late, "b8": early})
+    assert not h["b32"]["exit_ok"] and h["b8"]["exit_ok"]
+    # each in its own steps, read over 640 examples: 20 steps of 32 cross 3 steps after the drop, 80 of 8 13 after
+    assert h["b32"]["median_exit"] == 403 and h["b8"]["median_exit"] == 1013
+    assert h["b32"]["settled"] is False and h["b8"]["settled"] is False  # at 768 vs 3072 b8 is behind
+    b8_evals[3072] += 0.05
+    early = [run(1000, steps=3328, batch=8, evals=b8_evals, seed=s) for s in range(3)]
+    assert rules.ranking_settled({"b32": late, "b8": early}) == {"b32": True, "b8": True}
+    # records that do not say their batch are read in steps, as before
+    assert rules.horizon({"a": [run(60)], "b": [run(100)]})["b"]["exit_ok"]  # 103 <= 320 / 3
 
 
 # --- the A/A control --------------------------------------------------------------------------------------------

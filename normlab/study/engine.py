@@ -131,6 +131,7 @@ class Result:
     verdict: str = ""
     horizon: tuple = (None, "")  # (ok or None where the rule does not apply, why not)
     bounds: dict = field(default_factory=dict)  # {rank: [(side, bound, lowest, highest, n runs, met)]}: every_run
+    ratios: dict = field(default_factory=dict)  # {rank: (geometric mean of a / b over seeds, seeds, met)}: ratio
     score: str = ""
 
 
@@ -153,11 +154,16 @@ def scored(result: Result) -> str:
         return "no verdict: horizon too short"
     if any(row[-1] is False for rows in result.bounds.values() for row in rows):
         return "**FAILED**: a run outside its declared bound"
+    if any(met is False for _, _, met in result.ratios.values()):
+        return f"**FAILED**: the ratio is not {result.h.ratio}"
     if sign is None:
         return "no prediction"
     if v == rules.DEPENDS:
         return "not shown: depends on the LR"
     if sign == 0:
+        if v == "not separated" and result.h.within is not None and not all(
+                -result.h.within <= e.lo and e.hi <= result.h.within for e in result.est.values()):
+            return f"not shown: the interval is wider than +-{result.h.within:g}"
         return "held" if v == "not separated" else "**FAILED**"
     return {"confirmed": "held", "refuted": "**FAILED**"}.get(v, "not shown")
 
@@ -187,6 +193,7 @@ def test_hypotheses(study: Study, test: str) -> list[Result]:
         r.verdicts = {k: single(r, k, spec.alpha) for k in r.est}
         r.verdict = rules.robust_verdict(r.verdicts)
         r.bounds = {k: bound_rows(study, r.h, k) for k in r.est} if r.h.every_run else {}
+        r.ratios = {k: ratio_row(study, r.h, k) for k in r.est} if r.h.ratio else {}
         if r.h.outcome in AT_END:
             r.horizon = horizon(study, spec.arms_of(r.h), AT_END[r.h.outcome])
             if r.horizon[0] is False:
@@ -208,6 +215,19 @@ def bound_rows(study: Study, h: Hypothesis, rank: int) -> list[tuple]:
     return rows
 
 
+def ratio_row(study: Study, h: Hypothesis, rank: int) -> tuple:
+    """A declared `ratio` at an LR rank: (the geometric mean over the shared seeds of a / b, seeds, met); met is
+    None where no seed has both (a part-trained study), False where a ratio is not positive (it has no log)."""
+    a, b = (study.per_seed(side, rank, h.outcome) for side in (h.a, h.b))
+    ratios = [a[s] / b[s] for s in sorted(set(a) & set(b))]
+    if not ratios:
+        return math.nan, 0, None
+    if not all(r > 0 and math.isfinite(r) for r in ratios):
+        return math.nan, len(ratios), False
+    geo = math.exp(float(np.mean(np.log(ratios))))
+    return geo, len(ratios), rules.bound_met([geo], h.ratio)
+
+
 def horizon(study: Study, arms: list[str], field: str) -> tuple:
     """The horizon rule (rules.horizon) for these arms at every LR rank: (ok, why not)."""
     failed = []
@@ -215,7 +235,7 @@ def horizon(study: Study, arms: list[str], field: str) -> tuple:
         runs = {a: study.arm(a, k) for a in arms}
         if not all(runs.values()):
             return False, f"no runs at the {rules.RANKS[k]} LRs"
-        h = rules.horizon(runs, study.steps([r for v in runs.values() for r in v]), field)
+        h = rules.horizon(runs, field)
         why = (["ranks swapped"] if not all(v["settled"] for v in h.values()) else []) + \
             (["late exit"] if not all(v["exit_ok"] for v in h.values()) else [])
         failed += [f"{w} at the {rules.RANKS[k]} LRs" for w in why]

@@ -116,8 +116,17 @@ def heading(study: engine.Study, test: str) -> list[str]:
     arms = [a for a in spec.arms() if study.arm(a, 0)]
     runs = [r for a in arms for r in study.arm(a, 0)]
     seeds = sorted({r.seed for r in runs})
-    ranks = "its best and its runner-up LR" if spec.ranks() == 2 else "its best LR"
-    return [f"{len(arms)} arms, each at {ranks} on dev; {study.steps(runs)} steps; {len(seeds)} "
+    ranks = "its best and its runner-up LR on dev" if spec.ranks() == 2 else "its best LR on dev"
+    if arms and all(a in spec.pin for a in arms):  # no sweep chose them: the report's "best" is the first pinned LR
+        ranks = "the LRs the spec fixes (" + " and ".join(
+            "/".join(sorted({f"{lr:g}" for a in arms if (lr := study.lr(a, k)) is not None}))
+            for k in range(spec.ranks())) + ")"
+    longest = {}  # per batch size: arms of several batch sizes step differently over the same data
+    for r in runs:
+        longest[r.examples_per_step] = max(longest.get(r.examples_per_step, 0), r.steps)
+    lengths = sorted(set(longest.values())) or [0]
+    steps = "-".join(map(str, dict.fromkeys([lengths[0], lengths[-1]])))
+    return [f"{len(arms)} arms, each at {ranks}; {steps} steps; {len(seeds)} "
             f"seed{'s' * (len(seeds) != 1)} ({', '.join(map(str, seeds))}). Test: {TESTS[test]}; "
             f"alpha {spec.alpha:g}, Holm within each family and LR rank."] if runs else \
         ["No arm has finished runs at a chosen LR yet: nothing to compare."]
@@ -127,8 +136,8 @@ TESTS = {"permutation": "exact paired sign-flip test over seeds", "t": "paired t
 
 
 def scorecard_lines(a: engine.Analysis) -> list[str]:
-    rows = [[r.h.id, r.h.role, r.h.claim or f"{r.h.outcome}: {describe(r.h)}", r.h.predicted, r.verdict,
-             r.score] for r in a.results]
+    rows = [[r.h.id, r.h.role, r.h.claim or f"{r.h.outcome}: {describe(r.h)}", r.h.predicted + declared(r.h),
+             r.verdict + ratio_read(r), r.score] for r in a.results]
     rows += [[c["h"].id, c["h"].role, c["h"].claim, c["h"].predicted, c["verdict"], c["score"]]
              for c in a.correlations]
     if not rows:
@@ -137,6 +146,20 @@ def scorecard_lines(a: engine.Analysis) -> list[str]:
             "smallest p at these seeds, after Holm, is not below alpha, so no result could have been significant; a "
             "predicted \"not separated\" that separated failed).", "",
             *md.table(["id", "role", "prediction", "predicted", "result", "score"], rows)]
+
+
+def declared(h) -> str:
+    """What a prediction declares beyond its sign: a ratio its arms must reach, the margin of a tie."""
+    return (f"; a / b {h.ratio} (geometric mean over seeds)" if h.ratio else "") + \
+        (f", interval within +-{h.within:g}" if h.within is not None else "")
+
+
+def ratio_read(r: engine.Result) -> str:
+    """The declared ratio as read at each LR rank."""
+    if not r.ratios:
+        return ""
+    return "; ratio " + ", ".join(f"{rules.RANKS[k]} LRs " + ("no runs yet" if met is None else f"{geo:.3g} "
+                                  f"({'met' if met else 'not met'})") for k, (geo, _, met) in r.ratios.items())
 
 
 def describe(h) -> str:
@@ -214,7 +237,7 @@ def arm_lines(study: engine.Study) -> list[str]:
     for k in range(study.spec.ranks()):
         arms = {a: study.arm(a, k) for a in study.spec.arms()}
         arms = {a: v for a, v in arms.items() if v}
-        hz = rules.horizon(arms, study.steps([r for v in arms.values() for r in v])) if arms else {}
+        hz = rules.horizon(arms) if arms else {}
         for arm, runs in arms.items():
             outs = [oc.run_outcome(r) for r in runs]
             exit_ = hz[arm]["median_exit"]

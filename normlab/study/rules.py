@@ -212,10 +212,19 @@ def eval_means(runs: list, field: str = "accuracy") -> dict:
     return {s: float(np.mean([p[s] for p in per_run])) for s in sorted(steps)}
 
 
+def examples_per_step(runs: list) -> int:
+    """An arm's training examples per optimizer step (its runs share the batch), the unit that puts arms of
+    different batch sizes on one axis; 1 where the records do not say (every arm is then read in steps, as
+    before records carried it)."""
+    return next((r.examples_per_step for r in runs if r.examples_per_step), 1)
+
+
 def ranking_settled(arms: dict, field: str = "accuracy") -> dict:
     """{arm: its rank among `arms` ({name: runs}) is the same at the last two evaluations they share}. Higher
-    accuracy ranks first (for `loss`, lower)."""
-    means = {a: eval_means(runs, field) for a, runs in arms.items()}
+    accuracy ranks first (for `loss`, lower). Evaluations are matched by the examples trained on, not the step: a
+    run at batch 8 evaluated at step 256 has seen what one at batch 32 has at step 64."""
+    means = {a: {s * examples_per_step(runs): v for s, v in eval_means(runs, field).items()}
+             for a, runs in arms.items()}
     shared = sorted(set.intersection(*(set(m) for m in means.values()))) if means else []
     if len(shared) < 2:
         return {a: False for a in arms}
@@ -229,15 +238,19 @@ def ranking_settled(arms: dict, field: str = "accuracy") -> dict:
     return {a: before[a] == last[a] for a in arms}
 
 
-def horizon(arms: dict, steps: int, field: str = "accuracy") -> dict:
+def horizon(arms: dict, field: str = "accuracy") -> dict:
     """{arm: {median_exit, exit_ok, settled, ok}} for the arms a claim compares: ok = the median plateau exit lies
-    within the first third of the `steps` and the arms' ranking does not change over the last two evaluations.
-    An arm that fails gets HORIZON_TOO_SHORT, not a verdict."""
+    within the first third of the run and the arms' ranking does not change over the last two evaluations. The run's
+    length and each exit are counted in examples (`examples_per_step`), so that an arm at batch 8 (4x the steps) is
+    held to the same third of the data as one at batch 32; median_exit stays the arm's own step. An arm that fails
+    gets HORIZON_TOO_SHORT, not a verdict."""
     settled = ranking_settled(arms, field)
+    span = max((r.steps * examples_per_step(runs) for runs in arms.values() for r in runs), default=0)
     out = {}
     for arm, runs in arms.items():
         m = median_exit(runs)
-        out[arm] = {"median_exit": m, "exit_ok": m <= HORIZON_FRACTION * steps, "settled": settled[arm]}
+        out[arm] = {"median_exit": m, "exit_ok": m * examples_per_step(runs) <= HORIZON_FRACTION * span,
+                    "settled": settled[arm]}
         out[arm]["ok"] = out[arm]["exit_ok"] and out[arm]["settled"]
     return out
 

@@ -30,13 +30,20 @@ from normlab.train.run_summary import tokens_per_s
 BATCHINGS = ("sorted", "shuffled", "fixed")
 SHUFFLE_SEED = 1234  # one order for every model, so their shuffled batches hold the same sentences
 MLM_SEED = 1234  # the masks of every MLM model's scoring: one draw, shared
-SCORE_DEFAULTS = {"dev_rows": 2000, "batch_size": 32}  # a study file's `score` block overrides them
+# a study file's `score` block overrides them; partner_batchings > 0 also measures partner_dependence (that many
+# random batchings of the validation split per batch-statistics run)
+SCORE_DEFAULTS = {"dev_rows": 2000, "batch_size": 32, "partner_batchings": 0}
 BN_EVALS = ("accuracy_batch_stats", "accuracy_precise_bn")  # the records' evaluations keep them with precise BN
 COORDINATES = ("experiment", "variant", "lr", "warmup", "seed")  # a run's place in the study (study.json's entry)
 
 
 def _sig(x, digits=5):
     return None if x is None or not np.isfinite(x) else float(f"{x:.{digits}g}")
+
+
+def block_values(row: dict, name: str) -> list[float]:
+    """The row's per-block `bn/{i}/<name>` values."""
+    return [v for k, v in row.items() if k.startswith("bn/") and k.endswith(f"/{name}")]
 
 
 def curves(metrics: list[dict]) -> dict:
@@ -47,7 +54,7 @@ def curves(metrics: list[dict]) -> dict:
     logit = [[v for k, v in r.items() if k.endswith("/attn_logit_max")] for r in steps]
     if any(logit):
         out["attn_logit_max"] = [_sig(max(v)) if v else None for v in logit]
-    drift = [[v for k, v in r.items() if k.startswith("bn/") and k.endswith("/stat_drift")] for r in steps]
+    drift = [block_values(r, "stat_drift") for r in steps]
     if any(drift):
         out["stat_drift"] = [_sig(float(np.mean(v))) if v else None for v in drift]
     out["eval"] = [{"step": r["step"], "loss": _sig(r["eval/loss"]), "accuracy": _sig(r["eval/accuracy"]),
@@ -55,7 +62,10 @@ def curves(metrics: list[dict]) -> dict:
                        if "dev/loss" in r else {}),  # the dev rows (data.dev_rows), where the run held them out
                     # runs with precise BN (train.precise_bn_batches): its accuracy and the batch statistics' beside
                     # the running statistics' (only these: every earlier record stays byte for byte as it was)
-                    **({k: _sig(r[f"eval/{k}"]) for k in BN_EVALS} if "eval/accuracy_precise_bn" in r else {})}
+                    **({k: _sig(r[f"eval/{k}"]) for k in BN_EVALS} if "eval/accuracy_precise_bn" in r else {}),
+                    # the lag-free noise of the batch statistics, where the run logged it (the mean over blocks)
+                    **({"stat_noise": _sig(float(np.mean(noise)))}
+                       if (noise := block_values(r, "stat_noise")) else {})}
                    for r in metrics if "eval/loss" in r]
     return out
 
@@ -144,8 +154,29 @@ def score_data(cfg, dev_rows: int):
     return dsd
 
 
-def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) -> tuple[dict, dict | None]:
-    """({split/batching/statistics: predict()}, running_stat_gap() on the validation split, if `sets` has it)"""
+@torch.no_grad()
+def partner_dependence(model, rows: list[dict], batch_size: int, pad_id: int, batchings: int) -> float | None:
+    """How much a sentence's prediction depends on the sentences it is batched with, under batch statistics: its
+    logit margin (log p1 - log p0) over `batchings` random batchings of `rows` into batches of `batch_size` (the
+    run's training batch, grouped as in training), the RMS over sentences of its SD across the batchings, divided
+    by the SD across sentences of its mean margin. 0: the partners change nothing; None: too few batchings."""
+    if batchings < 2:
+        return None
+    margins = []
+    for seed in range(batchings):
+        batches = row_batches(rows, batch_size, pad_id, order="shuffled", seed=seed)
+        p = in_row_order(score_batches(None, model, batches, batch_stats=True), ("probabilities",))["probabilities"]
+        p = p.double().clamp_min(1e-30)
+        margins.append(p[:, 1].log() - p[:, 0].log())
+    m = torch.stack(margins)  # (batchings, sentences)
+    return _sig(float(m.var(0).mean().sqrt() / m.mean(0).std()), 4)
+
+
+def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int,
+              partner_batchings: int = 0) -> tuple[dict, dict]:
+    """({split/batching/statistics: predict()}, the record's other measures of the final model: running_stat_gap()
+    on the validation split as `running_stats`, and with `partner_batchings` its `partner_dependence`, where
+    they apply)"""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -167,8 +198,13 @@ def score_run(run_dir: Path, sets: dict, full_batchings: bool, batch_size: int) 
             for how in hows:
                 out[f"{split}/{how}/{mode}"] = predict(model, rows[split], how, batch_size, max_length,
                                                        tokenizer.pad_token_id, batch_stats=mode == "batch")
-    gap = running_stat_gap(model, rows["val"], batch_size, tokenizer.pad_token_id) if "val" in rows else None
-    return out, gap
+    extras = {}
+    if "val" in rows:
+        extras["running_stats"] = running_stat_gap(model, rows["val"], batch_size, tokenizer.pad_token_id)
+        if model.batch_statistics_norms():
+            extras["partner_dependence"] = partner_dependence(model, rows["val"], cfg.train.batch_size,
+                                                              tokenizer.pad_token_id, partner_batchings)
+    return out, {k: v for k, v in extras.items() if v is not None}
 
 
 def score_mlm(run: RunDir, cfg, sets: dict, batch_size: int) -> dict:
@@ -211,7 +247,7 @@ def still_scored(row: dict | None, run: RunDir, needs_dev: bool) -> dict | None:
     return row if has_dev or not needs_dev else None
 
 
-def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> dict:
+def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int, partner_batchings: int = 0) -> dict:
     run = RunDir(StudyDir(study_dir).run(name))
     cfg = run.read_config()  # None: the run never started
     summary = run.read_summary() or {}
@@ -238,9 +274,8 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int) -> di
         # batch statistics anywhere (blocks, final norm, pooled vector), not only the block norm rec["norm"] names
         full = rec["experiment"] == "e3" or NormLabForSequenceClassification.builds_batch_statistics(
             model_config_from(cfg))
-        rec["scores"], gap = score_run(run.path, sets, full, batch_size)
-        if gap is not None:
-            rec["running_stats"] = gap
+        rec["scores"], extras = score_run(run.path, sets, full, batch_size, partner_batchings=partner_batchings)
+        rec.update(extras)
     return rec
 
 
@@ -271,7 +306,7 @@ def main(argv=None) -> int:
             dsd = score_data(cfg, score["dev_rows"])
             sets, documents = score_sets(cfg, score["dev_rows"], dsd), document_rows(cfg, dsd)
         run_sets = sets if needs_dev or sets is None else {k: v for k, v in sets.items() if k != "dev"}
-        rows.append(record(args.study_dir, name, entry, run_sets, score["batch_size"]))
+        rows.append(record(args.study_dir, name, entry, run_sets, score["batch_size"], score["partner_batchings"]))
         print(f"scored {name}: {rows[-1]['status']}", flush=True)
     if kept:
         print(f"kept {kept} records scored before: their runs have not changed since", flush=True)

@@ -43,6 +43,12 @@ class Hypothesis:
     # pair, group_means: {"a" or "b": "OP NUMBER"}, a bound every run of that side must meet at each LR rank
     # (e.g. a manipulation check's "every random-batch run pads >= 55%"); the prediction fails where one does not
     every_run: typing.Optional[typing.Dict[str, str]] = None
+    # pair: "OP NUMBER", a bound the geometric mean over seeds of a / b must meet at each LR rank (a manipulation
+    # check's "noise at batch 8 >= 1.5x batch 32", the outcome positive); the prediction fails where it does not
+    ratio: typing.Optional[str] = None
+    # sign 0: the margin a "not separated" must also be within, its interval inside [-within, +within] at each LR
+    # rank (else the tie is not shown: a wide interval separates nothing)
+    within: typing.Optional[float] = None
 
     @property
     def predicted(self) -> str:
@@ -205,6 +211,7 @@ class StudySpec:
                                  f"{', '.join(sorted(arms))}")
             if h.every_run:
                 check_bounds(h, at)
+            check_declared(h, at)
             if h.outcome == "largest_learning_lr" and h.experiment not in self.grid["experiments"]:
                 raise StudyError(f"{at}: largest_learning_lr needs `experiment`, one of "
                                  f"{', '.join(self.grid['experiments'])}")
@@ -239,3 +246,18 @@ def check_bounds(h: Hypothesis, at: str) -> None:
             rules.parse_bound(bound)
         except ValueError as err:
             raise StudyError(f"{at}: every_run: {side}: {err}") from None
+
+
+def check_declared(h: Hypothesis, at: str) -> None:
+    """`ratio` reads a pair's two arms (a bound, OP NUMBER); `within` is a positive margin of a predicted tie."""
+    if h.ratio is not None:
+        if h.contrast != "pair":
+            raise StudyError(f"{at}: ratio divides arm a's outcome by arm b's per seed, so it needs contrast pair; "
+                             f"got {h.contrast}")
+        try:
+            rules.parse_bound(h.ratio)
+        except ValueError as err:
+            raise StudyError(f"{at}: ratio: {err}") from None
+    if h.within is not None and not (h.sign == 0 and h.within > 0):
+        raise StudyError(f"{at}: within is the margin of a predicted tie: it needs sign 0 and a number > 0; got "
+                         f"sign {h.sign}, within {h.within}")

@@ -20,6 +20,7 @@ DEPTH_CHARTS = {
     "attn_logit_max": "largest attention logit per layer",
     "update_ratio": "update ratio ||dw||/||w|| per layer",
     "stat_drift": "BN batch vs running statistics drift per layer",
+    "stat_noise": "BN batch vs population statistics (same weights) at each evaluation, per layer",
 }
 _PER_LAYER = re.compile(r"^(?:layers|bn)/(\d+)/(\w+)$")
 # Points per line of a depth chart: longer histories are thinned evenly (W&B's own line plots sample too).

@@ -22,6 +22,13 @@ def block_parameters(model) -> list[list[torch.nn.Parameter]]:
     return [[p for p in block.parameters() if p.requires_grad] for block in block_taps(model)]
 
 
+def bn_by_block(model) -> list[list[torch.nn.Module]]:
+    """The batch-statistics norms inside each encoder block, in block order (the final norm and the pooled
+    vector's are in none): what the per-block `bn/{i}/...` metrics average over."""
+    stat_norms = set(model.batch_statistics_norms().values())
+    return [[m for m in block.modules() if m in stat_norms] for block in block_taps(model)]
+
+
 def _per_block_norm(tensors_by_block) -> torch.Tensor:
     """(N,) L2 norm of each block's list of tensors: one _foreach_norm, then a sum of squares per block."""
     flat = [t for group in tensors_by_block for t in group]
@@ -75,8 +82,7 @@ class StabilityProbe:
         self.params = block_parameters(model)
         self.counters = StepCounters(next(model.parameters()).device)
         self.recorder = ForwardRecorder(block_taps(model, "attention_logits"), block_taps(model, "output"))
-        stat_norms = set(model.batch_statistics_norms().values())
-        bn = [[m for m in block.modules() if m in stat_norms] for block in block_taps(model)]
+        bn = bn_by_block(model)
         self.bn_by_block = bn if any(bn) else []
         # The weight snapshot: all block weights in one flat float32 buffer (block after block), allocated at the
         # first snapshot, with one view of it per parameter for the in-place diff.

@@ -50,7 +50,7 @@ from normlab.train.cpu_share import StarvationWatch
 from normlab.train.evaluation import evaluate, precise_bn, precise_bn_batches
 from normlab.train.optim import adamw
 from normlab.train.preflight import RunStart, preflight, run_config
-from normlab.train.probes import StabilityProbe
+from normlab.train.probes import StabilityProbe, bn_by_block
 from normlab.train.progress_bars import bars_on
 from normlab.train.run_summary import best_key, format_summary
 from normlab.train.run_writer import RunWriter, save_model_files
@@ -215,7 +215,7 @@ def run_eval(cfg, accelerator, model, eval_loaders, state, run, precise_batches=
     so that the best checkpoint's eval/accuracy is not picked on the split it reports."""
     acc, st, task, seed = accelerator, state, cfg.task, cfg.seed
     unwrapped = acc.unwrap_model(model)
-    metrics = {}
+    metrics, noise = {}, {}  # the noise is logged, not an evaluation the best checkpoint is chosen by
     for prefix, loader in eval_loaders.items():
         metrics.update(evaluate(acc, model, loader, task, seed, prefix=prefix))
     if unwrapped.batch_statistics_norms():
@@ -225,16 +225,26 @@ def run_eval(cfg, accelerator, model, eval_loaders, state, run, precise_batches=
             with precise_bn(acc, model, precise_batches):
                 metrics["eval/accuracy_precise_bn"] = evaluate(acc, model, eval_loaders["eval"], task,
                                                                seed)["eval/accuracy"]
+            noise = stat_noise(unwrapped)
     key = best_key(metrics)
     if st.best is None or metrics[key] > st.best[key]:
         st.best = {"step": st.step, **metrics}
     st.last_eval = metrics
-    run.log({"step": st.step, "epoch": st.epoch, **metrics})
+    run.log({"step": st.step, "epoch": st.epoch, **metrics, **noise})
     if run.wb is not None:
         with run.wandb_calls():
             wandb_run.log_depth_charts(run.wb, run.writer.path)
     if acc.is_main_process:
         run.progress.write(f"step {st.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+
+
+def stat_noise(model) -> dict:
+    """{bn/{i}/stat_noise: block i's mean over its batch-statistics norms}: how far the statistics that precise BN's
+    training-mode forwards normalized with (each batch's, or each ghost group's) lie from the population statistics
+    of the same weights (model/batch_norms.py `stat_distance`), so without the running statistics' lag that
+    `stat_drift` carries. This process's batches only."""
+    return {f"bn/{i}/stat_noise": sum(m.stat_noise for m in norms) / len(norms)
+            for i, norms in enumerate(bn_by_block(model)) if norms and all(m.stat_noise is not None for m in norms)}
 
 
 def bn_stats_spread(accelerator, model) -> float:
