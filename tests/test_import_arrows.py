@@ -1,6 +1,8 @@
 """Imports point down: the data and write helpers do not import the config (and through it model/ and the
-kernels), and the run config reads the kernel mode names without importing the kernel package."""
+kernels), the run config reads the kernel mode names without importing the kernel package, and no two of
+NormLab's modules import each other, however indirectly."""
 
+import ast
 import json
 import os
 import subprocess
@@ -29,3 +31,35 @@ def test_data_and_writes_import_neither_the_config_nor_the_model_nor_the_kernels
 def test_the_run_config_does_not_import_the_kernels():
     loaded = modules_after("normlab.config.loader")
     assert "model" in loaded and "normlab.kernels" not in loaded  # full module names
+
+
+def _imports(path, name: str, known: set[str]) -> set[str]:
+    """The NormLab modules `path` (module `name`) imports, at its top or inside a function, absolute or relative."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            # `from . import norms` imports the module model.norms; `from .norms import X` the module model.norms
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return (found & known) - {name}
+
+
+def test_no_import_cycle_among_normlab_modules():
+    """A cycle is two rooms that each need the other; an import inside a function hides it from the interpreter,
+    not from this walk over every module of model/ and normlab/."""
+    paths = {".".join(p.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+             for top in ("model", "normlab") for p in (REPO_ROOT / top).rglob("*.py")}
+    edges = {name: _imports(path, name, set(paths)) for name, path in paths.items()}
+    assert edges["normlab.data.documents"] >= {"normlab.data.common"}  # the walk sees imports
+
+    def reaches(start, goal, seen):
+        return any(n == goal or (n not in seen and not seen.add(n) and reaches(n, goal, seen)) for n in edges[start])
+
+    cycles = sorted(name for name in edges if reaches(name, name, set()))
+    assert cycles == [], f"modules on an import cycle: {cycles}"

@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 
-from normlab.data.sources import DataError, cache_dir, column
+from normlab.data.common import DataError, cache_dir, check_text, column
 
 DOCUMENTS_RECIPE = "documents-v1"  # bump when the composition below changes: it is part of the cache key
 SENTENCE_IDS = "sentence_ids"  # each document's sentences, as row numbers of the source's training split
@@ -112,7 +112,6 @@ def compose_documents(dsd, d, source: str):
     the source's own eval split is not used), cached in $NORMLAB_CACHE/documents/<key>/ like the tokenizer."""
     import datasets
 
-    from normlab.data.sources import check_text
     from normlab.files.cache import cached_folder
 
     problem = doc_sizes_problem(d.doc_sizes)

@@ -3,7 +3,8 @@ read) or a Hub tokenizer named by data.tokenizer; the tokenized splits (cached b
 
 import hashlib
 
-from normlab.data.sources import DataError, cache_dir, column, resolve_dataset
+from normlab.data.common import DataError, cache_dir, column
+from normlab.data.sources import resolve_dataset
 from normlab.files.cache import cached_folder, cached_map
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0: the model's default pad_token_id
