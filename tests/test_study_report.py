@@ -271,3 +271,24 @@ def test_freezing_a_finished_study_checks_its_report_regenerates_byte_for_byte(t
     assert report_cli.main([str(out), "--freeze"]) == 2 and "abc1234" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         report_cli.main([str(out), "--freeze", "--out", str(tmp_path / "x")])
+
+
+def test_the_answer_figure_puts_arms_of_different_batch_sizes_on_one_axis_of_examples():
+    """An arm at batch 8 evaluates at 4x the steps of one at 32 over the same data: the accuracy curves are drawn
+    against the examples seen, so both end at the same place; arms of one batch size keep the optimizer step."""
+    from normlab.study import plots
+    from normlab.study.records import RunRecord
+
+    def runs(batch, steps):
+        evals = [{"step": s, "accuracy": 0.5 + s / (10 * steps[-1])} for s in steps]
+        return ([RunRecord(status="completed", scores={"val/sorted/running": {"accuracy": 0.6}},
+                           curves={"eval": evals}, extra={"examples_per_step": batch})],)
+
+    board = {"b32": runs(32, [64, 128]), "b8": runs(8, [256, 512])}
+    right = plots.plot_board(board, "t", plots.arm_colours(list(board))).axes[1]
+    assert {ln.get_label(): list(ln.get_xdata()) for ln in right.get_lines()} == {"b32": [2048, 4096],
+                                                                                 "b8": [2048, 4096]}
+    assert right.get_xlabel() == "training examples seen"
+    same = plots.plot_board({"a": runs(32, [64, 128]), "b": runs(32, [64, 128])}, "t", plots.arm_colours(["a", "b"]))
+    assert [list(ln.get_xdata()) for ln in same.axes[1].get_lines()] == [[64, 128]] * 2
+    assert same.axes[1].get_xlabel() == "optimizer step"

@@ -13,7 +13,7 @@ from matplotlib.transforms import offset_copy
 
 from normlab.files.figures import lr_text
 from normlab.study.grid import selection_arm
-from normlab.study.rules import eval_means
+from normlab.study.rules import eval_means, examples_per_step
 from normlab.study.seedstats import t_interval
 
 
@@ -54,9 +54,13 @@ def plot_board(board: dict, title: str, colours: dict, majority: float | None = 
     """Left: each arm's final validation accuracy at its best LR (filled) and its runner-up LR (hollow), one dot per
     seed, mean and 95% t interval. Right: mean validation accuracy over training at the best LR, every
     evaluation, against `majority`, the accuracy of always answering the most common class, where it is known.
-    `board`: {arm: (runs at the best LR[, runs at the runner-up LR])}."""
+    Where the arms train at different batch sizes the curves are drawn against the examples seen, so that an arm
+    at batch 8 (4x the steps) ends where one at batch 32 does. `board`: {arm: (runs at the best LR[, runs at the
+    runner-up LR])}."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1.2, 1]})
     order = sorted(board, key=lambda a: np.nanmean([r.score() for r in board[a][0]]))
+    per_step = {arm: examples_per_step(board[arm][0]) for arm in board}
+    in_examples = len(set(per_step.values())) > 1
     for i, arm in enumerate(order):
         for offset, runs, face in zip((0.12, -0.12), board[arm], (None, "none")):
             acc = np.array([r.score() for r in runs], dtype=float)
@@ -70,10 +74,11 @@ def plot_board(board: dict, title: str, colours: dict, majority: float | None = 
                 left.errorbar(acc.mean(), i + offset, xerr=(hi - lo) / 2, fmt="ko", ms=4, capsize=3,
                               mfc="k" if face is None else "white")
         curve = eval_means(board[arm][0])
-        right.plot(list(curve), list(curve.values()), color=colours[arm], label=arm)
+        scale = per_step[arm] if in_examples else 1
+        right.plot([s * scale for s in curve], list(curve.values()), color=colours[arm], label=arm)
     left.set_yticks(range(len(order)), order)
     left.set_xlabel("validation accuracy: best LR (filled, upper) and runner-up LR (hollow, lower)")
-    right.set_xlabel("optimizer step")
+    right.set_xlabel("training examples seen" if in_examples else "optimizer step")
     right.set_ylabel("validation accuracy (mean over seeds, best LR)")
     if majority is not None:
         right.axhline(majority, color="grey", ls=":", lw=1, label="always the majority class")
