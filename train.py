@@ -6,7 +6,7 @@
 
 The run itself (setup, the training loop, the end) is normlab/train/run.py, which the installed `normlab-train`
 command runs too: the same main, arguments and exit codes (0 ok, 1 crash, 2 bad input, 3 a refused write). This file
-stays so that the launcher has a script to start and `import train` (the study's warm workers) finds that main.
+is the user's entry point only: a study starts `python -m normlab.train.run` (or calls its main in a warm worker).
 """
 
 import sys

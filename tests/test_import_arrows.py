@@ -63,3 +63,20 @@ def test_no_import_cycle_among_normlab_modules():
 
     cycles = sorted(name for name in edges if reaches(name, name, set()))
     assert cycles == [], f"modules on an import cycle: {cycles}"
+
+
+def test_the_library_does_not_start_its_own_command_lines():
+    """A study's training jobs run the training module (`-m normlab.train.run`), its scoring and report are function
+    calls: no module under normlab/ outside its command lines (normlab/cli/) builds a command of `normlab.cli.*` or
+    of the root train.py, a dependency upward that no import shows. Messages naming a command for a person to type
+    (f-strings) are not commands."""
+    started = []
+    for path in sorted((REPO_ROOT / "normlab").rglob("*.py")):
+        if "cli" in path.relative_to(REPO_ROOT / "normlab").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            parts = node.elts if isinstance(node, (ast.List, ast.Tuple)) else [node.right] if isinstance(
+                node, ast.BinOp) and isinstance(node.op, ast.Div) else []
+            started += [f"{path.name}:{node.lineno} {p.value}" for p in parts if isinstance(p, ast.Constant)
+                        and isinstance(p.value, str) and ("normlab.cli" in p.value or p.value.endswith("train.py"))]
+    assert started == []

@@ -76,7 +76,7 @@ def test_a_run_is_launched_with_its_resolved_config_file(grid, tmp_path):
     engine = study.LocalEngine(parallel=1)
     job = study.study_job(g, run, tmp_path / "st", ["train.batch_size=8", "train.max_steps=6"], ["python"], engine)
     run_dir = RunDir(tmp_path / "st" / "runs" / run.name)
-    assert job.cmd == ["python", str(study.REPO_ROOT / "train.py"), "--config", str(run_dir.config_file)]
+    assert job.cmd == ["python", "-m", "normlab.train.run", "--config", str(run_dir.config_file)]
     cfg = run_dir.read_config()
     assert cfg == load_config("masked_batchnorm", ["model.bn_momentum=0.2", "train.lr=0.01", "seed=1",
                                                    "train.warmup_steps=10", f"output_dir={run_dir.path}",

@@ -107,12 +107,12 @@ def last_checkpoint(run_dir: Path) -> int:
 
 
 def train_process(run_dir: Path):
-    """The train.py process writing run_dir, once the run has saved a checkpoint."""
+    """The training process (python -m normlab.train.run) writing run_dir, once the run has saved a checkpoint."""
     if not last_checkpoint(run_dir):
         return None
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if len(cmd) > 1 and cmd[1].endswith("train.py") and str(run_dir / "config.yaml") in cmd:
+        if cmd[1:3] == ["-m", "normlab.train.run"] and str(run_dir / "config.yaml") in cmd:
             return proc
     return None
 

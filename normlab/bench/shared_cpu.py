@@ -1,6 +1,6 @@
 """Two trainings at once on one CPU: the default run (shortened) alone, then two copies started together, each
 one's training rate over the lone run's. Goal: each within about its fair share, 2.5x at most. The runs are
-separate `python train.py` processes with the thread count train.py chooses itself (docs/performance.md)."""
+separate `python -m normlab.train.run` processes with the thread count train.py chooses itself (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ GOAL = 2.5  # a concurrent run's time per token over the lone run's, at most
 
 
 def train_cmd(out: Path, steps: int, overrides) -> list[str]:
-    return [sys.executable, str(REPO_ROOT / "train.py"), f"output_dir={out}", f"train.max_steps={steps}",
+    return [sys.executable, "-m", "normlab.train.run", f"output_dir={out}", f"train.max_steps={steps}",
             "wandb.mode=disabled", *overrides]
 
 

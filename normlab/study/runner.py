@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import json
 import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -37,7 +36,8 @@ from normlab.study.sharded import run_sharded
 from normlab.study.spec import StudySpec
 from normlab.study.study_dir import SCORED, StudyDir, git_commit, machine, record_invocation
 
-TRAIN = REPO_ROOT / "train.py"
+# a run is the training module itself, as a module: the root train.py is only the user's entry point
+TRAIN = ["-m", "normlab.train.run"]
 
 
 def run_settings(grid, run, study_dir: Path) -> tuple[str | None, dict]:
@@ -148,7 +148,7 @@ def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
         env["OMP_NUM_THREADS"] = str(threads)
         threads = cfg.train.cpu_threads  # the run's own thread count is what a Ray task reserves
     run_dir = write_run_config(cfg)
-    cmd = list(launcher) + [str(TRAIN), "--config", str(run_dir.config_file)]
+    cmd = [*launcher, *TRAIN, "--config", str(run_dir.config_file)]
     return Job(run.name, cmd, run_dir.path, StudyDir(study_dir).log(run.name), run_dir.config_file,
                gpus=engine.gpus_per_run, cpus=threads or 1, env=env)
 
@@ -203,14 +203,16 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
 
 
 def after_training(study_dir: Path, score: bool, report: bool, shards: int = 1) -> None:
-    """The per-run records (scores of every final model) in `shards` processes, then the report: each a process of
-    its own (python -m normlab.cli.<name>). A study file without a `score` block gets neither records nor report
-    (the report reads only the records)."""
+    """The per-run records (scores of every final model) in `shards` processes, then the report. A study file
+    without a `score` block gets neither records nor report (the report reads only the records)."""
     if not score:
         return
-    run_sharded("score_runs", study_dir, SCORED, shards, key=lambda row: row["name"])
+    from normlab.study import report as study_report
+    from normlab.study import scoring
+
+    run_sharded(scoring.main, study_dir, SCORED, shards, key=lambda row: row["name"])
     if report:
-        subprocess.run([sys.executable, "-m", "normlab.cli.report", str(study_dir)], cwd=REPO_ROOT)
+        print(f"wrote {study_report.make_report(study_dir)} and its figures")
 
 
 def study_selection(grid, study_dir: Path) -> dict:
@@ -302,7 +304,7 @@ def dry_run(grid, runs, study_dir: Path, overrides) -> int:
     for run, status in zip(runs, statuses):
         action = f"skip ({status})" if status in FINISHED else "train"
         cfg = flatten_config(run_config(grid, run, study_dir, overrides))
-        command = shlex.join([sys.executable, str(TRAIN), "--config", str(RunDir(cfg["output_dir"]).config_file)])
+        command = shlex.join([sys.executable, *TRAIN, "--config", str(RunDir(cfg["output_dir"]).config_file)])
         settings = " ".join(f"{k}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}"
                             for k, v in cfg.items() if v != default.get(k))
         print(f"{action:18s} {command}    # {settings}")

@@ -52,7 +52,7 @@ def dev_losses(study_dir: Path, names: list[str], score: dict, processes: int = 
     processes changes nothing but the time). The rows pass through STUDY/dev_losses.jsonl, removed once read:
     selection.json keeps the losses."""
     args = ("--runs", ",".join(names), "--dev-rows", str(score["dev_rows"]), "--batch-size", str(score["batch_size"]))
-    run_sharded("dev_losses", study_dir, DEV_LOSSES, processes, key=lambda row: row["name"], args=args)
+    run_sharded(main, study_dir, DEV_LOSSES, processes, key=lambda row: row["name"], args=args)
     path = study_dir / DEV_LOSSES
     rows = read_jsonl(path)
     path.unlink()
