@@ -127,7 +127,6 @@ def test_pad_fractions_match_a_direct_count(bench_json):
 def test_shared_cpu_bench_runs_alone_then_two_together_and_prints_each_ratio(tmp_path):
     """scripts/bench_shared_cpu.py on tiny runs (its numbers mean nothing here): three runs, the printed ratios
     are the lone run's median rate over each concurrent run's, as the JSON records them."""
-    sys.path.insert(0, str(REPO / "tests"))
     from train_utils import TINY, env
 
     tiny = [o for o in TINY if not o.startswith(("wandb.", "train.cpu_threads"))]  # the threads train.py picks

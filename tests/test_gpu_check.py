@@ -181,8 +181,9 @@ def test_prepare_runs_from_a_plain_checkout(tmp_path):
     """NormLab not installed (its editable install here hidden), started from another folder: the data copy and the
     source line still work."""
     e = gpu_image_env.image_env(env(), tmp_path, with_wheels=True)
-    code = (f"import sys, pathlib; sys.path.insert(0, {str(GPU_TOOLS)!r}); import gpu_prepare; "
-            f"print(gpu_prepare.copy_data(pathlib.Path('data')))")
+    path = str(GPU_TOOLS / "gpu_prepare.py")
+    code = (f"import importlib.util as u, pathlib; s = u.spec_from_file_location('p', {path!r}); "
+            "m = u.module_from_spec(s); s.loader.exec_module(m); print(m.copy_data(pathlib.Path('data')))")
     proc = subprocess.run(["python3", "-c", code], cwd=tmp_path, env=e, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert {p.suffix for p in (tmp_path / "data" / "sst2").iterdir()} == {".parquet"}

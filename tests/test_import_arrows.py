@@ -80,3 +80,16 @@ def test_the_library_does_not_start_its_own_command_lines():
             started += [f"{path.name}:{node.lineno} {p.value}" for p in parts if isinstance(p, ast.Constant)
                         and isinstance(p.value, str) and ("normlab.cli" in p.value or p.value.endswith("train.py"))]
     assert started == []
+
+
+def test_no_file_edits_sys_path():
+    """Code is found by installing it (pip install -e .) or by PYTHONPATH, never by a file pushing a folder onto
+    sys.path: such an edit makes an import work here that fails for a user."""
+    edits = []
+    for path in sorted(REPO_ROOT.glob("**/*.py")):
+        if any(part.startswith(".") for part in path.relative_to(REPO_ROOT).parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and ast.unparse(node) in ("sys.path.insert", "sys.path.append"):
+                edits.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
+    assert edits == []

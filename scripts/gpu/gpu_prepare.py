@@ -14,14 +14,15 @@ Source: .gpudata/source.json names the commit, whether the tree differed from it
 device copies (.git does not travel), so the report can say what it checked.
 Both travel with the device call's `carry`, 64 MiB together with the working tree: payload() measures all of it as
 the device copies it, here and in the quick tests, and fails above PAYLOAD_LIMIT_MIB.
-Needs only the standard library and `packaging` (and, for the data, this checkout on sys.path): it runs from a plain
-checkout, without NormLab installed.
+Needs only the standard library and `packaging`: it runs from a plain checkout, without NormLab installed (the data
+lookup runs in a child Python with this checkout on its PYTHONPATH, as gpu_check.sh runs NormLab).
 """
 
 import argparse
 import hashlib
 import importlib.metadata as md
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -140,13 +141,20 @@ def download(pins: dict[str, str], dest: Path) -> list[Path]:
     return sorted(dest.glob("*.whl"))
 
 
-def copy_data(dest: Path) -> Path:
-    """SST-2 from where train.py finds it here (normlab/data/sources.py's lookup) into dest/sst2."""
-    if str(REPO) not in sys.path:  # as gpu_check.sh does: NormLab's packages from this checkout, installed or not
-        sys.path.insert(0, str(REPO))
-    from normlab.data.sources import mirror_candidates
+def sst2_source() -> Path | None:
+    """Where train.py finds SST-2 here (normlab/data/sources.py's lookup), asked of a child Python with this checkout
+    on its PYTHONPATH, so that NormLab need not be installed; None where there is no local copy."""
+    code = ("from normlab.data.sources import mirror_candidates; "
+            "print(next((str(p) for p in mirror_candidates('sst2') if p.is_dir()), ''))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    found = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                           check=True).stdout.strip()
+    return Path(found) if found else None
 
-    src = next((p for p in mirror_candidates("sst2") if p.is_dir()), None)
+
+def copy_data(dest: Path) -> Path:
+    """SST-2 from where train.py finds it here into dest/sst2."""
+    src = sst2_source()
     if src is None:
         raise SystemExit("error: no local copy of SST-2 (../shared/datasets/sst2 or $NORMLAB_DATA_DIR/sst2)")
     target = dest / "sst2"
