@@ -8,3 +8,7 @@ class ConfigError(ValueError):
 
 class RecordsError(ValueError):
     """A study's records that cannot join the committed ones in a folder; the message says why and what to do."""
+
+
+class StudyError(ValueError):
+    """A study that cannot be planned, run or reported as asked; the message says what and what is valid."""

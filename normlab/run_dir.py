@@ -22,6 +22,7 @@ RUN_RECORD = "run.json"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
+FINISHED = ("completed", "diverged")  # a run that ended so is a result: never trained again (failed ones are)
 FINAL = "final"
 WANDB = "wandb"
 MODEL_DIR_CONFIG = "normlab_run.yaml"  # a model directory's copy of the run config (final/, each checkpoint)

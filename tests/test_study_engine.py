@@ -12,9 +12,9 @@ import re
 import numpy as np
 import pytest
 
+from normlab.errors import StudyError
 from normlab.paths import REPO_ROOT
 from normlab.study import engine, rules
-from normlab.study.grid import StudyError
 from normlab.study.records import RECORDS
 from normlab.study.report import bound_lines, heading, make_report, provenance_lines, scorecard_lines
 from normlab.study.spec import StudySpec

@@ -29,9 +29,8 @@ import sys
 from pathlib import Path
 
 from normlab.command import command_parser, error_exit
-from normlab.errors import RecordsError
+from normlab.errors import RecordsError, StudyError
 from normlab.study.freeze import freeze
-from normlab.study.grid import StudyError
 from normlab.study.report import make_report
 from normlab.study.rerun import RERUN, write_rerun
 from normlab.study.study_dir import StudyDir

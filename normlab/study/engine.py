@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from normlab.run_dir import FINISHED
 from normlab.study import outcomes as oc
 from normlab.study import rules
-from normlab.study.grid import FINISHED, selection_key, three_digits
+from normlab.study.grid import selection_key, three_digits
 from normlab.study.measures import AT_END, MEASURES, load_hooks, measure  # noqa: F401  (hook files: measure)
 from normlab.study.records import RunRecord
 from normlab.study.seedstats import Paired, holm

@@ -14,8 +14,9 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from normlab.run_dir import RunDir
-from normlab.study.grid import FINISHED, REPO_ROOT, StudyError
+from normlab.errors import StudyError
+from normlab.paths import REPO_ROOT
+from normlab.run_dir import FINISHED, RunDir
 from normlab.study.worker import WarmRunner
 
 DEFAULT_RETRIES = 2

@@ -8,8 +8,9 @@ study's verdicts. Freezing checks first that this commit regenerates the committ
 import tempfile
 from pathlib import Path
 
+from normlab.errors import StudyError
 from normlab.files.formats import atomic_write_json
-from normlab.study.grid import REPO_ROOT, StudyError
+from normlab.paths import REPO_ROOT
 from normlab.study.report import make_report, refuse_frozen, regenerate_command
 from normlab.study.study_dir import StudyDir, git, git_commit
 

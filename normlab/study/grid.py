@@ -9,17 +9,13 @@ import typing
 from pathlib import Path
 
 from normlab.config.keys import checked
+from normlab.errors import StudyError
 from normlab.files.formats import load_yaml_mapping
 from normlab.paths import REPO_ROOT
 
 STUDY_CONFIG_DIR = REPO_ROOT / "configs" / "study"
 AXES = ("experiment", "variant", "lr", "warmup", "seed")  # what --only can narrow
-FINISHED = ("completed", "diverged")  # a run that ended so is a result: never trained again (failed ones are)
 Overrides = typing.Optional[typing.Dict[str, typing.Any]]  # run config keys (train.max_steps) and their values
-
-
-class StudyError(ValueError):
-    pass
 
 
 # The study file's schema (docs/studies.md); normlab.config.keys.checked reads a mapping into it with one-line errors.

@@ -4,8 +4,8 @@ taken by another function is refused, so two hook files can never silently swap 
 
 import importlib.util
 
+from normlab.errors import StudyError
 from normlab.study import outcomes as oc
-from normlab.study.grid import StudyError
 
 # {outcome: the logged evaluation whose ranking the horizon rule reads}: the outcomes read from the final model,
 # which the horizon rule guards

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from normlab.errors import RecordsError
-from normlab.study.grid import FINISHED
+from normlab.run_dir import FINISHED
 
 RECORDS = "runs.jsonl.gz"  # every run's record, compressed: the curves and predictions of ~500 runs
 # the records' format: 1 names it in every record; a record without it (studies v2-v5's) is version 1

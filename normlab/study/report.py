@@ -10,12 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from normlab.errors import RecordsError
+from normlab.errors import RecordsError, StudyError
 from normlab.files.formats import atomic_write_json
+from normlab.paths import REPO_ROOT
 from normlab.study import engine, rules
 from normlab.study import markdown as md
 from normlab.study import outcomes as oc
-from normlab.study.grid import REPO_ROOT, StudyError, selection_arm
+from normlab.study.grid import selection_arm
 from normlab.study.records import RECORDS, SCHEMA_VERSION, keep_committed, read_records, write_records
 from normlab.study.study_dir import COPIED, META, StudyDir
 

@@ -14,14 +14,13 @@ from collections import Counter
 from pathlib import Path
 
 from normlab.command import error_exit
+from normlab.errors import StudyError
 from normlab.files.formats import atomic_write_json, read_json
-from normlab.run_dir import RunDir, saved_config_raw
+from normlab.paths import REPO_ROOT
+from normlab.run_dir import FINISHED, RunDir, saved_config_raw
 from normlab.study.engines import Job, LocalEngine, make_engine, subprocess_runner
 from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
-    FINISHED,
-    REPO_ROOT,
     RunSpec,
-    StudyError,
     expand,
     load_grid,
     lr_grid,

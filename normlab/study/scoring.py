@@ -17,8 +17,7 @@ from normlab.data.batching import MLM_PROBABILITY, encode_rows, row_batches
 from normlab.data.documents import SENTENCE_IDS
 from normlab.data.sources import DEV_SPLIT, DataError, resolve_dataset
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl, write_jsonl
-from normlab.run_dir import RunDir
-from normlab.study.grid import FINISHED
+from normlab.run_dir import FINISHED, RunDir
 from normlab.study.sharded import add_shard_options
 from normlab.study.study_dir import SCORED, StudyDir
 from normlab.train.evaluation import evaluate, in_row_order, score_batches

@@ -22,7 +22,8 @@ from normlab.data.batching import encode_rows, row_batches
 from normlab.data.sources import resolve_dataset
 from normlab.data.tokenizer import get_tokenizer
 from normlab.files.formats import read_yaml, write_jsonl
-from normlab.study.grid import REPO_ROOT, resolve_preset, selection_key
+from normlab.paths import REPO_ROOT
+from normlab.study.grid import resolve_preset, selection_key
 from normlab.study.selection_file import read_selection
 from normlab.study.study_dir import StudyDir, git_commit, provenance, record_invocation
 from normlab.train.step import model_inputs

@@ -10,9 +10,10 @@ import typing
 from pathlib import Path
 
 from normlab.config.keys import checked, suggest
+from normlab.errors import StudyError
 from normlab.paths import REPO_ROOT
 from normlab.study import rules
-from normlab.study.grid import StudyError, load_grid
+from normlab.study.grid import load_grid
 from normlab.study.measures import BUILT_IN, load_hooks
 
 OUTCOMES = ("exit", "accuracy", "loss", "largest_learning_lr")  # built in; a study's measures add names

@@ -9,9 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from normlab.errors import RecordsError
+from normlab.errors import RecordsError, StudyError
 from normlab.files.formats import atomic_write_json, load_yaml_mapping, read_json, read_jsonl
-from normlab.study.grid import REPO_ROOT, StudyError
+from normlab.paths import REPO_ROOT
 from normlab.study.records import RECORDS, RunRecord, read_records
 from normlab.study.selection_file import read_selection
 

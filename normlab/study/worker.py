@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from unittest import mock
 
-from normlab.study.grid import REPO_ROOT
+from normlab.paths import REPO_ROOT
 
 
 @contextlib.contextmanager
