@@ -1,4 +1,4 @@
-"""scripts/study.py --engine ray (normlab/study/engines.py's RayEngine) on a real local Ray instance with 2 CPUs and
+"""scripts/study.py --engine ray (normlab/study/executors.py's RayEngine) on a real local Ray instance with 2 CPUs and
 real train.py runs of a tiny model on a few hundred SST-2 rows: the study directory it fills has the local engine's
 shape and results, a run whose Ray worker is killed mid-run is retried from its last checkpoint and finishes, a finished
 study run again starts nothing, and a command killed more often than its retries allow fails with the reason."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from normlab.study import engines
+from normlab.study import executors
 from normlab.study import runner as study
 
 pytestmark = pytest.mark.slow  # a study on a local Ray instance
@@ -36,7 +36,7 @@ def write_grid(path: Path, name, variants, steps, save_steps) -> Path:
 @pytest.fixture(scope="module")
 def ray_instance():
     """One local Ray instance for the module (its start-up is the slow part); workers inherit ENV."""
-    ray = pytest.importorskip("ray", reason=f"the Ray engine needs Ray: {engines.RAY_INSTALL}")
+    ray = pytest.importorskip("ray", reason=f"the Ray engine needs Ray: {executors.RAY_INSTALL}")
     with pytest.MonkeyPatch.context() as mp:
         for key, value in ENV.items():
             mp.setenv(key, value)
@@ -124,7 +124,7 @@ def test_a_run_whose_worker_is_killed_is_retried_from_its_last_checkpoint(ray_in
     runs = study.expand(grid)
     (name,) = [r.name for r in runs]
     study_dir, run_dir = tmp_path / "study", tmp_path / "study" / "runs" / name
-    engine = engines.RayEngine(parallel=2, max_retries=1, poll_s=0.2)
+    engine = executors.RayEngine(parallel=2, max_retries=1, poll_s=0.2)
     result = {}
     driver = threading.Thread(target=lambda: result.update(
         study.run_study(grid, grid_file, study_dir, runs, engine=engine, print_fn=lambda *a: None)))
@@ -145,7 +145,7 @@ def test_a_run_whose_worker_is_killed_is_retried_from_its_last_checkpoint(ray_in
     record = json.loads((study_dir / "study.json").read_text())["runs"][name]
     assert record["status"] == "completed" and record["attempts"] == 2
     log = (study_dir / "logs" / f"{name}.log").read_text()
-    assert log.count(engines.ATTEMPT_MARK) == 2
+    assert log.count(executors.ATTEMPT_MARK) == 2
     resumed = [int(s) for s in re.findall(r"resumed from \S+/checkpoints/step_(\d+)", log)]
     assert resumed == [killed_after] and 20 <= killed_after < steps  # the newest checkpoint when it was killed
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -158,13 +158,13 @@ def test_a_killed_train_py_is_retried_and_fails_with_the_reason_once_retries_run
     log.parent.mkdir()
     suicide = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
     ended = []
-    engines.RayEngine(max_retries=1, poll_s=0.2).run_all(
-        [engines.Job("dies", suicide, tmp_path / "runs" / "dies", log)], lambda job: None,
+    executors.RayEngine(max_retries=1, poll_s=0.2).run_all(
+        [executors.Job("dies", suicide, tmp_path / "runs" / "dies", log)], lambda job: None,
         lambda job, outcome: ended.append(outcome))
     (outcome,) = ended
     assert outcome.returncode is None and outcome.attempts == 2  # the first try and one retry
     assert outcome.error.startswith("RunKilled: train.py was killed by signal 9 (attempt 2")
-    assert log.read_text().count(engines.ATTEMPT_MARK) == 2
+    assert log.read_text().count(executors.ATTEMPT_MARK) == 2
 
 
 def test_bad_engine_options_are_one_line_errors(tmp_path, capsys, monkeypatch):
@@ -194,12 +194,12 @@ def test_local_engine_ctrl_c_lets_running_runs_end_and_starts_no_queued_one(tmp_
         time.sleep(1.0)  # train.py saving its checkpoint
         return 0
 
-    jobs = [engines.Job(n, [n], tmp_path / n, tmp_path / f"{n}.log") for n in "abcd"]
+    jobs = [executors.Job(n, [n], tmp_path / n, tmp_path / f"{n}.log") for n in "abcd"]
     ended = []
     # a terminal's Ctrl-C: Python's own handler, whatever an earlier test of this process left installed
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     with pytest.raises(KeyboardInterrupt):
-        engines.LocalEngine(parallel=2, runner=runner).run_all(jobs, lambda job: None,
+        executors.LocalEngine(parallel=2, runner=runner).run_all(jobs, lambda job: None,
                                                                lambda job, outcome: ended.append(job.name))
     assert sorted(began) == ["a", "b"] and sorted(ended) == ["a", "b"]

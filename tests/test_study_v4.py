@@ -132,7 +132,7 @@ def test_signal_rows_and_its_invocation_carry_commit_machine_and_start_time(tmp_
                       + "signal: {variants: {a: {config: configs/pre_ln.yaml}}, seeds: [0], steps: 2, lr: 1.0e-3, "
                       "batch_size: 4, max_length: 16}\n")
     (tmp_path / "st").mkdir()
-    study.Study(tmp_path / "st", study.load_grid(preset), preset, "study.py").record("any", status="completed")
+    study.StudyLedger(tmp_path / "st", study.load_grid(preset), preset, "study.py").record("any", status="completed")
     assert signal.main(["--preset", str(preset), "--out", str(tmp_path / "st" / "signal.jsonl")]) == 0
     (row,) = [json.loads(x) for x in (tmp_path / "st" / "signal.jsonl").read_text().splitlines()]
     assert (row["variant"], row["seed"], row["lr"], len(row["cosine"])) == ("a", 0, 1e-3, 3)
@@ -148,7 +148,7 @@ def test_a_study_built_in_pieces_keeps_every_invocation(tmp_path):
     st.mkdir()
     for seeds in ("0", "1"):
         command = f"python scripts/study.py --only seed={seeds}"
-        study.Study(st, grid, path, command).record(f"a-s{seeds}", status="completed")
+        study.StudyLedger(st, grid, path, command).record(f"a-s{seeds}", status="completed")
         study.record_invocation(st, command, started=0.0)
     data = json.loads((st / "study.json").read_text())
     assert [c["command"] for c in data["invocations"]] == data["commands"] == [
@@ -162,7 +162,7 @@ def test_an_invocation_keeps_the_commit_it_started_at(tmp_path):
     path, st = tmp_path / "two.yaml", tmp_path / "st"
     path.write_text(TWO_LRS)
     st.mkdir()
-    study.Study(st, study.load_grid(path), path, "a").record("a-s0", status="completed")
+    study.StudyLedger(st, study.load_grid(path), path, "a").record("a-s0", status="completed")
     study.record_invocation(st, "started earlier", started=0.0, commit="1234abc")
     study.record_invocation(st, "now", started=0.0)
     calls = json.loads((st / "study.json").read_text())["invocations"]
@@ -181,7 +181,7 @@ def test_signal_rows_take_each_arms_best_lr_and_carry_provenance(tmp_path):
                         "a_mean: {config: configs/pre_ln.yaml, overrides: {model.pooling: mean}, tune: a}}, "
                         "seeds: [0], steps: 2, lr: 1.0e-3, batch_size: 4, max_length: 16}\n")
     (tmp_path / "st").mkdir()
-    study.Study(tmp_path / "st", study.load_grid(preset), preset, "study.py").record("any", status="completed")
+    study.StudyLedger(tmp_path / "st", study.load_grid(preset), preset, "study.py").record("any", status="completed")
     (tmp_path / "sel.json").write_text(json.dumps({"tune/a/wuon": {"lr": 0.00316}}))
     out = tmp_path / "st" / "signal.jsonl"
     assert signal.main(["--preset", str(preset), "--out", str(out), "--selection", str(tmp_path / "sel.json")]) == 0

@@ -8,7 +8,7 @@ import pytest
 
 from normlab.config.loader import load_config
 from normlab.run_dir import RunDir
-from normlab.study.engines import Job, subprocess_runner
+from normlab.study.executors import Job, subprocess_runner
 from normlab.study.worker import WarmRunner
 from train_utils import REPO, TINY, env
 

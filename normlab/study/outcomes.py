@@ -16,7 +16,7 @@ WINDOW_EXAMPLES = 640
 WINDOW = 20  # steps, for a record that does not say its examples per step (every one written before it did)
 
 LEARNED, NEVER_LEARNED, DIVERGED = "learned", "never learned", "diverged"
-OUTCOMES = (LEARNED, NEVER_LEARNED, DIVERGED)
+RUN_OUTCOMES = (LEARNED, NEVER_LEARNED, DIVERGED)
 
 
 def smooth(losses: Sequence[float], window: int = WINDOW) -> np.ndarray:

@@ -245,7 +245,7 @@ def arm_lines(study: engine.Study) -> list[str]:
             rows.append([arm, rules.RANKS[k], f"{study.lr(arm, k):g}", len(runs),
                          md.mean_ci([r.score() for r in runs]), md.mean_ci([r.score("loss") for r in runs]),
                          "never" if not np.isfinite(exit_) else f"{exit_:.0f}",
-                         " / ".join(str(outs.count(o)) for o in oc.OUTCOMES),
+                         " / ".join(str(outs.count(o)) for o in oc.RUN_OUTCOMES),
                          "yes" if hz[arm]["settled"] else "no", "yes" if hz[arm]["ok"] else "**no**"])
     if not rows:
         return []

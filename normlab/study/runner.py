@@ -18,7 +18,7 @@ from normlab.errors import StudyError
 from normlab.files.formats import atomic_write_json, read_json
 from normlab.paths import REPO_ROOT
 from normlab.run_dir import FINISHED, RunDir, saved_config_raw
-from normlab.study.engines import Job, LocalEngine, make_engine, subprocess_runner
+from normlab.study.executors import Job, LocalEngine, make_engine, subprocess_runner
 from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
     RunSpec,
     expand,
@@ -107,7 +107,7 @@ def _tail(path: Path, n=3) -> str:
     return " | ".join(lines[-n:])[-500:]
 
 
-class Study:
+class StudyLedger:
     """study.json, kept current after every run (safe to read while the study runs)."""
 
     def __init__(self, study_dir: Path, grid: dict, grid_file: Path, command: str):
@@ -155,10 +155,10 @@ def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
 def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runner=subprocess_runner,
               parallel=1, gpus=0, print_fn=print, engine=None) -> dict:
     """Train every run not finished yet; returns {run name: status}. Never raises for a run's failure.
-    `engine` (engines.py) runs them; default: LocalEngine(parallel, gpus, runner)."""
+    `engine` (executors.py) runs them; default: LocalEngine(parallel, gpus, runner)."""
     engine = engine or LocalEngine(parallel=parallel, gpus=gpus, runner=runner)
     (study_dir / "logs").mkdir(parents=True, exist_ok=True)
-    study = Study(study_dir, grid, grid_file, command)
+    study = StudyLedger(study_dir, grid, grid_file, command)
     launcher = [sys.executable]
     if engine.gpus_per_run:  # one process per GPU, given its GPU by the engine
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"]

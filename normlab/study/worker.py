@@ -61,7 +61,7 @@ def serve() -> int:
 
 
 class WarmRunner:
-    """A runner for study.engines' LocalEngine, `runner(job, env) -> exit code`: a job with a config file and no
+    """A runner for study.executors' LocalEngine, `runner(job, env) -> exit code`: a job with a config file and no
     GPU goes to a warm worker of the calling thread (one worker per parallel slot), anything else (a launcher such
     as accelerate's) to `fallback`, a fresh process. A worker that dies (killed, out of memory) fails its run like a
     fresh process would, and the next run gets a new one."""
