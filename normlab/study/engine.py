@@ -13,7 +13,7 @@ import numpy as np
 from normlab.run_dir import FINISHED
 from normlab.study import outcomes as oc
 from normlab.study import rules
-from normlab.study.grid import selection_key, three_digits
+from normlab.study.grid import chosen_lr
 from normlab.study.measures import AT_END, MEASURES, load_hooks, measure  # noqa: F401  (hook files: measure)
 from normlab.study.records import RunRecord
 from normlab.study.seedstats import Paired, holm
@@ -39,13 +39,9 @@ class Study:
         if arm in self.spec.pin:
             lrs = self.spec.pin[arm].lrs
             return lrs[rank] if rank < len(lrs) else None
-        for name in self.spec.chosen_lr_experiments(arm):
-            exp = self.spec.grid["experiments"][name]
-            v = exp["variants"][arm]
-            chosen = self.selection.get(selection_key(exp["best_of"], v["tune"], v["warmup"][0]))
-            if chosen and (rank == 0 or "runner_up" in chosen):
-                return three_digits(float(chosen["lr"] if rank == 0 else chosen["runner_up"]) * v["lr_scale"])
-        return None
+        found = (chosen_lr(self.spec.grid, name, arm, self.selection, rank)
+                 for name in self.spec.chosen_lr_experiments(arm))
+        return next((lr for lr in found if lr is not None), None)
 
     def arm(self, arm: str, rank: int) -> list[RunRecord]:
         """The arm's runs at its LR of this rank, one per seed, by seed."""

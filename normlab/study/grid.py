@@ -303,20 +303,31 @@ def run_name(variant, lr, warmup, seed, experiment="") -> str:
     return f"{experiment + '-' if experiment else ''}{variant}-lr{lr:g}-wu{warmup}-s{seed}"
 
 
+def chosen_lr(grid: dict, experiment: str, variant: str, selection: dict, rank: int = 0) -> float | None:
+    """The LR of `rank` (0: the best, 1: the runner-up) that the sweep of a {best_of} experiment chose for the
+    variant (its `tune` variant's choice, times its lr_scale); None until chosen. The one place an arm's LR at a
+    rank is computed: the runs to train (run_lrs) and the analysis (engine.Study.lr) both ask it."""
+    exp = grid["experiments"][experiment]
+    spec = exp["variants"][variant]
+    chosen = selection.get(selection_key(exp["best_of"], spec["tune"], spec["warmup"][0]))
+    if not chosen or (rank == 1 and "runner_up" not in chosen):
+        return None
+    return three_digits(float(chosen["lr"] if rank == 0 else chosen["runner_up"]) * spec["lr_scale"])
+
+
 def run_lrs(grid: dict, experiment: str, variant: str, selection: dict) -> list[float]:
-    """The variant's LRs in this experiment: its grid, or the LR its sweep chose (none until it is chosen)."""
+    """The variant's LRs in this experiment: its grid, or the LRs its sweep chose (none until they are chosen)."""
     exp = grid["experiments"][experiment]
     if exp["best_of"] is None:
         return exp["lr"]
-    spec = exp["variants"][variant]
-    chosen = selection.get(selection_key(exp["best_of"], spec["tune"], spec["warmup"][0]))
-    if not chosen:
+    lrs = [chosen_lr(grid, experiment, variant, selection, rank) for rank in range(exp.get("ranks", 1))]
+    if lrs[0] is None:
         return []
-    if exp.get("ranks", 1) == 2 and "runner_up" not in chosen:
-        raise StudyError(f"experiment {experiment}: needs the runner-up LR of {spec['tune']}, which selection.json "
+    if None in lrs:
+        tune = exp["variants"][variant]["tune"]
+        raise StudyError(f"experiment {experiment}: needs the runner-up LR of {tune}, which selection.json "
                          f"(written by an older choice) does not have; choose again in a fresh study directory")
-    lrs = [chosen["lr"]] + ([chosen["runner_up"]] if exp.get("ranks", 1) == 2 else [])
-    return [three_digits(lr * spec["lr_scale"]) for lr in lrs]
+    return lrs
 
 
 def selection_key(experiment: str, variant: str, warmup: str) -> str:
