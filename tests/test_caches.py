@@ -125,7 +125,8 @@ def load_kernels(extensions) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-@pytest.mark.parametrize("recorded", [True, False], ids=["recorded build", "unrecorded build"])
+@pytest.mark.parametrize("recorded", [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["recorded build", "unrecorded build"])
 def test_a_truncated_kernel_build_is_relinked_with_one_warning(recorded, cpp, tmp_path):
     """What a build killed while linking leaves: loading it would crash the process (SIGBUS)."""
     name = normlab.kernels.cpu.extension_name()

@@ -79,6 +79,7 @@ def test_ranks_need_a_runner_up_and_are_checked(tmp_path):
         study.load_grid(path)
 
 
+@pytest.mark.slow  # trains and scores two tiny masked-LM runs
 def test_mlm_runs_are_scored_on_their_masked_tokens_with_one_fixed_mask(tmp_path):
     from normlab.files.formats import read_jsonl
     from normlab.run_dir import RunDir
