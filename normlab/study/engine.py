@@ -60,9 +60,6 @@ class Study:
         seeds = set.intersection(*(set(t) for t in tables)) if tables else set()
         return {s: float(np.mean([t[s] for t in tables])) for s in sorted(seeds)}
 
-    def steps(self, runs: list[RunRecord]) -> int:
-        return max((r.steps for r in runs), default=0)
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # contrasts: one value per seed

@@ -122,12 +122,7 @@ def heading(study: engine.Study, test: str) -> list[str]:
         ranks = "the LRs the spec fixes (" + " and ".join(
             "/".join(sorted({f"{lr:g}" for a in arms if (lr := study.lr(a, k)) is not None}))
             for k in range(spec.ranks())) + ")"
-    longest = {}  # per batch size: arms of several batch sizes step differently over the same data
-    for r in runs:
-        longest[r.examples_per_step] = max(longest.get(r.examples_per_step, 0), r.steps)
-    lengths = sorted(set(longest.values())) or [0]
-    steps = "-".join(map(str, dict.fromkeys([lengths[0], lengths[-1]])))
-    return [f"{len(arms)} arms, each at {ranks}; {steps} steps; {len(seeds)} "
+    return [f"{len(arms)} arms, each at {ranks}; {steps_text(runs)} steps; {len(seeds)} "
             f"seed{'s' * (len(seeds) != 1)} ({', '.join(map(str, seeds))}). Test: {TESTS[test]}; "
             f"alpha {spec.alpha:g}, Holm within each family and LR rank."] if runs else \
         ["No arm has finished runs at a chosen LR yet: nothing to compare."]
@@ -304,6 +299,16 @@ def started_outside(runs: list, calls: list[dict]) -> int:
 # figures and the W&B run
 
 
+def steps_text(runs: list) -> str:
+    """The runs' length in steps, "832-3328" where arms of several batch sizes step differently over the same
+    data (the longest run of each batch size)."""
+    longest = {}
+    for r in runs:
+        longest[r.examples_per_step] = max(longest.get(r.examples_per_step, 0), r.steps)
+    lengths = sorted(set(longest.values())) or [0]
+    return "-".join(map(str, dict.fromkeys([lengths[0], lengths[-1]])))
+
+
 def draw_figures(study: engine.Study, out: Path) -> list[str]:
     """answer.png (each arm's final accuracy at each rank, and its accuracy over training) and sweep.png (the dev
     loss by LR each arm's choice read), where the records have what they show; stale ones are removed."""
@@ -314,7 +319,7 @@ def draw_figures(study: engine.Study, out: Path) -> list[str]:
     board = {a: runs for a, runs in board.items() if runs[0]}
     colours = plots.arm_colours(study.spec.arms() + [selection_arm(k) for k in sorted(study.selection)])
     drawn = {"answer.png": plots.plot_board(board, f"{study.spec.name}: each arm at its chosen LRs "
-                                                   f"({study.steps([r for v in board.values() for r in v[0]])} steps)",
+                                                   f"({steps_text([r for v in board.values() for r in v[0]])} steps)",
                                             colours, StudyDir(out).majority_share())
              if board else None,
              "sweep.png": plots.plot_sweep(study.selection, f"{study.spec.name}: mean dev loss over the sweep's seeds; "
