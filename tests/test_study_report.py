@@ -187,7 +187,8 @@ def test_head_reads_every_committed_records_folder():
     *((f, "bb37ee6") for f in ("study-v3", "study-v4/quick", "study-v4/long", "study-v4/mlm", "study-v4/p2",
                                "study-v5/factorial")),
     *((f"study-v6/{part}", "836df07") for part in ("ghost", "batch8", "mechanism")),
-    ("study-docs/records", "20ffecf"), ("study-docs-long/records", "c449e59"), ("study-v6/ghost-pn", "7954c61")])
+    ("study-docs/records", "20ffecf"), ("study-docs-long/records", "c449e59"), ("study-v6/ghost-pn", "7954c61"),
+    ("study-v7/records", "8d567d1")])
 def test_a_finished_study_names_the_commit_that_regenerates_its_report_and_head_refuses_it(folder, commit, tmp_path):
     where = folder
     folder = StudyDir(REPO_ROOT / "docs" / folder)
