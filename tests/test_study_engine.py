@@ -131,6 +131,18 @@ def test_a_bad_hypothesis_is_refused_in_one_line_naming_the_key(tmp_path, change
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_grids_outcome_is_refused_where_each_run_needs_its_own_value(tmp_path):
+    """largest_learning_lr is read off an LR grid per seed, not off a run: an A/A control or a rank correlation on it
+    is refused at load in one line, not by a KeyError in the report after the training."""
+    spec = SPEC.replace("aa: {arm: ln_pre}", "aa: {arm: ln_pre, outcome: largest_learning_lr}")
+    with pytest.raises(StudyError, match=r"aa: outcome 'largest_learning_lr' is not one of accuracy, exit, loss \("):
+        StudySpec.load(spec_file(tmp_path, spec))
+    ranked = "  - {id: R, outcome: accuracy, contrast: rank_correlation, arms: [ln_pre, batchnorm, rmsnorm, dyt], " \
+             "against: largest_learning_lr, role: exploratory}\n"
+    with pytest.raises(StudyError, match=r"hypothesis R: against 'largest_learning_lr' is not one of accuracy, exit"):
+        StudySpec.load(spec_file(tmp_path, SPEC + ranked))
+
+
 SPREAD_HOOKS = "hooks: configs/study/hooks/spread.py\n"
 
 

@@ -188,12 +188,13 @@ class StudySpec:
     def check(self, where: str) -> None:
         """Every name a hypothesis uses exists: its arms, factors, outcomes and experiment."""
         arms, outcomes = set(self.arms()) | set(self.cells), set(OUTCOMES) | set(self.measures)
+        per_run = outcomes - {"largest_learning_lr"}  # a grid's, not a run's: no A/A or rank correlation reads it
         factors = {f for levels in self.cells.values() for f in levels}
         for h in self.hypotheses:
             at = f"{where}: hypothesis {h.id}"
-            for key in ("outcome", "against"):
-                if getattr(h, key) is not None and getattr(h, key) not in outcomes:
-                    raise StudyError(f"{at}: {bad_outcome(key, getattr(h, key), outcomes)}")
+            for key, valid in (("outcome", outcomes), ("against", per_run)):
+                if getattr(h, key) is not None and getattr(h, key) not in valid:
+                    raise StudyError(f"{at}: {bad_outcome(key, getattr(h, key), valid)}")
             need = {"pair": ("a", "b"), "group_means": ("a", "b"), "main_effect": ("factors",),
                     "interaction": ("factors",), "rank_correlation": ("arms", "against")}[h.contrast]
             missing = [k for k in need if not getattr(h, k)]
@@ -217,8 +218,8 @@ class StudySpec:
                 raise StudyError(f"{at}: largest_learning_lr needs `experiment`, one of "
                                  f"{', '.join(self.grid['experiments'])}")
         if self.aa:
-            if self.aa.outcome not in outcomes:
-                raise StudyError(f"{where}: aa: {bad_outcome('outcome', self.aa.outcome, outcomes)}")
+            if self.aa.outcome not in per_run:
+                raise StudyError(f"{where}: aa: {bad_outcome('outcome', self.aa.outcome, per_run)}")
             exp = self.grid["experiments"].get(self.aa.experiment)
             if exp is None or (self.aa.copy or self.aa.arm) not in exp["variants"]:
                 raise StudyError(f"{where}: aa: experiment {self.aa.experiment!r} must be one of "
