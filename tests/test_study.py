@@ -3,6 +3,7 @@ with a fake runner (no training here; tests/test_study_smoke.py trains a tiny st
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -415,3 +416,18 @@ def test_the_sharded_commands_read_shard_as_k_of_n(text, words, capsys):
         parser.parse_args(["--shard", text])
     (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
     assert line.startswith("score_runs.py: error: argument --shard: ") and words in line
+
+
+@pytest.mark.parametrize("typed, recorded", [
+    (["python", "scripts/study.py", "--preset", "smoke"], "python scripts/study.py --preset smoke"),
+    (["python", "-m", "normlab.cli.study", "--preset", "smoke"], "python -m normlab.cli.study --preset smoke"),
+    (["/venv/bin/python", "/venv/bin/normlab-study", "--preset", "smoke"], "normlab-study --preset smoke"),
+])
+def test_the_invocation_is_recorded_as_it_was_typed(monkeypatch, typed, recorded):
+    """study.json and meta.json keep the command a person can run again: the one they typed, not always the
+    script's (a study started with `python -m normlab.cli.study` was recorded as `python scripts/study.py`)."""
+    from normlab.study import runner
+
+    monkeypatch.setattr(sys, "orig_argv", typed)
+    assert runner.typed_command() == recorded
+    assert runner.typed_command(["--preset", "smoke"]) == "python scripts/study.py --preset smoke"

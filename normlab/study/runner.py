@@ -339,9 +339,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def typed_command(argv=None) -> str:
+    """The command as it was typed, for study.json and meta.json: `python scripts/study.py ...`, `python -m
+    normlab.cli.study ...` or `normlab-study ...` (sys.orig_argv: the interpreter's own command line); a call with
+    `argv` (a test, another program) is written as the script's."""
+    if argv is not None:
+        return shlex.join(["python", "scripts/study.py", *argv])
+    typed = sys.orig_argv[1:]
+    if typed and Path(typed[0]).name == "normlab-study":
+        return shlex.join(["normlab-study", *typed[1:]])
+    return shlex.join(["python", *typed])
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    command = shlex.join(["python", "scripts/study.py", *(argv if argv is not None else sys.argv[1:])])
+    command = typed_command(argv)
     try:
         bad = [o for o in args.overrides if "=" not in o]
         if bad:
