@@ -431,3 +431,20 @@ def test_the_invocation_is_recorded_as_it_was_typed(monkeypatch, typed, recorded
     monkeypatch.setattr(sys, "orig_argv", typed)
     assert runner.typed_command() == recorded
     assert runner.typed_command(["--preset", "smoke"]) == "python scripts/study.py --preset smoke"
+
+
+def test_a_report_that_cannot_be_written_after_training_is_one_line_and_the_records_stay(tmp_path, monkeypatch, capsys):
+    """The report is a function call after scoring: its refusal (here the records cannot join a folder) is said in
+    report.py's one line, as when it ran as its own command, and what scoring wrote is left in place."""
+    from normlab.errors import RecordsError
+    from normlab.study import report
+
+    monkeypatch.setattr(study, "run_sharded", lambda *args, **kwargs: (tmp_path / "runs.jsonl").write_text("{}\n"))
+
+    def refuse(folder):
+        raise RecordsError(f"{folder}: run a measured\nsomething else")
+
+    monkeypatch.setattr(report, "make_report", refuse)
+    study.after_training(tmp_path, score=True, report=True)
+    assert capsys.readouterr().err == f"report.py: error: {tmp_path}: run a measured something else\n"
+    assert (tmp_path / "runs.jsonl").read_text() == "{}\n"

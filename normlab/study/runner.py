@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from normlab.command import error_exit
-from normlab.errors import StudyError
+from normlab.errors import RecordsError, StudyError
 from normlab.files.formats import atomic_write_json, read_json
 from normlab.paths import REPO_ROOT
 from normlab.run_dir import FINISHED, RunDir, saved_config_raw
@@ -210,8 +210,12 @@ def after_training(study_dir: Path, score: bool, report: bool, shards: int = 1) 
     from normlab.study import scoring
 
     run_sharded(scoring.main, study_dir, SCORED, shards, key=lambda row: row["name"])
-    if report:
+    if not report:
+        return
+    try:
         print(f"wrote {study_report.make_report(study_dir)} and its figures")
+    except (FileNotFoundError, RecordsError, StudyError) as err:  # one line, as report.py says it; records stay
+        error_exit("report.py", err)
 
 
 def study_selection(grid, study_dir: Path) -> dict:

@@ -13,7 +13,7 @@ from normlab.files.formats import atomic_write_text
 
 
 class ShardFailed(RuntimeError):
-    """A shard's `main` returned non-zero or raised."""
+    """A shard's `main` returned non-zero (an exception it raises reaches the caller as itself)."""
 
 
 def run_sharded(main, study_dir: Path, out: str, shards: int, key, args: tuple = ()) -> None:
