@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from normlab.study import runner as study
+from normlab.study.plan import lr_grid
 
 GRID = """
 name: tiny
@@ -26,20 +27,20 @@ seeds: [0, 1]
 def grid(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(GRID)
-    return path, study.load_grid(path)
+    return path, study.StudySpec.load(path)
 
 
 def test_lr_grid_is_log_spaced_and_lists_pass_through():
-    assert study.lr_grid({"min": 1e-4, "max": 1e-2, "num": 3}) == [1e-4, 1e-3, 1e-2]
-    assert study.lr_grid({"min": 1e-3, "max": 1e-2, "num": 3}) == [1e-3, 0.00316, 1e-2]
-    assert study.lr_grid([3e-4, 1e-3]) == [3e-4, 1e-3]
+    assert lr_grid({"min": 1e-4, "max": 1e-2, "num": 3}) == [1e-4, 1e-3, 1e-2]
+    assert lr_grid({"min": 1e-3, "max": 1e-2, "num": 3}) == [1e-3, 0.00316, 1e-2]
+    assert lr_grid([3e-4, 1e-3]) == [3e-4, 1e-3]
     with pytest.raises(study.StudyError):
-        study.lr_grid({"min": 1e-2, "max": 1e-4, "num": 3})
+        lr_grid({"min": 1e-2, "max": 1e-4, "num": 3})
 
 
 def test_grid_expansion_respects_per_variant_warmup(grid):
     _, g = grid
-    runs = study.expand(g)
+    runs = g.plan.runs()
     # post_ln: 3 lr x 2 warmup x 2 seeds; masked_batchnorm: 3 lr x warmup on only x 2 seeds
     assert len(runs) == 12 + 6
     assert len({r.name for r in runs}) == len(runs)
@@ -49,7 +50,7 @@ def test_grid_expansion_respects_per_variant_warmup(grid):
 
 def test_narrowing_from_the_command_line(grid):
     _, g = grid
-    runs = study.expand(g)
+    runs = g.plan.runs()
     only = study.parse_only(["variant=post_ln,seed=0", "lr=1e-3,0.01"])
     assert only == {"variant": {"post_ln"}, "seed": {"0"}, "lr": {"1e-3", "0.01"}}
     picked = study.narrow(runs, only)
@@ -73,9 +74,9 @@ def test_a_run_is_launched_with_its_resolved_config_file(grid, tmp_path):
     from normlab.run_dir import RunDir
 
     _, g = grid
-    run = next(r for r in study.expand(g) if r.name == "masked_batchnorm-lr0.01-wuon-s1")
+    run = next(r for r in g.plan.runs() if r.name == "masked_batchnorm-lr0.01-wuon-s1")
     engine = study.LocalEngine(parallel=1)
-    job = study.study_job(g, run, tmp_path / "st", ["train.batch_size=8", "train.max_steps=6"], ["python"], engine)
+    job = study.study_job(g.plan, run, tmp_path / "st", ["train.batch_size=8", "train.max_steps=6"], ["python"], engine)
     run_dir = RunDir(tmp_path / "st" / "runs" / run.name)
     assert job.cmd == ["python", "-m", "normlab.train.run", "--config", str(run_dir.config_file)]
     cfg = run_dir.read_config()
@@ -109,7 +110,7 @@ class FakeRunner:
 
 def test_failed_runs_are_recorded_and_reruns_skip_finished_ones(grid, tmp_path):
     grid_file, g = grid
-    runs = study.narrow(study.expand(g), study.parse_only(["variant=post_ln,warmup=on,seed=0"]))
+    runs = study.narrow(g.plan.runs(), study.parse_only(["variant=post_ln,warmup=on,seed=0"]))
     assert [r.name for r in runs] == [f"post_ln-lr{lr}-wuon-s0" for lr in ("0.0001", "0.001", "0.01")]
     study_dir = tmp_path / "st"
 
@@ -117,7 +118,7 @@ def test_failed_runs_are_recorded_and_reruns_skip_finished_ones(grid, tmp_path):
         return {"0.0001": "completed", "0.001": "crash", "0.01": "diverged"}[name.split("-lr")[1].split("-")[0]]
 
     runner = FakeRunner(first_outcome)
-    statuses = study.run_study(g, grid_file, study_dir, runs, runner=runner, print_fn=lambda *a: None)
+    statuses = study.run_study(g, study_dir, runs, runner=runner, print_fn=lambda *a: None)
     assert runner.calls == [r.name for r in runs]  # the crash did not stop the study
     assert statuses == {"post_ln-lr0.0001-wuon-s0": "completed", "post_ln-lr0.001-wuon-s0": "failed",
                         "post_ln-lr0.01-wuon-s0": "diverged"}
@@ -125,21 +126,23 @@ def test_failed_runs_are_recorded_and_reruns_skip_finished_ones(grid, tmp_path):
     failed = record["runs"]["post_ln-lr0.001-wuon-s0"]
     assert failed["status"] == "failed" and failed["returncode"] == 1 and "RuntimeError: boom" in failed["error"]
     assert record["runs"]["post_ln-lr0.01-wuon-s0"]["status"] == "diverged"
-    assert record["name"] == "tiny" and record["common_overrides"] == g["overrides"]
+    assert record["name"] == "tiny" and record["grid_file"] == str(grid_file)
+    # the plan is held once, in the spec snapshot beside study.json, not copied into it
+    assert (study_dir / "spec.yaml").read_text() == GRID and not {"experiments", "score"} & set(record)
 
     # the same command again: only the failed run is trained; this time it cannot even start
     runner = FakeRunner(lambda name: "raise")
-    statuses = study.run_study(g, grid_file, study_dir, runs, runner=runner, print_fn=lambda *a: None)
+    statuses = study.run_study(g, study_dir, runs, runner=runner, print_fn=lambda *a: None)
     assert runner.calls == ["post_ln-lr0.001-wuon-s0"]
     record = json.loads((study_dir / "study.json").read_text())
     assert record["runs"]["post_ln-lr0.001-wuon-s0"]["error"] == "OSError: cannot start"
     assert statuses["post_ln-lr0.0001-wuon-s0"] == "completed"
 
     # and once it succeeds, nothing is left to do
-    study.run_study(g, grid_file, study_dir, runs, runner=FakeRunner(lambda name: "completed"),
+    study.run_study(g, study_dir, runs, runner=FakeRunner(lambda name: "completed"),
                     print_fn=lambda *a: None)
     runner = FakeRunner(lambda name: "completed")
-    study.run_study(g, grid_file, study_dir, runs, runner=runner, print_fn=lambda *a: None)
+    study.run_study(g, study_dir, runs, runner=runner, print_fn=lambda *a: None)
     assert runner.calls == []
     record = json.loads((study_dir / "study.json").read_text())
     assert {r["status"] for r in record["runs"].values()} == {"completed", "diverged"}
@@ -152,7 +155,7 @@ def test_several_gpus_run_one_run_per_gpu_at_a_time(grid, tmp_path, monkeypatch)
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     grid_file, g = grid
-    runs = study.expand(g)[:6]
+    runs = g.plan.runs()[:6]
     busy, seen, lock = set(), [], threading.Lock()
 
     def runner(job, env):
@@ -167,7 +170,7 @@ def test_several_gpus_run_one_run_per_gpu_at_a_time(grid, tmp_path, monkeypatch)
         (job.run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
         return 0
 
-    statuses = study.run_study(g, grid_file, tmp_path / "st", runs, runner=runner, parallel=2, gpus=2,
+    statuses = study.run_study(g, tmp_path / "st", runs, runner=runner, parallel=2, gpus=2,
                                print_fn=lambda *a: None)
     assert set(statuses.values()) == {"completed"} and len(statuses) == 6
     assert sorted(set(seen)) == ["0", "1"] and len(seen) == 6
@@ -188,7 +191,7 @@ def test_parallel_cpu_runs_split_the_cores(grid, tmp_path, monkeypatch):
         (job.run_dir / "summary.json").write_text(json.dumps({"status": "completed"}))
         return 0
 
-    study.run_study(g, grid_file, tmp_path / "st", study.expand(g)[:2], runner=runner, parallel=2, gpus=0,
+    study.run_study(g, tmp_path / "st", g.plan.runs()[:2], runner=runner, parallel=2, gpus=0,
                     print_fn=lambda *a: None)
     assert seen == [(4, "4")] * 2
 
@@ -215,21 +218,21 @@ def test_presets_hold_the_designed_experiments(preset):
     """What docs/study-v3/predictions.md promises: every arm swept over >= 4 LRs and >= 1.5 decades, then run at
     its own chosen LR on >= 10 fresh seeds (the primary hypotheses); the A/A arm at LN's LR; placement on a
     quarter-decade grid with warmup on and off and >= 10 seeds; one epoch without repeated rows."""
-    g = study.load_grid(study.resolve_preset(preset))
-    common = g["overrides"]
-    tune, board, aa, placement = (g["experiments"][k] for k in ("tune", "leaderboard", "aa", "placement"))
-    assert len(tune["lr"]) >= 4 and math.log10(max(tune["lr"]) / min(tune["lr"])) >= 1.5 - 1e-3
+    g = study.StudySpec.load(study.resolve_preset(preset))
+    common = g.plan.overrides
+    tune, board, aa, placement = (g.plan.experiments[k] for k in ("tune", "leaderboard", "aa", "placement"))
+    assert len(tune.lr) >= 4 and math.log10(max(tune.lr) / min(tune.lr)) >= 1.5 - 1e-3
     norms = {"ln_pre", "ln_post", "custom_ln", "rmsnorm", "dyt", "batchnorm", "masked_batchnorm", "powernorm",
              "no_norm"}
-    assert set(tune["variants"]) == set(board["variants"]) == norms
-    assert board["best_of"] == aa["best_of"] == "tune" and len(board["seeds"]) >= 10
-    assert not set(board["seeds"]) & set(tune["seeds"])  # chosen on some seeds, reported on others
-    assert aa["variants"]["custom_ln_aa"]["tune"] == "ln_pre" and aa["seeds"] == board["seeds"]
-    assert set(placement["warmup"]) == {"on", "off"} and placement["warmup"]["off"] == 0
-    assert placement["warmup"]["on"] >= 1 / (1 - float(common["train.adam_beta2"])) and len(placement["seeds"]) >= 10
-    steps = placement["lr"]
+    assert set(tune.variants) == set(board.variants) == norms
+    assert board.best_of == aa.best_of == "tune" and len(board.seeds) >= 10
+    assert not set(board.seeds) & set(tune.seeds)  # chosen on some seeds, reported on others
+    assert aa.variants["custom_ln_aa"].tune == "ln_pre" and aa.seeds == board.seeds
+    assert set(placement.warmup) == {"on", "off"} and placement.warmup["off"] == 0
+    assert placement.warmup["on"] >= 1 / (1 - float(common["train.adam_beta2"])) and len(placement.seeds) >= 10
+    steps = placement.lr
     assert all(0.2 < math.log10(b / a) < 0.3 for a, b in zip(steps, steps[1:]))  # quarter decades
-    assert common["train.epochs"] == 1 and "train.max_steps" not in common and g["share_runs"]
+    assert common["train.epochs"] == 1 and "train.max_steps" not in common and g.plan.share_runs
 
 
 STAGED = """
@@ -259,12 +262,12 @@ score: {dev_rows: 10}
 def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, monkeypatch):
     path = tmp_path / "staged.yaml"
     path.write_text(STAGED)
-    g = study.load_grid(path)
-    first = study.expand(g)
+    g = study.StudySpec.load(path)
+    first = g.plan.runs()
     assert {r.name for r in first} == {"a-lr0.001-wuon-s100", "a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100",
                                           "b-lr0.01-wuon-s100", "a-lr0.01-wuon-s0"}
     chosen = {"sweep/a/wuon": {"lr": 0.01}, "sweep/b/wuon": {"lr": 0.001}}
-    runs = {r.name: r for r in study.expand(g, chosen)}
+    runs = {r.name: r for r in g.plan.runs(chosen)}
     assert runs["a-lr0.01-wuon-s0"].experiments == ["final", "fixed"]  # trained once, used by both
     assert "a_half-lr0.005-wuon-s1" in runs and "b-lr0.001-wuon-s1" in runs and len(runs) == 4 + 5
     assert "a_half-lr0.005-wuon-s0" not in runs  # a variant's own seeds replace the experiment's
@@ -277,7 +280,7 @@ def test_chosen_lr_experiments_wait_for_their_sweep_and_share_runs(tmp_path, mon
     monkeypatch.setattr("normlab.study.selection.dev_losses", lambda study_dir, names, score, processes: {
         n: 0.3 if n in ("a-lr0.01-wuon-s100", "b-lr0.001-wuon-s100") else 0.6 for n in names})
     engine = study.LocalEngine(runner=fake_runner)
-    study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", engine)
+    study.run_stages(g, tmp_path / "st", {}, [], "cmd", engine)
     sel = json.loads((tmp_path / "st" / "selection.json").read_text())
     assert sel["sweep/a/wuon"]["lr"] == 0.01 and sel["sweep/b/wuon"]["lr"] == 0.001
     assert [(r["lr"], r["dev_loss"]) for r in sel["sweep/a/wuon"]["by_lr"]] == [(0.001, 0.6), (0.01, 0.3)]
@@ -319,37 +322,37 @@ def test_bad_staged_grids_are_refused_in_one_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(STAGED.replace("lr: {best_of: sweep}", "lr: {best_of: swep}"))
     with pytest.raises(study.StudyError, match="best_of 'swep' is not a swept experiment; choose one of sweep, fixed"):
-        study.load_grid(path)
+        study.StudySpec.load(path)
     path.write_text(STAGED.replace("tune: a,", "tune: c,"))
     with pytest.raises(study.StudyError, match="tuned as 'c', which sweep does not train"):
-        study.load_grid(path)
+        study.StudySpec.load(path)
     path.write_text(STAGED.replace("fixed:\n    variants: {a: {config: pre_ln}}",
                                    "fixed:\n    variants: {a: {config: dyt}}"))
     with pytest.raises(study.StudyError, match=r"share_runs: variant a .* configured differently in experiments "
                                                r"final and fixed, which share seeds \[0\]"):
-        study.load_grid(path)
+        study.StudySpec.load(path)
     path.write_text(STAGED.replace("    seeds: [0]\n", "    seeds: [7]\n").replace(
         "fixed:\n    variants: {a: {config: pre_ln}}", "fixed:\n    variants: {a: {config: dyt}}"))
-    assert study.load_grid(path)["experiments"]["fixed"]["seeds"] == [7]  # no seed in common: never one run
+    assert study.StudySpec.load(path).plan.experiments["fixed"].seeds == [7]  # no seed in common: never one run
 
 
 def test_experiments_prefix_run_names_and_narrow_by_experiment(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text(EXPERIMENTS)
-    g = study.load_grid(path)
-    runs = study.expand(g)
+    g = study.StudySpec.load(path)
+    runs = g.plan.runs()
     assert {r.name for r in runs} == {"a-post_ln-lr0.001-wuoff-s0", "a-post_ln-lr0.01-wuoff-s0",
                                          "b-batchnorm-lr0.001-wuon-s0", "b-batchnorm-lr0.001-wuon-s1"}
     picked = study.narrow(runs, study.parse_only(["experiment=b"]))
     assert {r.experiment for r in picked} == {"b"} and len(picked) == 2
     run = next(r for r in runs if r.experiment == "b")
-    config, settings = study.run_settings(g, run, tmp_path / "st")
+    config, settings = study.run_settings(g.plan, run, tmp_path / "st")
     # study overrides, then the experiment's, then the variant's: the later one wins
     assert config == "configs/batchnorm.yaml" and list(settings)[:3] == [
         "train.max_steps", "data.group_by_length", "model.bn_momentum"]
     assert settings["train.warmup_steps"] == 7 and settings["wandb.tags"] == ["exp", "b", "batchnorm", "warmup-on",
                                                                              "batchnorm"]
-    cfg = study.run_config(g, run, tmp_path / "st")
+    cfg = study.run_config(g.plan, run, tmp_path / "st")
     assert (cfg.train.max_steps, cfg.data.group_by_length, cfg.model.bn_momentum) == (5, True, 0.2)
 
 
@@ -381,7 +384,7 @@ def test_a_bad_study_file_is_refused_in_one_line_naming_the_key(tmp_path, change
     path = tmp_path / "bad.yaml"
     path.write_text(GRID.replace(*change))
     with pytest.raises(study.StudyError) as err:
-        study.load_grid(path)
+        study.StudySpec.load(path)
     assert "\n" not in str(err.value) and str(path) in str(err.value)
     for word in words:
         assert word in str(err.value), (word, str(err.value))
@@ -389,13 +392,13 @@ def test_a_bad_study_file_is_refused_in_one_line_naming_the_key(tmp_path, change
 
 def test_a_run_directory_left_with_other_settings_is_refused_not_overwritten(grid, tmp_path):
     _, g = grid
-    run = study.expand(g)[0]
+    run = g.plan.runs()[0]
     engine = study.LocalEngine(parallel=1)
-    job = study.study_job(g, run, tmp_path / "st", [], ["python"], engine)
+    job = study.study_job(g.plan, run, tmp_path / "st", [], ["python"], engine)
     config = out_dir(job.cmd) / "config.yaml"
-    study.study_job(g, run, tmp_path / "st", ["train.eval_steps=3"], ["python"], engine)  # a resume may change it
+    study.study_job(g.plan, run, tmp_path / "st", ["train.eval_steps=3"], ["python"], engine)  # a resume may change it
     with pytest.raises(study.StudyError, match="holds a run with other settings .*train.batch_size"):
-        study.study_job(g, run, tmp_path / "st", ["train.batch_size=8"], ["python"], engine)
+        study.study_job(g.plan, run, tmp_path / "st", ["train.batch_size=8"], ["python"], engine)
     assert "eval_steps: 3" in config.read_text() and "batch_size: 8" not in config.read_text()
 
 
@@ -445,6 +448,8 @@ def test_a_report_that_cannot_be_written_after_training_is_one_line_and_the_reco
         raise RecordsError(f"{folder}: run a measured\nsomething else")
 
     monkeypatch.setattr(report, "make_report", refuse)
-    study.after_training(tmp_path, score=True, report=True)
+    (tmp_path / "scored.yaml").write_text(GRID + "score: {dev_rows: 10}\n")
+    scored = study.StudySpec.load(tmp_path / "scored.yaml", quiet=True)
+    study.after_training(scored, tmp_path, report=True)
     assert capsys.readouterr().err == f"report.py: error: {tmp_path}: run a measured something else\n"
     assert (tmp_path / "runs.jsonl").read_text() == "{}\n"

@@ -360,20 +360,20 @@ def planted_exit(levels: dict, seed: int) -> int:
 
 def test_a_factorial_generates_its_cells_and_each_contrast_recovers_the_planted_effect(tmp_path):
     spec = StudySpec.load(spec_file(tmp_path, FACTORIAL), quiet=True)
-    assert list(spec.cells) == [f"{b}_{f}_{e}" for b, f, e in itertools.product(("ln", "mbn"), ("ln", "mbn"),
+    assert list(spec.plan.cells) == [f"{b}_{f}_{e}" for b, f, e in itertools.product(("ln", "mbn"), ("ln", "mbn"),
                                                                                 ("off", "on"))]
-    cell = spec.grid["experiments"]["board"]["variants"]["mbn_ln_on"]
-    assert cell["config"] == "configs/masked_batchnorm.yaml"
-    assert cell["overrides"] == {"model.final_norm": "layernorm", "model.embedding_norm": True}
-    table = {c: float(planted_exit(levels, 0)) for c, levels in spec.cells.items()}
-    got = {k: engine.factorial_contrast(spec.cells, table, f) for k, f in (
+    cell = spec.plan.experiments["board"].variants["mbn_ln_on"]
+    assert cell.config == "configs/masked_batchnorm.yaml"
+    assert cell.overrides == {"model.final_norm": "layernorm", "model.embedding_norm": True}
+    table = {c: float(planted_exit(levels, 0)) for c, levels in spec.plan.cells.items()}
+    got = {k: engine.factorial_contrast(spec.plan.cells, table, f) for k, f in (
         ("block", ["block"]), ("emb", ["emb"]), ("final", ["final"]), ("block x final", ["block", "final"]),
         ("emb x final", ["emb", "final"]), ("all", ["block", "emb", "final"]))}
     assert got == pytest.approx({"block": 15.0, "emb": -10.0, "final": -35.0, "block x final": 30.0,
                                  "emb x final": 0.0, "all": 0.0})
     runs = [synthetic_run(c, lr, seed, planted_exit(levels, seed), 0.75) for seed in range(10)
-            for c, levels in spec.cells.items() for lr in (BEST, RUNNER)]
-    sel = {f"tune/{c}/wuon": {"lr": BEST, "runner_up": RUNNER} for c in spec.cells}
+            for c, levels in spec.plan.cells.items() for lr in (BEST, RUNNER)]
+    sel = {f"tune/{c}/wuon": {"lr": BEST, "runner_up": RUNNER} for c in spec.plan.cells}
     r = {x.h.id: x for x in engine.analyse(engine.Study(runs, sel, spec)).results}
     assert r["final"].verdict == "confirmed" and r["block-final"].verdict == "separated (+)"
     # every seed's contrast is exactly 0: no pair differs, so the test could not decide anything

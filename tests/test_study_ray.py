@@ -61,10 +61,10 @@ def tree(root: Path) -> set[str]:
 
 def test_ray_study_has_the_local_engines_shape_and_results_and_a_rerun_starts_nothing(ray_instance, tmp_path, capsys):
     grid_file = write_grid(tmp_path / "raytiny.yaml", "raytiny", ["pre_ln", "post_ln"], steps=6, save_steps=3)
-    grid = study.load_grid(grid_file)
-    runs = study.expand(grid)
+    grid = study.StudySpec.load(grid_file)
+    runs = grid.plan.runs()
     local_dir, ray_dir = tmp_path / "local", tmp_path / "ray"
-    assert study.run_study(grid, grid_file, local_dir, runs, parallel=2, print_fn=lambda *a: None) == {
+    assert study.run_study(grid, local_dir, runs, parallel=2, print_fn=lambda *a: None) == {
         r.name: "completed" for r in runs}
     argv = ["--preset", str(grid_file), "--study-dir", str(ray_dir), "--engine", "ray", "--parallel", "2",
             "--no-report"]
@@ -120,14 +120,14 @@ def train_process(run_dir: Path):
 def test_a_run_whose_worker_is_killed_is_retried_from_its_last_checkpoint(ray_instance, tmp_path):
     steps = 300  # a few seconds of training: time to kill it between its first checkpoint and its end
     grid_file = write_grid(tmp_path / "raykill.yaml", "raykill", ["pre_ln"], steps=steps, save_steps=20)
-    grid = study.load_grid(grid_file)
-    runs = study.expand(grid)
+    grid = study.StudySpec.load(grid_file)
+    runs = grid.plan.runs()
     (name,) = [r.name for r in runs]
     study_dir, run_dir = tmp_path / "study", tmp_path / "study" / "runs" / name
     engine = executors.RayEngine(parallel=2, max_retries=1, poll_s=0.2)
     result = {}
     driver = threading.Thread(target=lambda: result.update(
-        study.run_study(grid, grid_file, study_dir, runs, engine=engine, print_fn=lambda *a: None)))
+        study.run_study(grid, study_dir, runs, engine=engine, print_fn=lambda *a: None)))
     driver.start()
     try:
         train = wait_for(lambda: train_process(run_dir), timeout=120)

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from normlab.study import grid as grid_mod
 from normlab.study import runner as study
 
 TWO_LRS = """
@@ -42,7 +41,7 @@ def fake_runner(job, env):
 def test_a_coin_flip_tuning_trains_both_lrs_and_is_flagged(tmp_path, monkeypatch):
     path = tmp_path / "two.yaml"
     path.write_text(TWO_LRS)
-    g = study.load_grid(path)
+    g = study.StudySpec.load(path)
 
     def dev_loss(name):
         arm, seed = name.rsplit("-wuon-s", 1)
@@ -50,7 +49,7 @@ def test_a_coin_flip_tuning_trains_both_lrs_and_is_flagged(tmp_path, monkeypatch
 
     monkeypatch.setattr("normlab.study.selection.dev_losses",
                         lambda study_dir, names, score, processes: {n: dev_loss(n) for n in names})
-    study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", study.LocalEngine(runner=fake_runner))
+    study.run_stages(g, tmp_path / "st", {}, [], "cmd", study.LocalEngine(runner=fake_runner))
     sel = json.loads((tmp_path / "st" / "selection.json").read_text())
     a, b = sel["tune/a/wuon"], sel["tune/b/wuon"]
     assert (a["lr"], a["runner_up"], a["near_tie"]) == (0.00316, 0.001, True)
@@ -69,14 +68,14 @@ def test_a_coin_flip_tuning_trains_both_lrs_and_is_flagged(tmp_path, monkeypatch
 def test_ranks_need_a_runner_up_and_are_checked(tmp_path):
     path = tmp_path / "two.yaml"
     path.write_text(TWO_LRS)
-    g = study.load_grid(path)
-    assert g["experiments"]["board"]["ranks"] == 2
+    g = study.StudySpec.load(path)
+    assert g.plan.experiments["board"].ranks == 2
     old = {"tune/a/wuon": {"lr": 0.001}, "tune/b/wuon": {"lr": 0.001}}  # v3's selection.json: no runner-up
-    with pytest.raises(grid_mod.StudyError, match="runner-up"):
-        study.expand(g, old)
+    with pytest.raises(study.StudyError, match="runner-up"):
+        g.plan.runs(old)
     path.write_text(TWO_LRS.replace("ranks: 2", "ranks: 3"))
-    with pytest.raises(grid_mod.StudyError, match="ranks"):
-        study.load_grid(path)
+    with pytest.raises(study.StudyError, match="ranks"):
+        study.StudySpec.load(path)
 
 
 @pytest.mark.slow  # trains and scores two tiny masked-LM runs
@@ -122,9 +121,9 @@ def test_pooled_cosine_is_one_for_identical_sentences_and_matches_a_hand_computa
     assert curve[2] != curve[0]  # two Adam steps move the pooled vectors
 
 
-def test_signal_rows_and_its_invocation_carry_commit_machine_and_start_time(tmp_path):
-    """The signal measurement (no training) written into a study: each row carries commit, machine and start time,
-    and its invocation joins study.json's (meta.json lists them)."""
+def test_signal_rows_and_its_invocation_carry_commit_machine_and_start_time(tmp_path, capsys):
+    """The signal measurement by hand (no training) into a study: each row carries commit, machine and start time,
+    its invocation joins study.json's (meta.json lists them); a block at a chosen LR not chosen yet is one line."""
     from normlab.study import signal
 
     preset = tmp_path / "p.yaml"
@@ -132,24 +131,28 @@ def test_signal_rows_and_its_invocation_carry_commit_machine_and_start_time(tmp_
                                       "data.max_train_samples: 64, model.vocab_size: 300}")
                       + "signal: {variants: {a: {config: configs/pre_ln.yaml}}, seeds: [0], steps: 2, lr: 1.0e-3, "
                       "batch_size: 4, max_length: 16}\n")
-    (tmp_path / "st").mkdir()
-    study.StudyLedger(tmp_path / "st", study.load_grid(preset), preset, "study.py").record("any", status="completed")
-    assert signal.main(["--preset", str(preset), "--out", str(tmp_path / "st" / "signal.jsonl")]) == 0
+    study.StudyLedger(tmp_path / "st", study.StudySpec.load(preset), "study.py").record("any", status="completed")
+    assert signal.main([str(tmp_path / "st")]) == 0
     (row,) = [json.loads(x) for x in (tmp_path / "st" / "signal.jsonl").read_text().splitlines()]
     assert (row["variant"], row["seed"], row["lr"], len(row["cosine"])) == ("a", 0, 1e-3, 3)
     assert row["commit"] and row["machine"] and row["started_at"]
     (call,) = json.loads((tmp_path / "st" / "study.json").read_text())["invocations"]
     assert call["command"].startswith("python -m normlab.study.signal") and call["commit"] and call["cpu_s"] > 0
+    (tmp_path / "st" / "spec.yaml").write_text(preset.read_text().replace("lr: 1.0e-3, batch", "lr: {best_of: tune}, "
+                                                                        "batch"))
+    capsys.readouterr()
+    assert signal.main([str(tmp_path / "st")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1  # "arm a's LR is not chosen yet; train its sweep first ..."
 
 
 def test_a_study_built_in_pieces_keeps_every_invocation(tmp_path):
     path, st = tmp_path / "two.yaml", tmp_path / "st"
     path.write_text(TWO_LRS)
-    grid = study.load_grid(path)
+    grid = study.StudySpec.load(path)
     st.mkdir()
     for seeds in ("0", "1"):
         command = f"python scripts/study.py --only seed={seeds}"
-        study.StudyLedger(st, grid, path, command).record(f"a-s{seeds}", status="completed")
+        study.StudyLedger(st, grid, command).record(f"a-s{seeds}", status="completed")
         study.record_invocation(st, command, started=0.0)
     data = json.loads((st / "study.json").read_text())
     assert [c["command"] for c in data["invocations"]] == data["commands"] == [
@@ -163,16 +166,16 @@ def test_an_invocation_keeps_the_commit_it_started_at(tmp_path):
     path, st = tmp_path / "two.yaml", tmp_path / "st"
     path.write_text(TWO_LRS)
     st.mkdir()
-    study.StudyLedger(st, study.load_grid(path), path, "a").record("a-s0", status="completed")
+    study.StudyLedger(st, study.StudySpec.load(path), "a").record("a-s0", status="completed")
     study.record_invocation(st, "started earlier", started=0.0, commit="1234abc")
     study.record_invocation(st, "now", started=0.0)
     calls = json.loads((st / "study.json").read_text())["invocations"]
     assert [c["commit"] for c in calls] == ["1234abc", study.git_commit()]
 
 
-def test_signal_rows_take_each_arms_best_lr_and_carry_provenance(tmp_path):
-    from normlab.study import signal
-
+def test_the_runner_measures_the_signal_once_each_arm_has_its_best_lr(tmp_path, monkeypatch):
+    """`signal` is a stage of the study, from the spec alone: once the sweep has chosen, every arm (an
+    intervention through its tune arm) at its best LR, in the block's order, whatever the number of processes."""
     preset = tmp_path / "p.yaml"
     preset.write_text(TWO_LRS.replace("overrides: {train.max_steps: 5}",
                                       "overrides: {train.max_steps: 5, data.max_train_samples: 64, "
@@ -180,31 +183,32 @@ def test_signal_rows_take_each_arms_best_lr_and_carry_provenance(tmp_path):
                                       "model.num_attention_heads: 2, model.intermediate_size: 32}")
                       + "signal: {variants: {a: {config: configs/pre_ln.yaml}, b: {config: configs/batchnorm.yaml}, "
                         "a_mean: {config: configs/pre_ln.yaml, overrides: {model.pooling: mean}, tune: a}}, "
-                        "seeds: [0], steps: 2, lr: 1.0e-3, batch_size: 4, max_length: 16}\n")
-    (tmp_path / "st").mkdir()
-    study.StudyLedger(tmp_path / "st", study.load_grid(preset), preset, "study.py").record("any", status="completed")
-    (tmp_path / "sel.json").write_text(json.dumps({"tune/a/wuon": {"lr": 0.00316}}))
-    out = tmp_path / "st" / "signal.jsonl"
-    assert signal.main(["--preset", str(preset), "--out", str(out), "--selection", str(tmp_path / "sel.json")]) == 0
-    rows = {r["variant"]: r for r in map(json.loads, out.read_text().splitlines())}
-    assert {v: r["lr"] for v, r in rows.items()} == {"a": 0.00316, "b": 1e-3, "a_mean": 0.00316}  # b: not tuned
-    assert all(len(r["cosine"]) == 3 and r["commit"] and r["machine"] and r["started_at"] for r in rows.values())
-    (call,) = json.loads((tmp_path / "st" / "study.json").read_text())["invocations"]
-    assert call["command"].startswith("python -m normlab.study.signal")
+                        "seeds: [0, 1], steps: 2, lr: {best_of: tune}, batch_size: 4, max_length: 16}\n")
+    spec = study.StudySpec.load(preset)
+    monkeypatch.setattr("normlab.study.selection.dev_losses", lambda study_dir, names, score, processes: {
+        n: DEV[n.rsplit("-wuon-s", 1)[0]][int(n.rsplit("-s", 1)[1]) - 100] for n in names})
+    study.run_stages(spec, tmp_path / "st", {}, [], "cmd", study.LocalEngine(runner=fake_runner), shards=2)
+    rows = [json.loads(x) for x in (tmp_path / "st" / "signal.jsonl").read_text().splitlines()]
+    assert [(r["variant"], r["seed"]) for r in rows] == [(v, s) for v in ("a", "b", "a_mean") for s in (0, 1)]
+    assert {r["variant"]: r["lr"] for r in rows} == {"a": 0.00316, "b": 0.001, "a_mean": 0.00316}
+    assert all(len(r["cosine"]) == 3 and r["commit"] and r["machine"] and r["started_at"] for r in rows)
+    again = (tmp_path / "st" / "signal.jsonl").read_text()
+    study.run_stages(spec, tmp_path / "st", {}, [], "cmd", study.LocalEngine(runner=fake_runner))
+    assert (tmp_path / "st" / "signal.jsonl").read_text() == again  # measured once
 
 
 def test_a_study_can_take_its_lrs_from_another_and_never_trains_the_named_sweep(tmp_path):
     path = tmp_path / "long.yaml"
     source = tmp_path / "quick_selection.json"
     path.write_text(TWO_LRS.replace("share_runs: true", f"share_runs: true\nselection_from: {source}"))
-    g = study.load_grid(path)
-    with pytest.raises(grid_mod.StudyError, match="selection_from: .* not found"):
-        study.study_selection(g, tmp_path / "st")
+    g = study.StudySpec.load(path)
+    with pytest.raises(study.StudyError, match="selection_from: .* not found"):
+        study.study_selection(g.plan, tmp_path / "st")
     source.write_text(json.dumps({"tune/a/wuon": {"lr": 0.001, "runner_up": 0.00316}}))
-    with pytest.raises(grid_mod.StudyError, match="no choice for tune/b/wuon"):
-        study.study_selection(g, tmp_path / "st")
+    with pytest.raises(study.StudyError, match="no choice for tune/b/wuon"):
+        study.study_selection(g.plan, tmp_path / "st")
     source.write_text(json.dumps({f"tune/{v}/wuon": {"lr": 0.001, "runner_up": 0.00316} for v in "ab"}))
-    study.run_stages(g, path, tmp_path / "st", {}, [], "cmd", study.LocalEngine(runner=fake_runner))
+    study.run_stages(g, tmp_path / "st", {}, [], "cmd", study.LocalEngine(runner=fake_runner))
     trained = json.loads((tmp_path / "st" / "study.json").read_text())["runs"]
     assert len(trained) == 2 * 2 * 2 and all("board" in r["experiments"] for r in trained.values())
     assert json.loads((tmp_path / "st" / "selection.json").read_text()) == json.loads(source.read_text())

@@ -13,7 +13,6 @@ import numpy as np
 from normlab.run_dir import FINISHED
 from normlab.study import outcomes as oc
 from normlab.study import rules
-from normlab.study.grid import chosen_lr
 from normlab.study.measures import AT_END, MEASURES, load_hooks, measure  # noqa: F401  (hook files: measure)
 from normlab.study.records import RunRecord
 from normlab.study.seedstats import Paired, holm
@@ -39,7 +38,7 @@ class Study:
         if arm in self.spec.pin:
             lrs = self.spec.pin[arm].lrs
             return lrs[rank] if rank < len(lrs) else None
-        found = (chosen_lr(self.spec.grid, name, arm, self.selection, rank)
+        found = (self.spec.plan.chosen_lr(name, arm, self.selection, rank)
                  for name in self.spec.chosen_lr_experiments(arm))
         return next((lr for lr in found if lr is not None), None)
 
@@ -89,7 +88,7 @@ def contrast_values(study: Study, h: Hypothesis, rank: int) -> list[float]:
     if h.contrast in ("pair", "group_means"):
         a, b = (study.per_seed(side, rank, h.outcome) for side in (h.a, h.b))
         return [a[s] - b[s] for s in sorted(set(a) & set(b))]
-    cells = study.spec.cells
+    cells = study.spec.plan.cells
     tables = {c: study.per_seed(c, rank, h.outcome) for c in cells}
     seeds = sorted(set.intersection(*(set(t) for t in tables.values())))
     return [factorial_contrast(cells, {c: t[s] for c, t in tables.items()}, h.factors) for s in seeds]

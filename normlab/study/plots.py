@@ -12,7 +12,7 @@ from matplotlib.ticker import NullLocator
 from matplotlib.transforms import offset_copy
 
 from normlab.files.figures import lr_text
-from normlab.study.grid import selection_arm
+from normlab.study.plan import selection_arm
 from normlab.study.rules import eval_means, examples_per_step
 from normlab.study.seedstats import t_interval
 

@@ -16,7 +16,7 @@ from normlab.paths import REPO_ROOT
 from normlab.study import engine, rules
 from normlab.study import markdown as md
 from normlab.study import outcomes as oc
-from normlab.study.grid import selection_arm
+from normlab.study.plan import selection_arm
 from normlab.study.records import RECORDS, SCHEMA_VERSION, keep_committed, read_records, write_records
 from normlab.study.study_dir import COPIED, META, StudyDir
 

@@ -1,6 +1,7 @@
 """Run a norm study (scripts/study.py is the entry point; docs/studies.md explains the stages, engines and files):
 train the grid's runs stage by stage (LR sweeps first, then what their choices unlock), then the records and the
-report. STUDY/study.json records the grid, the commands and every run's status.
+report. Every stage takes the spec (spec.py; its plan says what to train) and the study folder. STUDY/study.json
+records the commands and every run's status; STUDY/spec.yaml is the plan, held once.
 """
 
 import argparse
@@ -19,52 +20,42 @@ from normlab.files.formats import atomic_write_json, read_json
 from normlab.paths import REPO_ROOT
 from normlab.run_dir import FINISHED, RunDir, saved_config_raw
 from normlab.study.executors import Job, LocalEngine, make_engine, subprocess_runner
-from normlab.study.grid import (  # noqa: F401  (lr_grid re-exported: the grid is what a study runs)
-    RunSpec,
-    expand,
-    load_grid,
-    lr_grid,
-    narrow,
-    parse_only,
-    pending_selections,
-    resolve_preset,
-    variant_overrides,
-)
+from normlab.study.plan import Plan, RunSpec, narrow, parse_only, resolve_preset
 from normlab.study.selection_file import read_selection
 from normlab.study.sharded import run_sharded
 from normlab.study.spec import StudySpec
-from normlab.study.study_dir import SCORED, StudyDir, git_commit, machine, record_invocation
+from normlab.study.study_dir import SCORED, SIGNAL, StudyDir, git_commit, machine, record_invocation
 
 # a run is the training module itself, as a module: the root train.py is only the user's entry point
 TRAIN = ["-m", "normlab.train.run"]
 
 
-def run_settings(grid, run, study_dir: Path) -> tuple[str | None, dict]:
+def run_settings(plan: Plan, run: RunSpec, study_dir: Path) -> tuple[str | None, dict]:
     """(the run's configs/ file or None, {run config key: value} on top of it): the study's, the experiment's and
     the variant's overrides, then the run's own LR, seed and warmup, its directory, W&B group and tags; an
     interrupted run resumes from its checkpoint."""
-    config, overrides, warmup_steps = variant_overrides(grid, run.experiment, run.variant, run.warmup)
-    settings = {**grid["overrides"], **overrides, "train.lr": run.lr, "seed": run.seed}
+    config, overrides, warmup_steps = plan.experiments[run.experiment].settings(run.variant, run.warmup)
+    settings = {**plan.overrides, **overrides, "train.lr": run.lr, "seed": run.seed}
     if warmup_steps is not None:
         settings["train.warmup_steps"] = warmup_steps
-    tags = [t for t in (grid["name"], run.experiment, run.variant, f"warmup-{run.warmup}") if t]
+    tags = [t for t in (plan.name, run.experiment, run.variant, f"warmup-{run.warmup}") if t]
     tags += [Path(config).stem] if config else []  # the variant file's tag, as train.py gives a run of it
-    settings.update({"output_dir": str(StudyDir(study_dir).run(run.name)), "wandb.group": grid["name"],
+    settings.update({"output_dir": str(StudyDir(study_dir).run(run.name)), "wandb.group": plan.name,
                      "wandb.tags": tags, "train.resume": "auto"})
-    if grid.get("wandb_project"):
-        settings["wandb.project"] = grid["wandb_project"]
+    if plan.wandb_project:
+        settings["wandb.project"] = plan.wandb_project
     return config, settings
 
 
-def run_config(grid, run, study_dir: Path, extra=(), cpu_threads: int | None = None):
+def run_config(plan: Plan, run: RunSpec, study_dir: Path, extra=(), cpu_threads: int | None = None):
     """The run's config (a RunConfig) by train.py's own loader: its configs/ file, its settings (run_settings),
     then `extra`, the study command's key=value overrides, which win; with `cpu_threads`, that train.cpu_threads
     unless the run sets its own."""
     from normlab.config.loader import load_config, replace_keys
 
-    config, settings = run_settings(grid, run, study_dir)
+    config, settings = run_settings(plan, run, study_dir)
     cfg = load_config(str(REPO_ROOT / config) if config else None, list(extra),
-                      layers=[(settings, f"in study {grid['name']}'s settings of run {run.name}")])
+                      layers=[(settings, f"in study {plan.name}'s settings of run {run.name}")])
     if cpu_threads and cfg.train.cpu_threads is None:
         cfg = replace_keys(cfg, {"train.cpu_threads": cpu_threads})
     return cfg
@@ -85,7 +76,7 @@ def write_run_config(cfg) -> RunDir:
     return run_dir
 
 
-def validate_commands(grid, runs, study_dir: Path, extra):
+def validate_commands(plan: Plan, runs, study_dir: Path, extra):
     """Check every run's config with train.py's own loader before training anything (a typo costs seconds)."""
     from normlab.config.loader import ConfigError
 
@@ -94,7 +85,7 @@ def validate_commands(grid, runs, study_dir: Path, extra):
         first.setdefault((run.experiment, run.variant, run.warmup), run)
     for (experiment, variant, warmup), run in first.items():
         try:
-            run_config(grid, run, study_dir, extra)
+            run_config(plan, run, study_dir, extra)
         except ConfigError as err:
             raise StudyError(f"{experiment + ' ' if experiment else ''}variant {variant}: {err}") from None
 
@@ -108,19 +99,18 @@ def _tail(path: Path, n=3) -> str:
 
 
 class StudyLedger:
-    """study.json, kept current after every run (safe to read while the study runs)."""
+    """study.json, kept current after every run (safe to read while the study runs): the commands and every run's
+    status; the plan is the spec snapshot beside it (spec.yaml), not a copy in here."""
 
-    def __init__(self, study_dir: Path, grid: dict, grid_file: Path, command: str):
+    def __init__(self, study_dir: Path, spec: StudySpec, command: str):
         self.path = StudyDir(study_dir).study_json
         self.lock = threading.Lock()
-        StudyDir(study_dir).save_spec(grid_file)  # the spec every later report of this study reads
+        StudyDir(study_dir).save_spec(spec)  # the spec every later stage and report of this study reads
         old = read_json(self.path, {})
-        if old.get("name") not in (None, grid["name"]):
-            raise StudyError(f"{study_dir} holds study {old['name']!r}, not {grid['name']!r}; pick another --study-dir")
-        self.data = {"name": grid["name"], "description": grid["description"], "grid_file": str(grid_file),
-                     "experiments": grid["experiments"], "score": grid["score"],
-                     "common_overrides": grid["overrides"],
-                     "wandb_project": grid["wandb_project"], "command": command,
+        if old.get("name") not in (None, spec.name):
+            raise StudyError(f"{study_dir} holds study {old['name']!r}, not {spec.name!r}; pick another --study-dir")
+        self.data = {"name": spec.name, "description": spec.plan.description, "grid_file": str(spec.path),
+                     "command": command,
                      # every invocation that trained into this directory (a study may be built in pieces)
                      "commands": [c for c in old.get("commands", []) if c != command] + [command],
                      "runs": old.get("runs", {}),
@@ -136,13 +126,13 @@ class StudyLedger:
             atomic_write_json(self.path, self.data, indent=1)
 
 
-def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
+def study_job(plan: Plan, run: RunSpec, study_dir: Path, extra, launcher, engine) -> Job:
     """A run as the engine takes it: its config written into its run directory, the train.py command launched
     with it, its log and resources."""
     env, threads = {}, engine.threads_per_run
     # several CPU runs share the cores: tell each its share, as train.cpu_threads (under accelerate launch
     # train.py cannot tell a 1 in OMP_NUM_THREADS from accelerate's default) and as OMP_NUM_THREADS
-    cfg = run_config(grid, run, study_dir, extra, cpu_threads=threads)
+    cfg = run_config(plan, run, study_dir, extra, cpu_threads=threads)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
         threads = cfg.train.cpu_threads  # the run's own thread count is what a Ray task reserves
@@ -152,13 +142,13 @@ def study_job(grid, run, study_dir: Path, extra, launcher, engine) -> Job:
                gpus=engine.gpus_per_run, cpus=threads or 1, env=env)
 
 
-def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runner=subprocess_runner,
+def run_study(spec: StudySpec, study_dir: Path, runs, extra=(), command="", runner=subprocess_runner,
               parallel=1, gpus=0, print_fn=print, engine=None) -> dict:
     """Train every run not finished yet; returns {run name: status}. Never raises for a run's failure.
     `engine` (executors.py) runs them; default: LocalEngine(parallel, gpus, runner)."""
     engine = engine or LocalEngine(parallel=parallel, gpus=gpus, runner=runner)
     (study_dir / "logs").mkdir(parents=True, exist_ok=True)
-    study = StudyLedger(study_dir, grid, grid_file, command)
+    study = StudyLedger(study_dir, spec, command)
     launcher = [sys.executable]
     if engine.gpus_per_run:  # one process per GPU, given its GPU by the engine
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1"]
@@ -170,9 +160,9 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
             statuses[run.name] = status
             study.record(run.name, **base, status=status)
         else:
-            todo.append(study_job(grid, run, study_dir, extra, launcher, engine))
+            todo.append(study_job(spec.plan, run, study_dir, extra, launcher, engine))
             study.record(run.name, fresh=True, **base, status="pending", command=shlex.join(todo[-1].cmd))
-    print_fn(f"study {grid['name']}: {len(runs)} runs selected, {len(runs) - len(todo)} already finished, "
+    print_fn(f"study {spec.name}: {len(runs)} runs selected, {len(runs) - len(todo)} already finished, "
              f"{len(todo)} to train -> {study_dir}")
     counter = iter(range(1, len(todo) + 1))
     where = {"commit": git_commit(), "machine": machine()}
@@ -197,14 +187,14 @@ def run_study(grid, grid_file, study_dir: Path, runs, extra=(), command="", runn
 
     engine.run_all(todo, started, finished)
     counts = sorted(Counter(statuses.values()).items())
-    print_fn(f"study {grid['name']} done: " + ", ".join(f"{k} {v}" for k, v in counts))
+    print_fn(f"study {spec.name} done: " + ", ".join(f"{k} {v}" for k, v in counts))
     return statuses
 
 
-def after_training(study_dir: Path, score: bool, report: bool, shards: int = 1) -> None:
+def after_training(spec: StudySpec, study_dir: Path, report: bool, shards: int = 1) -> None:
     """The per-run records (scores of every final model) in `shards` processes, then the report. A study file
     without a `score` block gets neither records nor report (the report reads only the records)."""
-    if not score:
+    if not spec.plan.score:
         return
     from normlab.study import report as study_report
     from normlab.study import scoring
@@ -218,49 +208,48 @@ def after_training(study_dir: Path, score: bool, report: bool, shards: int = 1) 
         error_exit("report.py", err)
 
 
-def study_selection(grid, study_dir: Path) -> dict:
+def study_selection(plan: Plan, study_dir: Path) -> dict:
     """STUDY/selection.json; for a study whose LRs another study chose (`selection_from`, e.g. long_v4 takes
     quick_v4's), that study's file until this one has its own copy."""
     selection = StudyDir(study_dir).selection()
-    source = grid.get("selection_from")
-    if selection or not source:
+    if selection or not plan.selection_from:
         return selection
-    path = Path(source) if Path(source).is_absolute() else REPO_ROOT / source
+    source = Path(plan.selection_from)
+    path = source if source.is_absolute() else REPO_ROOT / source
     if not path.is_file():
         raise StudyError(f"selection_from: {path} not found; run the study that chooses these LRs first "
                          f"(or copy its selection.json to {study_dir})")
     selection = read_selection(path)
-    missing = pending_selections(grid, selection)
-    if missing:
+    if missing := plan.pending(selection):
         raise StudyError(f"selection_from: {path} has no choice for {', '.join(sorted(missing))}; this study "
                          f"cannot choose them (its sweeps are named, not trained)")
     return selection
 
 
-def selected_runs(grid, only: dict, selection: dict) -> list[RunSpec]:
+def selected_runs(plan: Plan, only: dict, selection: dict) -> list[RunSpec]:
     """The runs --only asks for among those whose LR is known; a value that names nothing is an error only once
     every chosen-LR experiment can expand (before that, it may name a run the selection will create)."""
-    return narrow(expand(grid, selection), only, strict=not pending_selections(grid, selection))
+    return narrow(plan.runs(selection), only, strict=not plan.pending(selection))
 
 
-def waiting(grid, selection: dict, study_dir: Path) -> str | None:
+def waiting(plan: Plan, selection: dict, study_dir: Path) -> str | None:
     """The line that says which experiments cannot expand yet, for want of their sweep's LR choice (None: none)."""
-    pending = pending_selections(grid, selection)
+    pending = plan.pending(selection)
     if not pending:
         return None
     sweeps = sorted({experiment for experiment, _, _ in pending.values()})
-    waits = [n for n, e in grid["experiments"].items() if e["best_of"] in sweeps]
-    return (f"study {grid['name']}: {', '.join(waits)} wait{'s' * (len(waits) == 1)} for the LRs that "
+    waits = [e.name for e in plan.experiments.values() if e.best_of in sweeps]
+    return (f"study {plan.name}: {', '.join(waits)} wait{'s' * (len(waits) == 1)} for the LRs that "
             f"{', '.join(sweeps)} choose{'s' * (len(sweeps) == 1)}, not chosen yet: train "
             f"{'it' if len(sweeps) == 1 else 'them'} (--only experiment={','.join(sweeps)}), or copy a "
             f"selection.json that has the choices into {study_dir}")
 
 
-def ready_to_choose(grid, selection: dict, study_dir: Path) -> dict:
+def ready_to_choose(plan: Plan, selection: dict, study_dir: Path) -> dict:
     """{selection key: {lr: [run names]}} of each arm whose sweep has finished but whose LR is not chosen yet."""
     ready = {}
-    for key, (experiment, variant, warmup) in pending_selections(grid, selection).items():
-        sweep = [r for r in expand(grid, selection) if experiment in r.experiments
+    for key, (experiment, variant, warmup) in plan.pending(selection).items():
+        sweep = [r for r in plan.runs(selection) if experiment in r.experiments
                  and r.variant == variant and r.warmup == warmup]
         if all(RunDir(StudyDir(study_dir).run(r.name)).status() in FINISHED for r in sweep):
             ready[key] = {}
@@ -269,35 +258,53 @@ def ready_to_choose(grid, selection: dict, study_dir: Path) -> dict:
     return ready
 
 
-def run_stages(grid, grid_file, study_dir: Path, only: dict, extra, command: str, engine, shards: int = 1) -> None:
+def run_stages(spec: StudySpec, study_dir: Path, only: dict, extra, command: str, engine, shards: int = 1) -> None:
     """Train what can be trained; when an LR sweep has finished, choose its LRs on dev and train what they
-    unlock; repeat until nothing more can run (a narrowed study may leave choices for a later invocation). The
-    choices score the sweeps on dev in `shards` processes."""
+    unlock; repeat until nothing more can run (a narrowed study may leave choices for a later invocation); then
+    the spec's measurements (signal) once the LRs they read are chosen. The choices score the sweeps on dev, and
+    the measurements run, in `shards` processes."""
     from normlab.study.selection import select
 
-    selection = study_selection(grid, study_dir)
+    plan = spec.plan
+    selection = study_selection(plan, study_dir)
     if selection and not StudyDir(study_dir).selection_file.is_file():  # from selection_from: keep a copy, as read
         study_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(StudyDir(study_dir).selection_file, selection, indent=1)
     while True:
-        runs = selected_runs(grid, only, selection)
-        sweeps = {experiment for experiment, _, _ in pending_selections(grid, selection).values()}
+        runs = selected_runs(plan, only, selection)
+        sweeps = {experiment for experiment, _, _ in plan.pending(selection).values()}
         first = [r for r in runs if sweeps & set(r.experiments)]  # the sweeps that choose LRs go first
         if runs:
-            run_study(grid, grid_file, study_dir, first or runs, extra, command=command, engine=engine)
-        if ready := ready_to_choose(grid, selection, study_dir):
+            run_study(spec, study_dir, first or runs, extra, command=command, engine=engine)
+        if ready := ready_to_choose(plan, selection, study_dir):
             print(f"choosing the LR of {len(ready)} arm(s) on the dev split")
-            selection = select(study_dir, ready, grid["score"], processes=shards)
+            selection = select(spec, study_dir, ready, processes=shards)
             continue
         if first:  # a narrowed sweep left choices open: train the rest that can run
-            run_study(grid, grid_file, study_dir, [r for r in runs if r not in first], extra, command=command,
-                      engine=engine)
-        if (line := waiting(grid, selection, study_dir)) is not None:  # a narrowed study may leave them for later
+            run_study(spec, study_dir, [r for r in runs if r not in first], extra, command=command, engine=engine)
+        if (line := waiting(plan, selection, study_dir)) is not None:  # a narrowed study may leave them for later
             print(line)
+        measure_signal(spec, study_dir, selection, shards)
         return
 
 
-def dry_run(grid, runs, study_dir: Path, overrides) -> int:
+def measure_signal(spec: StudySpec, study_dir: Path, selection: dict, shards: int = 1) -> None:
+    """The spec's `signal` measurement (signal.py) into STUDY/signal.jsonl, once: when every LR it reads is
+    chosen, and not again where the file is there."""
+    from normlab.study import signal
+
+    sig = spec.plan.signal
+    if sig is None or (study_dir / SIGNAL).is_file() or not StudyDir(study_dir).is_study:
+        return
+    if any(spec.plan.signal_lr(arm, selection) is None for arm in sig.variants):
+        print(f"study {spec.name}: the signal measurement waits for its arms' chosen LRs")
+        return
+    order = {(arm, seed): i for i, (arm, seed) in enumerate(signal.cases(sig))}
+    print(f"measuring the signal of {len(order)} (arm, seed) pairs")
+    run_sharded(signal.main, study_dir, SIGNAL, shards, key=lambda row: order[row["variant"], row["seed"]])
+
+
+def dry_run(plan: Plan, runs, study_dir: Path, overrides) -> int:
     """Print each run's command, what its config sets beyond configs/default.yaml, and whether a rerun would
     train or skip it; write nothing."""
     from normlab.config.loader import flatten_config, load_config
@@ -306,13 +313,13 @@ def dry_run(grid, runs, study_dir: Path, overrides) -> int:
     statuses = [RunDir(StudyDir(study_dir).run(run.name)).status() for run in runs]
     for run, status in zip(runs, statuses):
         action = f"skip ({status})" if status in FINISHED else "train"
-        cfg = flatten_config(run_config(grid, run, study_dir, overrides))
+        cfg = flatten_config(run_config(plan, run, study_dir, overrides))
         command = shlex.join([sys.executable, *TRAIN, "--config", str(RunDir(cfg["output_dir"]).config_file)])
         settings = " ".join(f"{k}={json.dumps(v) if isinstance(v, (list, bool)) or v is None else v}"
                             for k, v in cfg.items() if v != default.get(k))
         print(f"{action:18s} {command}    # {settings}")
     print(f"{len(runs)} runs ({sum(s not in FINISHED for s in statuses)} to train) in {study_dir}")
-    if (line := waiting(grid, study_selection(grid, study_dir), study_dir)) is not None:
+    if (line := waiting(plan, study_selection(plan, study_dir), study_dir)) is not None:
         print(line)
     return 0
 
@@ -362,18 +369,17 @@ def main(argv=None) -> int:
         bad = [o for o in args.overrides if "=" not in o]
         if bad:
             raise StudyError(f"unexpected argument {bad[0]!r}: extra train.py overrides are key=value")
-        grid_file = resolve_preset(args.preset)
-        spec = StudySpec.load(grid_file)  # prints each hypothesis's floor; refuses a plan that cannot decide
-        grid = spec.grid
+        spec = StudySpec.load(resolve_preset(args.preset))  # prints each floor; refuses a plan that cannot decide
+        plan = spec.plan
         only = parse_only(args.only)
-        study_dir = (args.study_dir or REPO_ROOT / "studies" / grid["name"]).resolve()
-        selection = study_selection(grid, study_dir)
-        runs = selected_runs(grid, only, selection)
-        validate_commands(grid, runs, study_dir, args.overrides)
+        study_dir = (args.study_dir or REPO_ROOT / "studies" / plan.name).resolve()
+        selection = study_selection(plan, study_dir)
+        runs = selected_runs(plan, only, selection)
+        validate_commands(plan, runs, study_dir, args.overrides)
         if args.dry_run:
-            return dry_run(grid, runs, study_dir, args.overrides)
-        line = waiting(grid, selection, study_dir)
-        if not runs and line and not ready_to_choose(grid, selection, study_dir):
+            return dry_run(plan, runs, study_dir, args.overrides)
+        line = waiting(plan, selection, study_dir)
+        if not runs and line and not ready_to_choose(plan, selection, study_dir):
             # narrowed to experiments still waiting for their sweep: nothing to run, nothing failed; say which
             # sweep to train and leave the study folder as it was
             print(line)
@@ -383,7 +389,7 @@ def main(argv=None) -> int:
                              max_retries=args.max_retries, warm=not args.process_per_run)
         print(engine.describe())
         with contextlib.closing(engine):
-            run_stages(grid, grid_file, study_dir, only, args.overrides, command, engine, shards=args.parallel or 1)
+            run_stages(spec, study_dir, only, args.overrides, command, engine, shards=args.parallel or 1)
     except StudyError as err:
         return error_exit("study.py", err)
     except KeyboardInterrupt:
@@ -391,5 +397,5 @@ def main(argv=None) -> int:
               "interrupted ones resume from their last checkpoint)", file=sys.stderr)
         return 130
     record_invocation(study_dir, command, started, commit=commit)
-    after_training(study_dir, bool(grid["score"]), not args.no_report, shards=args.parallel or 1)
+    after_training(spec, study_dir, not args.no_report, shards=args.parallel or 1)
     return 0  # failed runs are in study.json and the report, not in the exit code: the study itself completed

@@ -285,12 +285,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     k, n = args.shard
     folder = StudyDir(args.study_dir)
-    study = read_json(folder.study_json)
-    score = {**SCORE_DEFAULTS, **(study.get("score") or {})}
+    study, plan = read_json(folder.study_json), folder.spec().plan
+    score = {**SCORE_DEFAULTS, **plan.score}
     torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
     sets, out = None, args.out or folder.scored
     rows, kept = [], 0
-    sweeps = {e["best_of"] for e in (study.get("experiments") or {}).values() if e.get("best_of")}
+    sweeps = plan.sweeps()
     earlier = scored_before(folder)
     for name, entry in sorted(study["runs"].items())[k::n]:
         # the dev rows choose LRs: a study with LR sweeps scores them for its sweeps' runs only

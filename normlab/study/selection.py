@@ -59,12 +59,13 @@ def dev_losses(study_dir: Path, names: list[str], score: dict, processes: int = 
     return {row["name"]: math.inf if row["dev_loss"] is None else row["dev_loss"] for row in rows}
 
 
-def select(study_dir: Path, candidates: dict, score: dict, processes: int = 1) -> dict:
+def select(spec, study_dir: Path, candidates: dict, processes: int = 1) -> dict:
     """{key: {lr: [run names]}} -> {key: choice}, for the keys not chosen before; merged into STUDY/selection.json
-    (earlier choices are kept, in the present format: selection_file). The dev losses in `processes` processes."""
+    (earlier choices are kept, in the present format: selection_file). The dev losses, scored as the spec's
+    `score` block says, in `processes` processes."""
     path = StudyDir(study_dir).selection_file
     chosen = read_selection(path)
-    score = {**SCORE_DEFAULTS, **score}
+    score = {**SCORE_DEFAULTS, **spec.plan.score}
     todo = {k: v for k, v in candidates.items() if k not in chosen}
     if todo:
         names = sorted({n for runs in todo.values() for lr_runs in runs.values() for n in lr_runs})

@@ -1,9 +1,11 @@
 """A study's `signal` measurement (study v4's M1, study v5's manipulation check): how alike the classifier's
 inputs are for different sentences, at initialization and over the first Adam steps. The pooled vector ([CLS], or
 the mean over real tokens) is all the classifier reads; if it is nearly the same for every sentence, the gradient
-cannot tell the classes apart and the loss sits on the ln 2 plateau.
+cannot tell the classes apart and the loss sits on the ln 2 plateau. The study runner runs it as a stage once the
+LRs it reads are chosen; by hand:
 
-    python -m normlab.study.signal --preset quick_v4 --out STUDY/signal.jsonl --selection STUDY/selection.json
+    python -m normlab.study.signal STUDY                  # STUDY's spec and selection.json -> STUDY/signal.jsonl
+    python -m normlab.study.signal STUDY --preset factorial_v5   # a new folder: no training, the block's own LR
 """
 
 import itertools
@@ -21,29 +23,31 @@ from normlab.config.loader import load_config, model_config_from
 from normlab.data.batching import encode_rows, row_batches
 from normlab.data.sources import resolve_dataset
 from normlab.data.tokenizer import get_tokenizer
-from normlab.files.formats import read_yaml, write_jsonl
+from normlab.errors import StudyError
+from normlab.files.formats import write_jsonl
 from normlab.paths import REPO_ROOT
-from normlab.study.grid import resolve_preset, selection_key
-from normlab.study.selection_file import read_selection
-from normlab.study.study_dir import StudyDir, git_commit, provenance, record_invocation
+from normlab.study.plan import Plan, Signal, Variant, resolve_preset
+from normlab.study.sharded import add_shard_options
+from normlab.study.study_dir import SIGNAL, SPEC, StudyDir, git_commit, provenance, record_invocation
 from normlab.train.step import model_inputs
 
 
-def fixed_batches(block: dict, vocab_size: int, tokenizer_rows: int):
+def fixed_batches(sig: Signal, plan: Plan):
     """steps + 1 training batches (rows 0.. of train) and one probe batch (validation), shared by all models:
-    the default config's data, as the study's runs read it."""
-    data = load_config(layers=[({"data.max_length": block["max_length"], "data.max_train_samples": tokenizer_rows},
-                                "in the signal block")]).data
-    dsd = resolve_dataset(data, with_labels=True)
-    tokenizer = get_tokenizer(data, vocab_size, dsd["train"])  # the study runs' tokenizer (same rows and size: cached)
-    bs = block["batch_size"]
+    the data and tokenizer the study's runs read (its overrides), at the block's max_length."""
+    cfg = load_config(layers=[(plan.overrides, "in the study's overrides"),
+                              ({"data.max_length": sig.max_length}, "in the signal block")])
+    vocab_size = model_config_from(cfg).vocab_size
+    dsd = resolve_dataset(cfg.data, with_labels=True)
+    tokenizer = get_tokenizer(cfg.data, vocab_size, dsd["train"])  # the study runs' tokenizer (cached)
+    bs = sig.batch_size
 
     def first_batches(split: str, n: int) -> list[dict]:
         rows = dsd[split][:n * bs]
-        rows = encode_rows(tokenizer, rows["sentence"], block["max_length"], rows["label"])
+        rows = encode_rows(tokenizer, rows[cfg.data.text_column], sig.max_length, rows[cfg.data.label_column])
         return [model_inputs(batch) for batch in row_batches(rows, bs, tokenizer.pad_token_id)]
 
-    return first_batches("train", block["steps"] + 1), first_batches("validation", 1)[0], len(tokenizer)
+    return first_batches("train", sig.steps + 1), first_batches("validation", 1)[0], len(tokenizer)
 
 
 def pooled_cosine(model, batch: dict) -> float:
@@ -79,35 +83,29 @@ def cosine_over_steps(model, train: list[dict], probe: dict, lr: float) -> list[
     return out
 
 
-def build_arm(variant: dict, overrides: dict, vocab: int, seed: int):
+def build_arm(variant: Variant, overrides: dict, vocab: int, seed: int):
     """The model a study arm trains (its configs/ file, the study's overrides and its own), initialized under
     `seed`."""
-    cfg = load_config(str(REPO_ROOT / variant["config"]) if variant.get("config") else None,
-                      layers=[({**overrides, **(variant.get("overrides") or {})}, "in the study's signal block")])
+    cfg = load_config(str(REPO_ROOT / variant.config) if variant.config else None,
+                      layers=[({**overrides, **variant.overrides}, "in the study's signal block")])
     torch.manual_seed(seed)
     return NormLabForSequenceClassification(model_config_from(cfg, vocab_size=vocab, num_labels=2, pad_token_id=0))
 
 
-def arm_lr(selection: dict, name: str, variant: dict, default: float) -> float:
-    """The arm's best LR from a study's selection.json (its `tune` arm's, for an intervention), else `default`."""
-    chosen = selection.get(selection_key("tune", variant.get("tune", name), "on"))
-    return float(chosen["lr"]) if chosen else default
+def cases(sig: Signal) -> list[tuple]:
+    """Every (arm, seed) the block measures, in the order signal.jsonl lists them."""
+    return list(itertools.product(sig.variants, sig.seeds))
 
 
-def run(preset: Path, out: Path, selection: dict | None = None) -> list[dict]:
-    """Every (arm, seed) of the preset's `signal` block: {variant, seed, lr, cosine: [init, step 1, ...]}; each
-    arm at the signal block's LR, or at its best LR when a study's `selection` is given."""
-    study = read_yaml(preset)
-    sig = study["signal"]
-    overrides = study["overrides"]
-    train, probe, vocab = fixed_batches(sig, study["overrides"]["model.vocab_size"],
-                                        study["overrides"]["data.max_train_samples"])
+def measure(plan: Plan, lrs: dict, todo: list[tuple], out: Path) -> list[dict]:
+    """Each (arm, seed) of `todo`: {variant, seed, lr, cosine: [init, step 1, ...]}, the arm at its LR in `lrs`."""
+    sig = plan.signal
+    train, probe, vocab = fixed_batches(sig, plan)
     rows = []
-    for (name, variant), seed in itertools.product(sig["variants"].items(), sig["seeds"]):
-        model = build_arm(variant, overrides, vocab, seed)
-        lr = arm_lr(selection or {}, name, variant, sig["lr"])
-        cos = cosine_over_steps(model, train[1:], probe, lr)
-        rows.append({"variant": name, "seed": seed, "lr": lr, "cosine": [round(c, 6) for c in cos],
+    for name, seed in todo:
+        model = build_arm(sig.variants[name], plan.overrides, vocab, seed)
+        cos = cosine_over_steps(model, train[1:], probe, lrs[name])
+        rows.append({"variant": name, "seed": seed, "lr": lrs[name], "cosine": [round(c, 6) for c in cos],
                      **provenance()})
         print(f"signal {name} seed {seed}: pooled cosine at init {cos[0]:.3f}, after {len(cos) - 1} steps "
               f"{cos[-1]:.3f}", flush=True)
@@ -115,23 +113,44 @@ def run(preset: Path, out: Path, selection: dict | None = None) -> list[dict]:
     return rows
 
 
+def study_spec(folder: StudyDir, preset: str | None):
+    """The spec whose block is measured: the folder's snapshot, or (a folder that holds none) `preset`'s, saved
+    there first."""
+    from normlab.study.spec import StudySpec
+
+    if preset is not None:
+        if (folder / SPEC).is_file():
+            raise StudyError(f"{folder.path} already holds a study's {SPEC}; drop --preset to measure that study")
+        folder.save_spec(StudySpec.load(resolve_preset(preset), quiet=True))
+    spec = folder.spec()
+    if spec.plan.signal is None:
+        raise StudyError(f"{spec.path} has no `signal` block (variants, seeds, steps, lr, batch_size, max_length)")
+    return spec
+
+
 def main(argv=None) -> int:
     parser = command_parser(__doc__)
-    parser.add_argument("--preset", default="quick_v4", help="a study preset with a `signal` block")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--selection", type=Path, default=None,
-                        help="a study's selection.json: each arm at its best LR (default: the block's one LR)")
+    parser.add_argument("study_dir", type=Path)
+    parser.add_argument("--preset", default=None, help="a study file with a `signal` block, for a folder that "
+                                                       "holds no study yet (saved there as its spec)")
+    add_shard_options(parser, "measure", SIGNAL)
     args = parser.parse_args(argv)
-    preset = resolve_preset(args.preset)
-    if "signal" not in read_yaml(preset):
-        return error_exit("signal.py", f"{preset} has no `signal` block (variants, seeds, steps, lr, batch_size, "
-                                       f"max_length)")
+    folder = StudyDir(args.study_dir)
+    try:
+        spec = study_spec(folder, args.preset)
+        lrs = {arm: spec.plan.signal_lr(arm, folder.selection()) for arm in spec.plan.signal.variants}
+        if unchosen := [arm for arm, lr in lrs.items() if lr is None]:
+            raise StudyError(f"arm {unchosen[0]}'s LR is not chosen yet; train its sweep first ({SIGNAL} reads "
+                             f"{folder.selection_file})")
+    except StudyError as err:
+        return error_exit("signal.py", err)
     torch.set_num_threads(1)
     started, commit = time.time(), git_commit()
-    run(preset, args.out, read_selection(args.selection) if args.selection else None)
-    if StudyDir(args.out.parent).is_study:  # written into a study: meta.json lists this invocation
-        record_invocation(args.out.parent, shlex.join(["python", "-m", "normlab.study.signal",
-                                                       *(argv if argv is not None else sys.argv[1:])]),
+    k, n = args.shard
+    measure(spec.plan, lrs, cases(spec.plan.signal)[k::n], args.out or folder / SIGNAL)
+    if n == 1 and folder.is_study:  # by hand into a study: meta.json lists this invocation (the runner's: its own)
+        record_invocation(folder.path, shlex.join(["python", "-m", "normlab.study.signal",
+                                                   *(argv if argv is not None else sys.argv[1:])]),
                           started, in_process=True, commit=commit)
     return 0
 

@@ -1,7 +1,7 @@
-"""A study as data: the study file (configs/study/*.yaml) read into a StudySpec, its runs (grid.py) and its
-analysis: the hypotheses, each an outcome, a contrast over arms, a predicted sign and a Holm family; the A/A
-control; the test. Checked at load with one-line errors; each hypothesis's floor (the smallest p its exact test can
-reach at the planned seeds, after Holm) is computed then, and a plan that could never decide is refused
+"""A study as data: the study file (configs/study/*.yaml) read once into a StudySpec, its plan (plan.py: what it
+trains) and its analysis: the hypotheses, each an outcome, a contrast over arms, a predicted sign and a Holm family;
+the A/A control; the test. Checked at load with one-line errors; each hypothesis's floor (the smallest p its exact
+test can reach at the planned seeds, after Holm) is computed then, and a plan that could never decide is refused
 (docs/studies.md, "A study is a spec")."""
 
 import dataclasses
@@ -11,10 +11,11 @@ from pathlib import Path
 
 from normlab.config.keys import checked, suggest
 from normlab.errors import StudyError
+from normlab.files.formats import load_yaml_mapping
 from normlab.paths import REPO_ROOT
 from normlab.study import rules
-from normlab.study.grid import load_grid
 from normlab.study.measures import BUILT_IN, load_hooks
+from normlab.study.plan import Overrides, Plan, load_plan
 
 OUTCOMES = ("exit", "accuracy", "loss", "largest_learning_lr")  # built in; a study's measures add names
 CONTRASTS = ("pair", "group_means", "main_effect", "interaction", "rank_correlation")
@@ -76,36 +77,68 @@ class Pin:
 
 
 @dataclasses.dataclass
-class StudySpec:
+class StudyFile:
+    """Every key a study file may hold (docs/studies.md); normlab.config.keys.checked reads the file into it with
+    one-line errors, then plan.load_plan and StudySpec.load check what each key holds."""
+
     name: str
-    grid: dict  # the runs (grid.load_grid)
+    description: str = ""
+    overrides: Overrides = None
+    variants: typing.Optional[dict] = None  # variants, lr, warmup, seeds: one experiment, or every experiment's
+    lr: typing.Union[list, dict, None] = None
+    warmup: typing.Optional[dict] = None
+    seeds: typing.Optional[typing.List[int]] = None
+    wandb_project: typing.Optional[str] = None
+    experiments: typing.Optional[dict] = None
+    score: typing.Optional[dict] = None  # the records' scoring (normlab/study/scoring.py)
+    share_runs: bool = False
+    signal: typing.Optional[dict] = None  # plan.Signal: the signal measurement
+    selection_from: typing.Optional[str] = None
+    arms: typing.Optional[dict] = None  # the variants every experiment without its own `variants` trains
+    factors: typing.Optional[dict] = None  # a 2^k design: {factor: {level: variant spec}} generates its cells
+    test: str = dataclasses.field(default="permutation", metadata={"choices": ("permutation", "calibrated")})
+    alpha: float = rules.ALPHA
+    hypotheses: typing.Optional[typing.List[dict]] = None
+    aa: typing.Optional[dict] = None
+    pin: typing.Optional[typing.Dict[str, dict]] = None
+    measures: typing.Optional[typing.List[str]] = None
+    hooks: typing.Optional[str] = None
+    pilot: bool = False  # a pilot may be unable to decide: its floors are printed, not refused
+
+
+@dataclasses.dataclass
+class StudySpec:
+    path: Path  # the study file it was read from
+    plan: Plan  # what the study trains
     hypotheses: list
     aa: typing.Optional[AAControl]
     pin: dict  # {arm: Pin}
-    cells: dict  # {cell: {factor: level}} of a 2^k design
     measures: list
     test: str = "permutation"
     alpha: float = rules.ALPHA
-    pilot: bool = False  # a pilot may be unable to decide: its floors are printed, not refused
+    pilot: bool = False
     hooks: typing.Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        return self.plan.name
 
     @classmethod
     def load(cls, path: Path, quiet: bool = False, hooks_file: Path | None = None) -> "StudySpec":
-        """The study file, checked: its hook file imported (`hooks_file`: a study folder's copy of it), every name
-        it uses known, its plan able to decide (StudyError, one line, otherwise)."""
-        from normlab.files.formats import load_yaml_mapping
-
-        grid = load_grid(Path(path))
-        raw = load_yaml_mapping(path)
+        """The study file, read once and checked: its hook file imported (`hooks_file`: a study folder's copy of
+        it), every name it uses known, its plan able to decide (StudyError, one line, otherwise)."""
+        try:
+            raw = load_yaml_mapping(path)
+        except ValueError as e:
+            raise StudyError(str(e)) from None
         where = str(path)
-        spec = cls(name=grid["name"], grid=grid, cells=grid["cells"], measures=list(raw.get("measures") or []),
+        top = checked(StudyFile, raw, where, StudyError)
+        spec = cls(path=Path(path), plan=load_plan(top, raw, where), measures=list(top.measures or []),
                    hypotheses=[checked(Hypothesis, h, f"{where}: hypothesis {hypothesis_id(h, i)}", StudyError)
-                               for i, h in enumerate(raw.get("hypotheses") or [])],
-                   aa=checked(AAControl, raw["aa"], f"{where}: aa", StudyError) if raw.get("aa") else None,
-                   pin={arm: checked(Pin, p, f"{where}: pin {arm}", StudyError)
-                        for arm, p in (raw.get("pin") or {}).items()},
-                   test=raw.get("test", "permutation"), alpha=float(raw.get("alpha", rules.ALPHA)),
-                   pilot=bool(raw.get("pilot")), hooks=raw.get("hooks"))
+                               for i, h in enumerate(top.hypotheses or [])],
+                   aa=checked(AAControl, top.aa, f"{where}: aa", StudyError) if top.aa else None,
+                   pin={arm: checked(Pin, p, f"{where}: pin {arm}", StudyError) for arm, p in (top.pin or {}).items()},
+                   test=top.test, alpha=float(top.alpha), pilot=top.pilot, hooks=top.hooks)
         spec.load_measures(where, hooks_file)
         spec.check(where)
         try:
@@ -123,29 +156,28 @@ class StudySpec:
 
     def arms(self) -> list[str]:
         """Every variant that trains at chosen LRs (or is pinned), in the file's order, but the A/A's copy."""
-        trained = [v for name, exp in self.grid["experiments"].items() if exp["best_of"] is not None
-                   and not (self.aa and name == self.aa.experiment) for v in exp["variants"]]
+        trained = [v for exp in self.plan.experiments.values() if exp.best_of is not None
+                   and not (self.aa and exp.name == self.aa.experiment) for v in exp.variants]
         return list(dict.fromkeys(trained + list(self.pin)))
 
     def ranks(self) -> int:
         """2 where the arms train at their best and runner-up LRs, else 1."""
-        return max([e["ranks"] for e in self.grid["experiments"].values()] + [2 if self.pin else 1])
+        return max([e.ranks for e in self.plan.experiments.values()] + [2 if self.pin else 1])
 
     def chosen_lr_experiments(self, arm: str) -> list[str]:
         """The experiments that train the arm at its chosen LRs (the A/A's excluded)."""
-        return [n for n, e in self.grid["experiments"].items() if e["best_of"] and arm in e["variants"]
+        return [n for n, e in self.plan.experiments.items() if e.best_of and arm in e.variants
                 and not (self.aa and n == self.aa.experiment)]
 
     def seeds_of(self, arm: str) -> set:
         """The seeds the arm's runs are planned at (its chosen-LR or pinned experiments)."""
-        exps = self.grid["experiments"]
+        exps = self.plan.experiments
         names = self.pin[arm].experiments if arm in self.pin else self.chosen_lr_experiments(arm)
-        return {s for n in names if arm in exps[n]["variants"]
-                for s in exps[n]["variants"][arm]["seeds"] or exps[n]["seeds"]}
+        return {s for n in names if arm in exps[n].variants for s in exps[n].seeds_of(arm)}
 
     def arms_of(self, h: Hypothesis) -> list[str]:
         if h.contrast in ("main_effect", "interaction"):
-            return list(self.cells)
+            return list(self.plan.cells)
         if h.contrast == "rank_correlation":
             return list(h.arms or [])
         return [x for side in (h.a, h.b) for x in ([side] if isinstance(side, str) else side or [])]
@@ -162,7 +194,7 @@ class StudySpec:
                 tests.append(rules.PlannedTest(h.id, n, family, alpha=self.alpha, smallest_p=1 / math.factorial(n)))
                 continue
             if h.outcome == "largest_learning_lr":
-                seeds = set(self.grid["experiments"][h.experiment]["seeds"])
+                seeds = set(self.plan.experiments[h.experiment].seeds)
             else:
                 seeds = set.intersection(*(self.seeds_of(a) for a in self.arms_of(h)))
             tests.append(rules.PlannedTest(h.id, len(seeds), family, effect=h.size, sd=h.sd, alpha=self.alpha))
@@ -187,9 +219,9 @@ class StudySpec:
 
     def check(self, where: str) -> None:
         """Every name a hypothesis uses exists: its arms, factors, outcomes and experiment."""
-        arms, outcomes = set(self.arms()) | set(self.cells), set(OUTCOMES) | set(self.measures)
+        arms, outcomes = set(self.arms()) | set(self.plan.cells), set(OUTCOMES) | set(self.measures)
         per_run = outcomes - {"largest_learning_lr"}  # a grid's, not a run's: no A/A or rank correlation reads it
-        factors = {f for levels in self.cells.values() for f in levels}
+        factors = {f for levels in self.plan.cells.values() for f in levels}
         for h in self.hypotheses:
             at = f"{where}: hypothesis {h.id}"
             for key, valid in (("outcome", outcomes), ("against", per_run)):
@@ -214,16 +246,16 @@ class StudySpec:
             if h.every_run:
                 check_bounds(h, at)
             check_declared(h, at)
-            if h.outcome == "largest_learning_lr" and h.experiment not in self.grid["experiments"]:
+            if h.outcome == "largest_learning_lr" and h.experiment not in self.plan.experiments:
                 raise StudyError(f"{at}: largest_learning_lr needs `experiment`, one of "
-                                 f"{', '.join(self.grid['experiments'])}")
+                                 f"{', '.join(self.plan.experiments)}")
         if self.aa:
             if self.aa.outcome not in per_run:
                 raise StudyError(f"{where}: aa: {bad_outcome('outcome', self.aa.outcome, per_run)}")
-            exp = self.grid["experiments"].get(self.aa.experiment)
-            if exp is None or (self.aa.copy or self.aa.arm) not in exp["variants"]:
+            exp = self.plan.experiments.get(self.aa.experiment)
+            if exp is None or (self.aa.copy or self.aa.arm) not in exp.variants:
                 raise StudyError(f"{where}: aa: experiment {self.aa.experiment!r} must be one of "
-                                 f"{', '.join(self.grid['experiments'])} and train {self.aa.copy or self.aa.arm}")
+                                 f"{', '.join(self.plan.experiments)} and train {self.aa.copy or self.aa.arm}")
 
 
 def hypothesis_id(raw, index: int) -> str:

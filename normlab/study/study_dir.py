@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from normlab.errors import RecordsError, StudyError
-from normlab.files.formats import atomic_write_json, load_yaml_mapping, read_json, read_jsonl
+from normlab.files.formats import atomic_write_json, read_json, read_jsonl
 from normlab.paths import REPO_ROOT
 from normlab.study.records import RECORDS, RunRecord, read_records
 from normlab.study.selection_file import read_selection
@@ -20,7 +20,7 @@ STUDY_JSON, SCORED, SELECTION, META = "study.json", "runs.jsonl", "selection.jso
 SIGNAL, LABELS, DOCUMENTS = "signal.jsonl", "labels.json", "documents.jsonl"
 TABLES = ("signal", "documents")  # extra tables a study may have (per arm, seed or eval row): NAME.jsonl
 COPIED = (SELECTION, LABELS, SIGNAL, DOCUMENTS, SPEC, HOOKS)  # into a records folder as the study wrote them
-PROVENANCE = ("experiments", "commit", "machine", "started_at", "duration_s")  # study.json's, joined to a record
+PROVENANCE = ("experiments", "commit", "machine", "started_at", "duration_s")  # a run's study.json entry's
 
 
 class StudyDir:
@@ -62,13 +62,11 @@ class StudyDir:
         """The commit whose code regenerates this finished study's report (meta.json `report_commit`)."""
         return self.meta().get("report_commit")
 
-    def save_spec(self, preset: Path) -> None:
-        """The study file as it runs (and its hook file), kept beside the runs for every later report; rewritten
-        only when it changed."""
+    def save_spec(self, spec) -> None:
+        """The study file as it runs (and its hook file), kept beside the runs for every later stage and report;
+        rewritten only when it changed."""
         self.path.mkdir(parents=True, exist_ok=True)
-        files = {SPEC: Path(preset)}
-        if hooks := load_yaml_mapping(preset).get("hooks"):
-            files[HOOKS] = REPO_ROOT / hooks
+        files = {SPEC: spec.path, **({HOOKS: Path(spec.hooks)} if spec.hooks else {})}
         for name, source in files.items():
             if not (self.path / name).is_file() or (self.path / name).read_bytes() != source.read_bytes():
                 shutil.copyfile(source, self.path / name)
