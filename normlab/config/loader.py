@@ -238,11 +238,13 @@ def load_config(config_file: str | None = None, overrides=(), saved: tuple[dict,
     return merged.checked(_merge_overrides(merged.cfg, overrides), resume_given=saved is None)
 
 
-def load_resumed(saved: tuple[dict, str], overrides=()) -> tuple[RunConfig, RunConfig]:
+def load_resumed(saved: tuple[dict, str], overrides=()) -> tuple[dict, RunConfig]:
     """A resumed run's config, its files read and merged once: (the run's saved config (as load_config's `saved`)
-    on the defaults, the same with the command's `key=value` overrides), both checked."""
+    on the defaults, flat: {dotted key: value}; the same with the command's `key=value` overrides, checked). Only
+    the second is checked: it is the config the run continues with, and the first differs from it only in the
+    keys the overrides name."""
     merged = _Layers(None, saved, ())
-    before = merged.checked([], resume_given=False)
+    before = flatten_config(merged.typed([]))
     return before, merged.checked(_merge_overrides(merged.cfg, overrides), resume_given=False)
 
 
@@ -269,13 +271,18 @@ class _Layers:
             _merge(self.cfg, [(key, value, None) for key, value in flatten_config(layer).items()], source)
         self.named = [key for layer, _ in above_default for key in flatten_config(layer)]  # keys set above the defaults
 
-    def checked(self, also_named, resume_given: bool) -> RunConfig:
-        """`cfg` as it is now, as a checked RunConfig; `also_named`: the keys the command line set."""
+    def typed(self, also_named) -> RunConfig:
+        """`cfg` as it is now, as a RunConfig (each key's type checked as it was merged, the checks across keys
+        not run); `also_named`: the keys the command line set."""
         unset = [k for k in OmegaConf.missing_keys(self.cfg) if not k.startswith("model.")]
         if unset:
             raise ConfigError(f"{DEFAULT_CONFIG} has no value for {', '.join(sorted(unset))}; add it there")
-        out = _default_names_stay_with_their_data(_typed(OmegaConf.to_container(self.cfg)), self.default,
-                                                  "data.label_names" in self.named + list(also_named))
+        return _default_names_stay_with_their_data(_typed(OmegaConf.to_container(self.cfg)), self.default,
+                                                   "data.label_names" in self.named + list(also_named))
+
+    def checked(self, also_named, resume_given: bool) -> RunConfig:
+        """`cfg` as it is now, as a checked RunConfig; `also_named`: the keys the command line set."""
+        out = self.typed(also_named)
         _validate(out, resume_given)
         return out
 
