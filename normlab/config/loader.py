@@ -7,7 +7,6 @@ message naming the key and what is valid.
 
 import contextlib
 import dataclasses
-import difflib
 import math
 import operator
 import os
@@ -73,11 +72,10 @@ def _key_type(key: str, source: str):
         fields = {f.name: f.type for f in dataclasses.fields(kind)}
         full = f"{here}.{part}" if here else part
         if part not in fields:
-            close = difflib.get_close_matches(part, list(fields), n=1, cutoff=0.6)
+            close = suggest(part, fields, f"; did you mean '{here + '.' if here else ''}{{}}'?")
             named = _keys_named(part) if not here else []  # `max_steps=200`: a key of a section
             hint = f"; {HINTS[full]}" if full in HINTS else (
-                f"; did you mean '{here + '.' if here else ''}{close[0]}'?" if close else
-                f"; did you mean '{named[0]}'?" if named else "")
+                close or (f"; did you mean '{named[0]}'?" if named else ""))
             under = f"under {here}" if here else "at the top level"
             raise ConfigError(f"unknown config key '{full}' ({source}){hint}; valid keys {under}: {', '.join(fields)}")
         kind, here = fields[part], full
