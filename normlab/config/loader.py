@@ -8,7 +8,6 @@ message naming the key and what is valid.
 import contextlib
 import dataclasses
 import math
-import operator
 import os
 import sys
 import typing
@@ -23,7 +22,7 @@ from model.configuration_normlab import NormLabConfig
 from model.norm_code import check_norm_code
 from model.norms import NORM_TYPES, norm_class
 from normlab.config.keys import bad_choice, describe, suggest
-from normlab.config.schema import TRACKERS, ModelKeys, RunConfig, Section
+from normlab.config.schema import BOUNDS, TRACKERS, ModelKeys, ModelSection, RunConfig, Section
 from normlab.data.documents import doc_sizes_problem
 from normlab.errors import ConfigError
 from normlab.files.formats import atomic_write_text, load_yaml_mapping
@@ -41,7 +40,6 @@ HINTS = {
 # above configs/default.yaml does (a variant file, a resumed run's saved config, an override).
 WANDB_ENV = {"WANDB_PROJECT": "wandb.project", "WANDB_ENTITY": "wandb.entity", "WANDB_RUN_GROUP": "wandb.group",
              "WANDB_TAGS": "wandb.tags"}
-BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "lt": ("<", operator.lt)}
 USAGE = ("{prog} [--config FILE|NAME] [--debug] [key.sub=value ...]   "
          "e.g. --config post_ln model.norm=rmsnorm train.lr=1e-3")
 HELP_CONFIG = "--help-config[=WORD]: every config key (or those whose name contains WORD), its default and what it does"
@@ -160,10 +158,10 @@ def _check_norm(key: str, value):
 def _check_section(section: Section, prefix: str = ""):
     """Each key's metadata checks (choices, bounds, non-empty); null passes where the type allows it. The model
     section checks only the keys it gives."""
-    schema = {f.name: f for f in dataclasses.fields(RunConfig)} if not prefix else None
+    schema = ModelSection if isinstance(section, ModelKeys) else type(section)  # ModelKeys holds the keys given
+    fields = {f.name: f for f in dataclasses.fields(schema)}
     for name, value in section.items():
-        f = schema[name] if schema else _field(prefix, name)
-        key, checks = prefix + name, f.metadata
+        key, checks = prefix + name, fields[name].metadata
         if isinstance(value, Section):
             _check_section(value, key + ".")
         elif value is None:
@@ -177,12 +175,6 @@ def _check_section(section: Section, prefix: str = ""):
         bounds = [(sign, op, checks[name]) for name, (sign, op) in BOUNDS.items() if name in checks]
         if value is not None and not all(op(value, bound) for _, op, bound in bounds):
             raise ConfigError(f"{key}={value!r} must be {' and '.join(f'{s} {b}' for s, _, b in bounds)}")
-
-
-def _field(prefix: str, name: str) -> dataclasses.Field:
-    """The schema field of `name` in the section `prefix` ('train.')."""
-    kind = {f.name: f.type for f in dataclasses.fields(RunConfig)}[prefix.rstrip(".")]
-    return {f.name: f for f in dataclasses.fields(kind)}[name]
 
 
 def _validate(cfg: RunConfig, resume_given: bool):
