@@ -320,6 +320,33 @@ def test_a_resume_reads_and_merges_the_runs_saved_config_once(tmp_path, monkeypa
     assert reads.count(out / "config.yaml") == 1 and reads.count(DEFAULT_CONFIG) == 2, reads
 
 
+@pytest.mark.parametrize("config_file,record", [(None, True), ("post_ln", True), ("post_ln", False)])
+def test_a_resume_checks_and_flattens_the_runs_saved_config_once(tmp_path, monkeypatch, config_file, record):
+    """The run's saved config, with the command's overrides on it, is checked once, beside the command's own
+    config (which says where the run is) and, in a run directory from before run.json, the --config file it is
+    compared with; no loaded config is flattened twice."""
+    import normlab.config.loader as loader
+    import normlab.train.preflight as preflight
+    from normlab.config.schema import RunConfig
+
+    out, _ = _saved_run(tmp_path, "post_ln", ["train.lr=1e-3"], record=record)
+    checks, flattened = [], []
+    monkeypatch.setattr(loader, "_validate", lambda cfg, resume_given, check=loader._validate:
+                        checks.append(cfg) or check(cfg, resume_given))
+
+    def counting(cfg, prefix="", flatten=loader.flatten_config):
+        if not prefix and isinstance(cfg, RunConfig):  # a loaded config, not a layer of one (nor a recursion)
+            flattened.append(cfg)
+        return flatten(cfg, prefix)
+
+    for module in (loader, preflight):
+        monkeypatch.setattr(module, "flatten_config", counting)
+    start = preflight.run_config(config_file, [f"output_dir={out}", "train.resume=auto", "train.max_steps=900"])
+    assert start.cfg.train.max_steps == 900 and start.cfg.train.lr == 1e-3
+    assert len(checks) == (2 if record else 3), checks
+    assert len({id(cfg) for cfg in flattened}) == len(flattened), flattened
+
+
 def test_resume_auto_where_no_run_is_refused_naming_the_runs_nearby(tmp_path):
     """A typo'd output_dir: one line, the run directories beside it closest first, nothing created; a new run there
     is asked for without train.resume. A directory a run was set up in (a study writes its config.yaml first)

@@ -12,11 +12,10 @@ import yaml
 
 from model.configuration_normlab import NormLabConfig
 from normlab.config.keys import describe
-from normlab.config.schema import RunConfig
+from normlab.config.schema import BOUNDS, RunConfig
 from normlab.paths import REPO_ROOT
 
 WIDTH = 100
-BOUND_SIGNS = {"ge": ">=", "gt": ">", "lt": "<"}
 NOTE = ("Every key of the run config: its default, type and checks, then what it does. Set any with key=value "
         "(e.g. train.lr=1e-3) or in a --config file. Defaults: {path}.")
 
@@ -75,7 +74,7 @@ def key_rows(path: Path) -> list[tuple[str, str, str]]:
                 walk(f.type, key + ".", given.get(f.name) or {})
                 continue
             checks = [f"one of: {', '.join(map(str, f.metadata['choices']))}"] if "choices" in f.metadata else []
-            checks += [f"{sign} {f.metadata[b]}" for b, sign in BOUND_SIGNS.items() if b in f.metadata]
+            checks += [f"{sign} {f.metadata[b]}" for b, (sign, _) in BOUNDS.items() if b in f.metadata]
             model_doc = from_model.get(f.name, "") if prefix == "model." else ""
             if f.name in given:
                 default, doc = given[f.name], comments.get(key) or model_doc

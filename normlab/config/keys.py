@@ -8,10 +8,10 @@ import types
 import typing
 
 
-def suggest(word, choices) -> str:
-    """" (did you mean 'x'?)" for the closest of `choices`, or ""."""
+def suggest(word, choices, wording: str = " (did you mean '{}'?)") -> str:
+    """`wording` with the closest of `choices` in its {} (" (did you mean 'x'?)"), or "" when none is close."""
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    return wording.format(close[0]) if close else ""
 
 
 def describe(kind, items: bool = False) -> str:
@@ -58,8 +58,7 @@ def checked(schema, values, where: str, error=ValueError):
         raise error(f"{where} must be a mapping of keys ({', '.join(fields)}), got {type(values).__name__}")
     for key, value in values.items():
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
+            hint = suggest(key, fields, "; did you mean '{}'?")
             raise error(f"{where}: unknown key '{key}'{hint}; valid keys: {', '.join(fields)}")
         f = fields[key]
         if not matches(value, f.type):

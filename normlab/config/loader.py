@@ -7,9 +7,7 @@ message naming the key and what is valid.
 
 import contextlib
 import dataclasses
-import difflib
 import math
-import operator
 import os
 import sys
 import typing
@@ -24,7 +22,7 @@ from model.configuration_normlab import NormLabConfig
 from model.norm_code import check_norm_code
 from model.norms import NORM_TYPES, norm_class
 from normlab.config.keys import bad_choice, describe, suggest
-from normlab.config.schema import TRACKERS, ModelKeys, RunConfig, Section
+from normlab.config.schema import BOUNDS, TRACKERS, ModelKeys, ModelSection, RunConfig, Section
 from normlab.data.documents import doc_sizes_problem
 from normlab.errors import ConfigError
 from normlab.files.formats import atomic_write_text, load_yaml_mapping
@@ -42,7 +40,6 @@ HINTS = {
 # above configs/default.yaml does (a variant file, a resumed run's saved config, an override).
 WANDB_ENV = {"WANDB_PROJECT": "wandb.project", "WANDB_ENTITY": "wandb.entity", "WANDB_RUN_GROUP": "wandb.group",
              "WANDB_TAGS": "wandb.tags"}
-BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "lt": ("<", operator.lt)}
 USAGE = ("{prog} [--config FILE|NAME] [--debug] [key.sub=value ...]   "
          "e.g. --config post_ln model.norm=rmsnorm train.lr=1e-3")
 HELP_CONFIG = "--help-config[=WORD]: every config key (or those whose name contains WORD), its default and what it does"
@@ -73,11 +70,10 @@ def _key_type(key: str, source: str):
         fields = {f.name: f.type for f in dataclasses.fields(kind)}
         full = f"{here}.{part}" if here else part
         if part not in fields:
-            close = difflib.get_close_matches(part, list(fields), n=1, cutoff=0.6)
+            close = suggest(part, fields, f"; did you mean '{here + '.' if here else ''}{{}}'?")
             named = _keys_named(part) if not here else []  # `max_steps=200`: a key of a section
             hint = f"; {HINTS[full]}" if full in HINTS else (
-                f"; did you mean '{here + '.' if here else ''}{close[0]}'?" if close else
-                f"; did you mean '{named[0]}'?" if named else "")
+                close or (f"; did you mean '{named[0]}'?" if named else ""))
             under = f"under {here}" if here else "at the top level"
             raise ConfigError(f"unknown config key '{full}' ({source}){hint}; valid keys {under}: {', '.join(fields)}")
         kind, here = fields[part], full
@@ -162,10 +158,10 @@ def _check_norm(key: str, value):
 def _check_section(section: Section, prefix: str = ""):
     """Each key's metadata checks (choices, bounds, non-empty); null passes where the type allows it. The model
     section checks only the keys it gives."""
-    schema = {f.name: f for f in dataclasses.fields(RunConfig)} if not prefix else None
+    schema = ModelSection if isinstance(section, ModelKeys) else type(section)  # ModelKeys holds the keys given
+    fields = {f.name: f for f in dataclasses.fields(schema)}
     for name, value in section.items():
-        f = schema[name] if schema else _field(prefix, name)
-        key, checks = prefix + name, f.metadata
+        key, checks = prefix + name, fields[name].metadata
         if isinstance(value, Section):
             _check_section(value, key + ".")
         elif value is None:
@@ -179,12 +175,6 @@ def _check_section(section: Section, prefix: str = ""):
         bounds = [(sign, op, checks[name]) for name, (sign, op) in BOUNDS.items() if name in checks]
         if value is not None and not all(op(value, bound) for _, op, bound in bounds):
             raise ConfigError(f"{key}={value!r} must be {' and '.join(f'{s} {b}' for s, _, b in bounds)}")
-
-
-def _field(prefix: str, name: str) -> dataclasses.Field:
-    """The schema field of `name` in the section `prefix` ('train.')."""
-    kind = {f.name: f.type for f in dataclasses.fields(RunConfig)}[prefix.rstrip(".")]
-    return {f.name: f for f in dataclasses.fields(kind)}[name]
 
 
 def _validate(cfg: RunConfig, resume_given: bool):
@@ -238,11 +228,13 @@ def load_config(config_file: str | None = None, overrides=(), saved: tuple[dict,
     return merged.checked(_merge_overrides(merged.cfg, overrides), resume_given=saved is None)
 
 
-def load_resumed(saved: tuple[dict, str], overrides=()) -> tuple[RunConfig, RunConfig]:
+def load_resumed(saved: tuple[dict, str], overrides=()) -> tuple[dict, RunConfig]:
     """A resumed run's config, its files read and merged once: (the run's saved config (as load_config's `saved`)
-    on the defaults, the same with the command's `key=value` overrides), both checked."""
+    on the defaults, flat: {dotted key: value}; the same with the command's `key=value` overrides, checked). Only
+    the second is checked: it is the config the run continues with, and the first differs from it only in the
+    keys the overrides name."""
     merged = _Layers(None, saved, ())
-    before = merged.checked([], resume_given=False)
+    before = flatten_config(merged.typed([]))
     return before, merged.checked(_merge_overrides(merged.cfg, overrides), resume_given=False)
 
 
@@ -269,13 +261,18 @@ class _Layers:
             _merge(self.cfg, [(key, value, None) for key, value in flatten_config(layer).items()], source)
         self.named = [key for layer, _ in above_default for key in flatten_config(layer)]  # keys set above the defaults
 
-    def checked(self, also_named, resume_given: bool) -> RunConfig:
-        """`cfg` as it is now, as a checked RunConfig; `also_named`: the keys the command line set."""
+    def typed(self, also_named) -> RunConfig:
+        """`cfg` as it is now, as a RunConfig (each key's type checked as it was merged, the checks across keys
+        not run); `also_named`: the keys the command line set."""
         unset = [k for k in OmegaConf.missing_keys(self.cfg) if not k.startswith("model.")]
         if unset:
             raise ConfigError(f"{DEFAULT_CONFIG} has no value for {', '.join(sorted(unset))}; add it there")
-        out = _default_names_stay_with_their_data(_typed(OmegaConf.to_container(self.cfg)), self.default,
-                                                  "data.label_names" in self.named + list(also_named))
+        return _default_names_stay_with_their_data(_typed(OmegaConf.to_container(self.cfg)), self.default,
+                                                   "data.label_names" in self.named + list(also_named))
+
+    def checked(self, also_named, resume_given: bool) -> RunConfig:
+        """`cfg` as it is now, as a checked RunConfig; `also_named`: the keys the command line set."""
+        out = self.typed(also_named)
         _validate(out, resume_given)
         return out
 

@@ -4,6 +4,7 @@ loads a run's config into these dataclasses; code reads their attributes (`cfg.t
 
 import dataclasses
 import inspect
+import operator
 import typing
 from collections.abc import Mapping
 
@@ -18,6 +19,8 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 # accelerate's tracker names (accelerate.utils.LoggerType) plus "all"; kept literal so the config loads fast.
 TRACKERS = ("all", "wandb", "tensorboard", "trackio", "comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
+# The bounds a key's metadata may set (_key): how an error and --help-config write each, and its test.
+BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "lt": ("<", operator.lt)}
 
 
 class Section(Mapping):

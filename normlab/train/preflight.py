@@ -36,7 +36,11 @@ ALWAYS_GIVEN = ("train.resume", "output_dir")  # the resume command's own: where
 
 
 def config_diff(a: dict, b: dict) -> list[str]:
-    fa, fb = flatten_config(a), flatten_config(b)
+    return flat_diff(flatten_config(a), flatten_config(b))
+
+
+def flat_diff(fa: dict, fb: dict) -> list[str]:
+    """The dotted keys whose values differ between two flattened configs (a key one lacks reads as None)."""
     return sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))
 
 
@@ -73,10 +77,10 @@ def check_resume_config(cfg: RunConfig, ckpt_cfg: dict, path: Path) -> None:
     written, with a default that keeps what the run did: not a difference (a model key it lacks had
     NormLabConfig's default, and is one)."""
     saved = flatten_config(ckpt_cfg)
-    fatal = [k for k in config_diff(ckpt_cfg, cfg)
+    fatal = [k for k in flat_diff(saved, flatten_config(cfg))
              if k not in RESUMABLE + ALWAYS_GIVEN and (k in saved or k.startswith("model."))]
     if fatal:
-        shown = ", ".join(f"{k}={flatten_config(ckpt_cfg).get(k)!r}" for k in fatal[:4])
+        shown = ", ".join(f"{k}={saved.get(k)!r}" for k in fatal[:4])
         raise ConfigError(
             f"checkpoint {path} was trained with {shown}; resume with the same values (or start a new output_dir)")
 
@@ -163,9 +167,9 @@ def saved_run_config(run_dir: RunDir, resume: Resume) -> tuple[dict, str] | None
     return resume.state["config"], f"in {resume.checkpoint / TRAINER_STATE}"
 
 
-def _check_variant(config_file, record: dict, saved: RunConfig, run_dir: RunDir) -> None:
+def _check_variant(config_file, record: dict, run: dict, run_dir: RunDir) -> None:
     """A --config given on resume must be the run's own (run.json), or, for a run directory from before run.json,
-    agree with the saved config on every key it sets."""
+    agree with the run's saved config (`run`, flattened) on every key it sets."""
     out = run_dir.path
     again = f"resume without --config ({resume_command(out)}) to use the run's own config, or start a new output_dir"
     if "config_file" in record:
@@ -175,7 +179,7 @@ def _check_variant(config_file, record: dict, saved: RunConfig, run_dir: RunDir)
                               f"{run_dir.run_record_file}); {again}")
         return
     keys = flatten_config(load_yaml_mapping(resolve_config_file(str(config_file))))
-    variant, run = flatten_config(load_config(config_file)), flatten_config(saved)
+    variant = flatten_config(load_config(config_file))
     differ = [k for k in keys if k not in ALWAYS_GIVEN and variant.get(k) != run.get(k)]
     if differ:
         k = differ[0]
@@ -186,7 +190,8 @@ def _check_variant(config_file, record: dict, saved: RunConfig, run_dir: RunDir)
 def run_config(config_file, overrides) -> RunStart:
     """What a train.py command starts. A resume (train.resume set) finds its checkpoint once (find_resume: auto
     where no run is is refused) and restores the run's saved config, loaded once; the command's overrides may
-    change only RESUMABLE keys (a ConfigError names any other), and each change is stated in one notice."""
+    change only RESUMABLE keys (a ConfigError names any other), and each change is stated in one notice. The saved
+    config is read, checked (with the overrides on it) and flattened once."""
     cfg = load_config(config_file, overrides)
     run_dir, resume = RunDir.of(cfg), cfg.train.resume
     out = run_dir.path
@@ -195,12 +200,12 @@ def run_config(config_file, overrides) -> RunStart:
     if saved is None:
         return RunStart(cfg, {"config_file": _config_id(config_file)}, resume=found)
     record = run_dir.read_run_record()
-    before, resumed = load_resumed(saved, overrides)
+    old, resumed = load_resumed(saved, overrides)
     if config_file is not None:
-        _check_variant(config_file, record, before, run_dir)
+        _check_variant(config_file, record, old, run_dir)
     resumed = replace_keys(resumed, {"output_dir": cfg.output_dir, "train.resume": resume})  # the command's
-    old, new = flatten_config(before), flatten_config(resumed)
-    changed = [k for k in config_diff(before, resumed) if k not in ALWAYS_GIVEN]
+    new = flatten_config(resumed)
+    changed = [k for k in flat_diff(old, new) if k not in ALWAYS_GIVEN]
     refused = [k for k in changed if k not in RESUMABLE]
     if refused:
         k = refused[0]
