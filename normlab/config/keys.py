@@ -1,5 +1,5 @@
 """A mapping of keys checked against a dataclass schema, for the run config (normlab/config/loader.py) and the study
-grid (normlab/study/grid.py): both word their one-line errors alike (an unknown key with a close match and the
+file (normlab/study/spec.py, plan.py): both word their one-line errors alike (an unknown key with a close match and the
 valid keys, a value of the wrong type, a value outside its choices)."""
 
 import dataclasses
