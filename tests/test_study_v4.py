@@ -173,7 +173,7 @@ def test_an_invocation_keeps_the_commit_it_started_at(tmp_path):
     assert [c["commit"] for c in calls] == ["1234abc", study.git_commit()]
 
 
-def test_the_runner_measures_the_signal_once_each_arm_has_its_best_lr(tmp_path, monkeypatch):
+def test_the_runner_measures_the_signal_once_each_arm_has_its_best_lr(tmp_path, monkeypatch, capsys):
     """`signal` is a stage of the study, from the spec alone: once the sweep has chosen, every arm (an
     intervention through its tune arm) at its best LR, in the block's order, whatever the number of processes."""
     preset = tmp_path / "p.yaml"
@@ -185,6 +185,8 @@ def test_the_runner_measures_the_signal_once_each_arm_has_its_best_lr(tmp_path, 
                         "a_mean: {config: configs/pre_ln.yaml, overrides: {model.pooling: mean}, tune: a}}, "
                         "seeds: [0, 1], steps: 2, lr: {best_of: tune}, batch_size: 4, max_length: 16}\n")
     spec = study.StudySpec.load(preset)
+    study.dry_run(spec.plan, spec.plan.runs(), tmp_path / "st", [])
+    assert "then the signal measurement (6 arm-seed pairs, no training)" in capsys.readouterr().out
     monkeypatch.setattr("normlab.study.selection.dev_losses", lambda study_dir, names, score, processes: {
         n: DEV[n.rsplit("-wuon-s", 1)[0]][int(n.rsplit("-s", 1)[1]) - 100] for n in names})
     study.run_stages(spec, tmp_path / "st", {}, [], "cmd", study.LocalEngine(runner=fake_runner), shards=2)

@@ -319,6 +319,9 @@ def dry_run(plan: Plan, runs, study_dir: Path, overrides) -> int:
                             for k, v in cfg.items() if v != default.get(k))
         print(f"{action:18s} {command}    # {settings}")
     print(f"{len(runs)} runs ({sum(s not in FINISHED for s in statuses)} to train) in {study_dir}")
+    if plan.signal is not None:
+        pairs = len(plan.signal.variants) * len(plan.signal.seeds)
+        print(f"then the signal measurement ({pairs} arm-seed pairs, no training) into {study_dir / SIGNAL}")
     if (line := waiting(plan, study_selection(plan, study_dir), study_dir)) is not None:
         print(line)
     return 0
