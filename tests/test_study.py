@@ -379,6 +379,10 @@ experiments:
     (("{config: post_ln}", "{confg: post_ln}"), ["variant post_ln: unknown key 'confg'", "did you mean 'config'"]),
     (("seeds: [0, 1]", "seeds: [0, one]"), ["seeds=[0, 'one'] has the wrong type", "expected list of int"]),
     (("name: tiny", "name: tiny\nshare_runs: maybe"), ["share_runs='maybe' has the wrong type; expected bool"]),
+    (("name: tiny", "name: tiny\nsignal: {variants: {a: {}}, seeds: [0], stpes: 2, lr: 1.0e-3, batch_size: 4, "
+                    "max_length: 16}"), ["signal: unknown key 'stpes'", "did you mean 'steps'"]),
+    (("name: tiny", "name: tiny\nsignal: {variants: {a: {}}, seeds: [0], steps: 2, lr: {best_of: tnue}, "
+                    "batch_size: 4, max_length: 16}"), ["signal: lr {'best_of': 'tnue'} must be a number or"]),
 ])
 def test_a_bad_study_file_is_refused_in_one_line_naming_the_key(tmp_path, change, words):
     path = tmp_path / "bad.yaml"
