@@ -1,4 +1,4 @@
-"""The study runner's (normlab/study/runner.py, grid.py) grid, experiments, narrowing, skipping and failure recording,
+"""The study runner's (normlab/study/runner.py, plan.py) plan, experiments, narrowing, skipping and failure recording,
 with a fake runner (no training here; tests/test_study_smoke.py trains a tiny study end to end)."""
 
 import json
