@@ -1,6 +1,6 @@
 """The real SST-2 batches the benchmarks run on: the tokenized data, and batches from training's loader."""
 
-from __future__ import annotations
+import itertools
 
 from normlab.train.step import MODEL_INPUTS
 
@@ -28,9 +28,4 @@ def loader_for(cfg, tokenizer, tokenized, group_by_length: bool):
 def take_batches(cfg, tokenizer, tokenized, n: int, device) -> list[dict]:
     """The first `n` batches training would take (the model's inputs only), on `device`."""
     loader = loader_for(cfg, tokenizer, tokenized, cfg.data.group_by_length)
-    batches = []
-    for batch in loader:
-        batches.append({k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS})
-        if len(batches) == n:
-            break
-    return batches
+    return [{k: v.to(device) for k, v in batch.items() if k in MODEL_INPUTS} for batch in itertools.islice(loader, n)]

@@ -1,8 +1,6 @@
 """Section 1: CustomLayerNorm (the operator normlab::layer_norm) forward+backward time over torch.nn.LayerNorm's,
 on each implementation of the operator on the device, at training shapes."""
 
-from __future__ import annotations
-
 import math
 import statistics
 

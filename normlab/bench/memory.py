@@ -1,7 +1,5 @@
 """Section 4: peak memory of one training step, NormLab against HF BERT, on the same batch."""
 
-from __future__ import annotations
-
 import torch
 
 from normlab.bench.models import make_step, prepare

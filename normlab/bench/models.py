@@ -1,14 +1,17 @@
 """The models sections 2 and 4 race: NormLab (the config's model) and an HF BERT of identical size, and the training
 step each takes (train.py's)."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch
 
 from normlab.train.optim import adamw  # the optimizer train.py uses
 from normlab.train.step import train_step  # the step train.py takes
+
+# what the HF BERT takes from NormLab's config as it is (its norm's eps is named layer_norm_eps there)
+SAME_SIZE = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+             "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+             "initializer_range", "classifier_dropout")
 
 
 @dataclass(frozen=True)
@@ -30,15 +33,8 @@ def build_models(cfg, task: TaskShape, seed: int):
                                   num_labels=task.num_labels)
     torch.manual_seed(seed)
     normlab = NormLabForSequenceClassification(nl_config)
-    hf_config = BertConfig(
-        vocab_size=task.vocab_size, hidden_size=nl_config.hidden_size, num_hidden_layers=nl_config.num_hidden_layers,
-        num_attention_heads=nl_config.num_attention_heads, intermediate_size=nl_config.intermediate_size,
-        hidden_act=nl_config.hidden_act, hidden_dropout_prob=nl_config.hidden_dropout_prob,
-        attention_probs_dropout_prob=nl_config.attention_probs_dropout_prob,
-        max_position_embeddings=nl_config.max_position_embeddings, type_vocab_size=nl_config.type_vocab_size,
-        initializer_range=nl_config.initializer_range, layer_norm_eps=nl_config.norm_eps,
-        pad_token_id=task.pad_token_id, num_labels=task.num_labels, classifier_dropout=nl_config.classifier_dropout,
-    )
+    hf_config = BertConfig(vocab_size=task.vocab_size, pad_token_id=task.pad_token_id, num_labels=task.num_labels,
+                           layer_norm_eps=nl_config.norm_eps, **{key: getattr(nl_config, key) for key in SAME_SIZE})
     hf_config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     hf = BertForSequenceClassification(hf_config)
@@ -46,16 +42,16 @@ def build_models(cfg, task: TaskShape, seed: int):
     return normlab, hf
 
 
+def _params(module) -> int:
+    """The parameter count of `module`; 0 for None (a norm the model does not have)."""
+    return sum(p.numel() for p in module.parameters()) if module is not None else 0
+
+
 def param_counts(normlab, hf) -> dict:
     """Both models' parameter counts, and whether their difference is exactly what the explanation names."""
-    n_nl = sum(p.numel() for p in normlab.parameters())
-    n_hf = sum(p.numel() for p in hf.parameters())
-    pooler = sum(p.numel() for p in hf.bert.pooler.parameters())
-    hf_emb_norm = sum(p.numel() for p in hf.bert.embeddings.LayerNorm.parameters())
-    nl_emb_norm = sum(p.numel() for p in normlab.normlab.embeddings.norm.parameters()) \
-        if normlab.normlab.embeddings.norm is not None else 0
-    final = normlab.normlab.encoder.final_norm
-    nl_final = sum(p.numel() for p in final.parameters()) if final is not None else 0
+    n_nl, n_hf = _params(normlab), _params(hf)
+    pooler, hf_emb_norm = _params(hf.bert.pooler), _params(hf.bert.embeddings.LayerNorm)
+    nl_emb_norm, nl_final = _params(normlab.normlab.embeddings.norm), _params(normlab.normlab.encoder.final_norm)
     explained = n_hf - pooler - hf_emb_norm + nl_emb_norm + nl_final
     return {
         "normlab": n_nl, "hf_bert": n_hf, "difference_hf_minus_normlab": n_hf - n_nl,
@@ -74,10 +70,8 @@ def contestant_models(cfg, task: TaskShape, *, compile_normlab: bool = False, co
     logging, compiled or diagnostic contestants)."""
     from normlab.config.loader import replace_keys
 
-    seed = cfg.seed
-
     def build(c=cfg):
-        return build_models(c, task, seed)
+        return build_models(c, task, cfg.seed)
 
     normlab, hf = build()
     models = {"normlab_eager": normlab, "hf_bert_eager": hf}

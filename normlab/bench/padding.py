@@ -1,7 +1,5 @@
 """Section 3: the pad fraction of random batches against the length-grouped batches training uses."""
 
-from __future__ import annotations
-
 import statistics
 
 from normlab.bench.data import loader_for

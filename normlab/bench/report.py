@@ -1,7 +1,5 @@
 """scripts/bench.py's printed report: one block per section, each figure with its goal."""
 
-from __future__ import annotations
-
 from normlab.bench import layernorm, padding, throughput
 
 MIB = 2 ** 20

@@ -2,8 +2,6 @@
 one's training rate over the lone run's. Goal: each within about its fair share, 2.5x at most. The runs are
 separate `python -m normlab.train.run` processes with the thread count train.py chooses itself (docs/performance.md)."""
 
-from __future__ import annotations
-
 import os
 import subprocess
 import sys

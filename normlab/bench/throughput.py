@@ -1,8 +1,6 @@
 """Section 2: training throughput in real (non-pad) tokens/s of NormLab over HF BERT of the same size, full
 training steps on the same padded batches, timed step by step in rotating order."""
 
-from __future__ import annotations
-
 import statistics
 import time
 

@@ -4,8 +4,6 @@ Every figure is a median over repetitions in which all contestants run in turn, 
 processes, frequency changes) hits them alike.
 """
 
-from __future__ import annotations
-
 import gc
 import random
 import statistics

@@ -9,8 +9,6 @@ random vs length-grouped batches, 4. peak memory of one training step. What each
 kept fair: docs/performance.md.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import json
@@ -44,11 +42,9 @@ def parse_args(argv=None):
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few repeats (tests); numbers not meaningful")
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available, else cpu")
-    ap.add_argument("--repeats", type=int, default=None,
-                    help="interleaved repetitions of the throughput pass (default 9; quick 3); LayerNorm gets 5x "
-                         "as many")
-    ap.add_argument("--batches", type=int, default=None,
-                    help="SST-2 batches per throughput repetition (default 12; quick 2)")
+    ap.add_argument("--repeats", type=int, help="interleaved repetitions of the throughput pass (default 9; quick 3); "
+                                                "LayerNorm gets 5x as many")
+    ap.add_argument("--batches", type=int, help="SST-2 batches per throughput repetition (default 12; quick 2)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--compile", dest="compile", action="store_true", default=None,
                     help="also time the compiled NormLab (default on, off with --quick)")
@@ -101,20 +97,34 @@ def main(argv=None) -> int:
         cfg = load_config(args.config, settings["config_overrides"])
         batch_size = cfg.train.batch_size
     res = {"machine": machine_info(device), "settings": settings, "kernels": kernels}
-
+    settings["section_s"] = {}
     # 1. LayerNorm at training shapes
-    section_s = settings["section_s"] = {}
-    t0 = time.perf_counter()
-    # LayerNorm samples are short (calibrated to a couple of ms of work each): many more of them than of training
-    # passes, for stable medians
-    shapes = ln_shapes(device, settings["quick"], batch_size)
-    res["layernorm"] = bench_layernorm(device, shapes, 5 * settings["repeats"])
+    with timed_section(res, "layernorm"):
+        # LayerNorm samples are short (calibrated to a couple of ms of work each): many more of them than of
+        # training passes, for stable medians
+        shapes = ln_shapes(device, settings["quick"], batch_size)
+        res["layernorm"] = bench_layernorm(device, shapes, 5 * settings["repeats"])
     res["cuda_note"] = ("CUDA paths measured on " + res["machine"].get("gpu", "GPU") if device.type == "cuda" else
                         "CUDA paths (fp32/bf16 LayerNorm, GPU throughput and memory): untested, no GPU in this run")
-    section_s["layernorm"] = time.perf_counter() - t0
     if not args.layernorm_only:
         run_model_sections(args, res, cfg, device)
-    return finish(args, res, wall0)
+    res["machine"]["load_average_end"] = load_average()
+    settings["wall_s"] = time.perf_counter() - wall0
+    if args.out:
+        atomic_write_json(args.out, res, indent=1)
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print_report(res)
+    return 0
+
+
+@contextlib.contextmanager
+def timed_section(res, name: str):
+    """The block's wall time, as settings.section_s[name] of the output."""
+    t0 = time.perf_counter()
+    yield
+    res["settings"]["section_s"][name] = time.perf_counter() - t0
 
 
 def training_precision(device):
@@ -130,55 +140,38 @@ def run_model_sections(args, res, cfg, device) -> None:
 
     accelerator = Accelerator(cpu=device.type == "cpu")  # one process: what make_step steps with
     settings = res["settings"]
-    section_s, repeats, n_batches = settings["section_s"], settings["repeats"], settings["batches"]
+    repeats, n_batches = settings["repeats"], settings["batches"]
 
     # 3. padding (needs the data; cheap next to the timings)
-    t0 = time.perf_counter()
-    tokenizer, tokenized, num_labels = load_data(cfg)
-    section_s["data"] = time.perf_counter() - t0
+    with timed_section(res, "data"):
+        tokenizer, tokenized, num_labels = load_data(cfg)
     task = TaskShape(len(tokenizer), tokenizer.pad_token_id, num_labels)
-    t0 = time.perf_counter()
-    res["padding"] = bench_padding(cfg, tokenizer, tokenized)
-    section_s["padding"] = time.perf_counter() - t0
+    with timed_section(res, "padding"):
+        res["padding"] = bench_padding(cfg, tokenizer, tokenized)
 
     # 2. throughput on the first batches of the training loader
-    t0 = time.perf_counter()
-    batches = take_batches(cfg, tokenizer, tokenized, n_batches, device)
-    with training_precision(device):
-        models = contestant_models(cfg, task, compile_normlab=settings["compile"], compile_hf=args.compile_hf,
-                                   diagnose=args.diagnose)
-        res["throughput"] = bench_throughput(models, batches, accelerator=accelerator, cfg=cfg, device=device,
-                                             repeats=repeats)
-    section_s["throughput"] = time.perf_counter() - t0
+    with timed_section(res, "throughput"):
+        batches = take_batches(cfg, tokenizer, tokenized, n_batches, device)
+        with training_precision(device):
+            models = contestant_models(cfg, task, compile_normlab=settings["compile"], compile_hf=args.compile_hf,
+                                       diagnose=args.diagnose)
+            res["throughput"] = bench_throughput(models, batches, accelerator=accelerator, cfg=cfg, device=device,
+                                                 repeats=repeats)
 
     # 2b. throughput at the bigger width (same data, tokenizer and batches; NormLab eager vs HF BERT eager)
-    t0 = time.perf_counter()
-    cfg_wide = load_config(args.config, settings["config_overrides"] + WIDE)
-    with training_precision(device):
-        wide_batches = take_batches(cfg_wide, tokenizer, tokenized, n_batches, device)
-        res["throughput_wide"] = bench_throughput(contestant_models(cfg_wide, task, extras=False), wide_batches,
-                                                  accelerator=accelerator, cfg=cfg_wide, device=device, repeats=repeats)
-    section_s["throughput_wide"] = time.perf_counter() - t0
+    with timed_section(res, "throughput_wide"):
+        cfg_wide = load_config(args.config, settings["config_overrides"] + WIDE)
+        with training_precision(device):
+            wide_batches = take_batches(cfg_wide, tokenizer, tokenized, n_batches, device)
+            res["throughput_wide"] = bench_throughput(contestant_models(cfg_wide, task, extras=False), wide_batches,
+                                                      accelerator=accelerator, cfg=cfg_wide, device=device,
+                                                      repeats=repeats)
 
     # 4. memory, on the longest timed batch, with the eager models just timed
-    t0 = time.perf_counter()
     longest = max(batches, key=lambda b: b["input_ids"].numel())
-    with training_precision(device):
+    with timed_section(res, "memory"), training_precision(device):
         res["memory"] = bench_memory(accelerator, cfg, {"normlab": models["normlab_eager"],
                                                         "hf_bert": models["hf_bert_eager"]}, longest, device)
-    section_s["memory"] = time.perf_counter() - t0
-
-
-def finish(args, res, wall0) -> int:
-    res["machine"]["load_average_end"] = load_average()
-    res["settings"]["wall_s"] = time.perf_counter() - wall0
-    if args.out:
-        atomic_write_json(args.out, res, indent=1)
-    if args.json:
-        print(json.dumps(res))
-    else:
-        print_report(res)
-    return 0
 
 
 if __name__ == "__main__":

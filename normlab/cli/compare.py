@@ -33,7 +33,8 @@ from normlab.files.figures import lr_text, save_figure
 from normlab.files.formats import load_yaml_mapping, read_jsonl
 from normlab.run_dir import RunDir
 from normlab.study.outcomes import smooth
-from normlab.tracking.wandb_run import depth_series, resolve_mode
+from normlab.tracking.wandb_report import line_chart, rows_table
+from normlab.tracking.wandb_run import CHART_POINTS, depth_series, resolve_mode, thin
 
 WINDOW = 20  # steps in the trailing mean of per-step metrics; single batches are too noisy to compare
 LOG_RATIO = 10  # a y axis is logarithmic when its positive values span at least this factor
@@ -270,31 +271,37 @@ def figure(runs: list[Run]):
     return fig
 
 
-def draw(runs: list[Run], out: Path) -> None:
-    """The figure into `out`, in the format its suffix names; a PNG with a 256-colour palette (a third of the
-    bytes, the same picture)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_figure(figure(runs), out)
-
-
 def _shared(runs: list[Run], section: str, key: str, default: str) -> str:
     values = {(run.config.get(section) or {}).get(key) for run in runs}
     return values.pop() if len(values) == 1 and None not in values else default
 
 
 def log_to_wandb(runs: list[Run], out: Path, wandb_dir: Path, mode: str) -> dict:
-    """The figure's panels as one W&B run: in the runs' W&B group and project when they share one."""
-    from normlab.tracking.wandb_compare import log_comparison
+    """The figure's panels as one W&B run (job_type "compare", docs/wandb.md, "Comparing runs"), in the runs' W&B
+    group and project when they share one: each metric a line series with one line per run on shared axes, a table
+    of the runs (a `wandb_run_id` links the comparison to that run) and the figure itself. Its files go to
+    WANDB_DIR/wandb (offline unless `mode` is online); returns {"project", "group", "id", "mode", "dir"}."""
+    import wandb
 
     table = [{"run": run.label, "dir": str(run.path), "norm": (run.config.get("model") or {}).get("norm"),
               "norm_placement": (run.config.get("model") or {}).get("norm_placement"),
               "lr": (run.config.get("train") or {}).get("lr"), "status": run.summary.get("status"),
               "final_accuracy": (run.summary.get("final") or {}).get("eval/accuracy"),
               "wandb_run_id": run.summary.get("wandb_run_id")} for run in runs]
-    charts = {panel.metric.key: {"lines": panel.lines, "xname": panel.metric.xname, "title": panel.metric.title + (
-        f" ({WINDOW}-step mean)" if panel.metric.per_step else "")} for row in panels(runs) for panel in row}
-    return log_comparison(wandb_dir, out.stem, _shared(runs, "wandb", "group", "compare"), table, charts, out, mode,
-                          project=_shared(runs, "wandb", "project", "normlab"))
+    project, group = _shared(runs, "wandb", "project", "normlab"), _shared(runs, "wandb", "group", "compare")
+    run = wandb.init(project=project, group=group, job_type="compare", name=out.stem, mode=mode, dir=str(wandb_dir),
+                     reinit="finish_previous", settings=wandb.Settings(silent=True),
+                     config={"runs": [r["run"] for r in table],
+                             "wandb_runs": [r["wandb_run_id"] for r in table if r.get("wandb_run_id")]})
+    logged = {"compare/runs": rows_table(table), "compare/figure": wandb.Image(str(out))}
+    for panel in (panel for row in panels(runs) for panel in row):
+        title = panel.metric.title + (f" ({WINDOW}-step mean)" if panel.metric.per_step else "")
+        lines = {label: thin(list(xs), list(ys), CHART_POINTS) for label, (xs, ys) in panel.lines.items()}
+        logged[f"compare/{panel.metric.key}"] = line_chart(lines, title, panel.metric.xname)
+    run.log(logged)
+    info = {"project": project, "group": group, "id": run.id, "mode": mode, "dir": str(Path(run.dir).parent)}
+    run.finish()
+    return info
 
 
 def main(argv=None) -> int:
@@ -315,8 +322,9 @@ def main(argv=None) -> int:
         runs = load_runs(args.run_dirs, args.label)
     except ValueError as err:  # CompareError, a damaged metrics.jsonl or config.yaml, online W&B without a key
         return error_exit(parser.prog, err)
-    try:
-        draw(runs, args.out)
+    try:  # in the format the suffix names (save_figure: a PNG gets a 256-colour palette)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        save_figure(figure(runs), args.out)
     except OSError as err:
         return error_exit(parser.prog, f"could not write {args.out}: {err.strerror or err}")
     except ValueError as err:  # a suffix matplotlib cannot write; its message lists the formats it can

@@ -181,11 +181,6 @@ def check_batch_stats(model, checkpoint: Path) -> None:
                         f"the model again with this repository's model/ (from_pretrained, then save_pretrained)")
 
 
-def label_set(model) -> list[str]:
-    """Label names by class id (config.id2label)."""
-    return [str(model.config.id2label[i]) for i in range(len(model.config.id2label))]
-
-
 def label_id(value, by_name: dict, num_labels: int) -> int | None:
     """The class id of an integer id or a label name; None for anything outside the label set (None, NaN too)."""
     if isinstance(value, str) and value in by_name:
@@ -350,7 +345,7 @@ def evaluate(args):
 
     accelerator = make_accelerator()  # train.py's device setup, without a training config
     model, tokenizer = load_model(checkpoint, args.trust_remote_code)
-    names = label_set(model)
+    names = [str(model.config.id2label[i]) for i in range(len(model.config.id2label))]  # label names by class id
     if args.batch_stats:  # BN family: normalize with each batch's own statistics (the train/eval gap)
         check_batch_stats(model, checkpoint)
     model = model.to(accelerator.device).eval()

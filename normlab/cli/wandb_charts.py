@@ -54,15 +54,13 @@ def figure(runs, log_y: bool = True):
             if f"depth/{quantity}" not in run.charts():
                 ax.set_axis_off()
                 continue
-            lines = {}
+            lines = {}  # {line: [(step, value), ...]}
             for step, line, value in run.table(f"depth/{quantity}")["data"]:
-                xs, ys = lines.setdefault(line, ([], []))
-                xs.append(step)
-                ys.append(value)
+                lines.setdefault(line, []).append((step, value))
             colors = plt.cm.viridis([i / max(len(lines) - 1, 1) for i in range(len(lines))])
-            for (line, (xs, ys)), color in zip(lines.items(), colors):
-                ax.plot(xs, ys, color=color, linewidth=1, label=line)
-            if log_y and all(v > 0 for _, ys in lines.values() for v in ys):
+            for (line, points), color in zip(lines.items(), colors):
+                ax.plot(*zip(*points), color=color, linewidth=1, label=line)
+            if log_y and all(v > 0 for points in lines.values() for _, v in points):
                 ax.set_yscale("log")
             ax.grid(alpha=0.3)
             if quantity not in titled:
@@ -79,10 +77,6 @@ def figure(runs, log_y: bool = True):
     return fig
 
 
-def draw(runs, out: Path, log_y: bool = True) -> None:
-    save_figure(figure(runs, log_y), out)
-
-
 def main(argv=None) -> int:
     parser = command_parser(__doc__)
     parser.add_argument("run_dirs", nargs="+", type=Path, help="train.py output directories (with wandb/)")
@@ -94,7 +88,7 @@ def main(argv=None) -> int:
         runs = [training_run(d) for d in args.run_dirs]
     except RecordsError as err:
         return error_exit("wandb_charts.py", err)
-    draw(runs, args.out, log_y=not args.linear)
+    save_figure(figure(runs, log_y=not args.linear), args.out)
     print(f"wrote {args.out}")
     return 0
 

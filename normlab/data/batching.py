@@ -63,13 +63,11 @@ class RandomBatchSampler(Sampler):
         self.sampler.set_epoch(epoch)
 
     def _batches(self, perm: np.ndarray) -> list[list[int]]:
-        bs = self.batch_size
-        return [perm[i : i + bs].tolist() for i in range(0, len(perm), bs)]
+        return [perm[i : i + self.batch_size].tolist() for i in range(0, len(perm), self.batch_size)]
 
     def __iter__(self):
         rng = self.sampler.rng()
-        perm = rng.permutation(self.num_samples)
-        batches = self._batches(perm)
+        batches = self._batches(rng.permutation(self.num_samples))
         full = [b for b in batches if len(b) == self.batch_size]
         partial = [] if self.drop_last else [b for b in batches if len(b) < self.batch_size]
         order = rng.permutation(len(full))
@@ -93,12 +91,12 @@ class LengthGroupedBatchSampler(RandomBatchSampler):
         super().__init__(len(self.lengths), batch_size, seed, drop_last)
 
     def _batches(self, perm):
-        mega, bs = self.mega_batch_mult * self.batch_size, self.batch_size
+        mega = self.mega_batch_mult * self.batch_size
         batches = []
         for start in range(0, len(perm), mega):
             chunk = perm[start : start + mega]
-            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]  # longest first: a full batch leads
-            batches += [chunk[i : i + bs].tolist() for i in range(0, len(chunk), bs)]
+            # sorted longest first: a full batch leads
+            batches += super()._batches(chunk[np.argsort(-self.lengths[chunk], kind="stable")])
         return batches
 
 
@@ -186,10 +184,8 @@ def build_dataloaders(cfg, tokenizer, tokenized, pad_to_multiple_of: int | None 
     train = tokenized[d.train_split].remove_columns("length")
     splits = {"eval": d.eval_split, **({"dev": DEV_SPLIT} if d.dev_rows else {})}
     lengths = column(tokenized[d.train_split], "length")
-    if d.group_by_length:
-        batch_sampler = LengthGroupedBatchSampler(lengths, bs, seed=seed)
-    else:
-        batch_sampler = RandomBatchSampler(len(lengths), bs, seed=seed)
+    batch_sampler = (LengthGroupedBatchSampler(lengths, bs, seed=seed) if d.group_by_length
+                     else RandomBatchSampler(len(lengths), bs, seed=seed))
     collate = _collator(cfg.task, tokenizer, pad_to_multiple_of)
     train_loader = DataLoader(train, batch_sampler=batch_sampler, collate_fn=collate)
     eval_loaders = {prefix: row_batches(tokenized[split].remove_columns("length"), bs, tokenizer.pad_token_id,

@@ -76,8 +76,7 @@ def _as_documents(doc_rows: list[list[int]], texts: list[str], labels: list | No
         return out
 
     ids = datasets.Dataset.from_dict({SENTENCE_IDS: doc_rows},
-                                     features=datasets.Features({SENTENCE_IDS: datasets.Sequence(datasets.Value(
-                                         "int64"))}))
+                                     features=datasets.Features({SENTENCE_IDS: features[SENTENCE_IDS]}))
     return ids.map(join, batched=True, features=features, desc="composing documents")
 
 

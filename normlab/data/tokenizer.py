@@ -24,10 +24,8 @@ def _train_tokenizer(texts: list[str], vocab_size: int):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
-    )
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
     return tok
 
 
@@ -35,20 +33,15 @@ def tokenizer_cache_key(texts: list[str], vocab_size: int, text_column: str) -> 
     """Hash of everything the trained tokenizer depends on: the recipe, vocab size, column and the text itself."""
     h = hashlib.sha256(f"{TOKENIZER_RECIPE}|{vocab_size}|{text_column}|{len(texts)}".encode())
     for t in texts:
-        h.update(t.encode("utf-8", "surrogatepass"))
-        h.update(b"\x00")
+        h.update(t.encode("utf-8", "surrogatepass") + b"\x00")
     return h.hexdigest()[:20]
 
 
 def _as_texts(train_texts, text_column: str) -> list[str]:
     """A list of strings from a list, a datasets Column (`ds[col]`), or a Dataset (its text column), fast."""
-    if isinstance(train_texts, list):
-        return train_texts
     if hasattr(train_texts, "column_names"):
         return column(train_texts, text_column)
-    if hasattr(train_texts, "source"):  # datasets.Column: slicing reads it in one go, iterating row by row is slow
-        return train_texts[:]
-    return list(train_texts)
+    return train_texts[:]  # a Column's slice reads it in one go (iterating reads row by row, slowly); a list's copies
 
 
 def get_tokenizer(d, vocab_size: int, train_texts):
@@ -67,23 +60,20 @@ def get_tokenizer(d, vocab_size: int, train_texts):
                             f"tokenizer") from None
         if tokenizer.pad_token is None:  # e.g. GPT-2: padding needs some token; it is masked out anyway
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-        tokenizer.model_max_length = d.max_length
-        return _forget_load_arguments(tokenizer)
+    else:
+        texts = _as_texts(train_texts, d.text_column)
+        key = tokenizer_cache_key(texts, vocab_size, d.text_column)
 
-    texts = _as_texts(train_texts, d.text_column)
-    key = tokenizer_cache_key(texts, vocab_size, d.text_column)
+        def train():
+            return PreTrainedTokenizerFast(tokenizer_object=_train_tokenizer(texts, vocab_size), unk_token="[UNK]",
+                                           pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+                                           mask_token="[MASK]", model_max_length=d.max_length)
 
-    def train():
-        return PreTrainedTokenizerFast(
-            tokenizer_object=_train_tokenizer(texts, vocab_size), unk_token="[UNK]", pad_token="[PAD]",
-            cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", model_max_length=d.max_length,
-        )
-
-    # written atomically, checked when read, rebuilt when damaged; every process loads the same files
-    tokenizer = cached_folder(cache_dir() / "tokenizers" / key, make=train,
-                              save=lambda tok, folder: tok.save_pretrained(str(folder)),
-                              load=lambda folder: PreTrainedTokenizerFast.from_pretrained(str(folder)),
-                              what="the cached tokenizer")
+        # written atomically, checked when read, rebuilt when damaged; every process loads the same files
+        tokenizer = cached_folder(cache_dir() / "tokenizers" / key, make=train,
+                                  save=lambda tok, folder: tok.save_pretrained(str(folder)),
+                                  load=lambda folder: PreTrainedTokenizerFast.from_pretrained(str(folder)),
+                                  what="the cached tokenizer")
     tokenizer.model_max_length = d.max_length
     return _forget_load_arguments(tokenizer)
 

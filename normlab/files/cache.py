@@ -115,23 +115,17 @@ def cached_folder(final, make, save, load, what: str):
 def cached_map(ds, function, fingerprint: str, what: str, **map_kwargs):
     """ds.map(function, new_fingerprint=fingerprint), whose cache file (written atomically by datasets) is rebuilt
     with one warning when it does not load or holds other than ds's rows."""
+    # where ds.map keeps its result for `fingerprint` (datasets' naming of map caches); None: an in-memory dataset
+    path = Path(ds._get_cache_file_path(fingerprint)) if ds.cache_files else None
     try:
         mapped = ds.map(function, new_fingerprint=fingerprint, **map_kwargs)
     except Exception as e:  # noqa: BLE001 - only when a cache file was there to read: then it is the cause
-        path = _map_cache_file(ds, fingerprint)
         if path is None or not path.exists():
             raise
         problem = short(e)
     else:
         if mapped.num_rows == ds.num_rows:
             return mapped
-        path = _map_cache_file(ds, fingerprint)
         problem = f"{mapped.num_rows} rows instead of {ds.num_rows}"
     warn_rebuilding(what, path, problem)
     return ds.map(function, new_fingerprint=fingerprint, load_from_cache_file=False, **map_kwargs)
-
-
-def _map_cache_file(ds, fingerprint: str) -> Path | None:
-    """Where ds.map keeps its result for `fingerprint` (None: an in-memory dataset, not cached)."""
-    return Path(ds._get_cache_file_path(fingerprint)) if ds.cache_files else None  # datasets' naming of map caches
-

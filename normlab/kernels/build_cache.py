@@ -86,11 +86,6 @@ def loading(folder: Path):
 def load_checked(build_and_load, name: str, sources, extra_cflags):
     """build_and_load(name=, sources=, extra_cflags=) (torch.utils.cpp_extension.load), on a checked cache, with
     a stale build lock removed first."""
-    with loading(Path(build_dir(name))):
-        return _load_checked(build_and_load, name, sources, extra_cflags)
-
-
-def _load_checked(build_and_load, name: str, sources, extra_cflags):
     folder = Path(build_dir(name))
     library, inputs = folder / f"{name}.so", _inputs_digest(sources, extra_cflags)
 
@@ -99,23 +94,24 @@ def _load_checked(build_and_load, name: str, sources, extra_cflags):
         _record(folder, library, inputs)
         return module
 
-    problem = _problem(folder, library, inputs)
-    if problem is None:
-        record = read_json(folder / MANIFEST)
-        cached = library.is_file() and (not isinstance(record, dict) or record.get("inputs") == inputs)
+    with loading(folder):
+        problem = _problem(folder, library, inputs)
+        if problem is None:
+            record = read_json(folder / MANIFEST)
+            cached = library.is_file() and (not isinstance(record, dict) or record.get("inputs") == inputs)
+            try:
+                return load()
+            except Exception as e:  # noqa: BLE001 - a library was cached for these sources: it is the cause
+                if not cached:
+                    raise
+                problem = short(e)
+        warn_rebuilding("the cached kernel build", folder, problem)
+        library.unlink(missing_ok=True)  # relinked from the compiled objects: seconds, not minutes
         try:
             return load()
-        except Exception as e:  # noqa: BLE001 - a library was cached for these sources: it is the cause
-            if not cached:
-                raise
-            problem = short(e)
-    warn_rebuilding("the cached kernel build", folder, problem)
-    library.unlink(missing_ok=True)  # relinked from the compiled objects: seconds, not minutes
-    try:
-        return load()
-    except Exception:  # noqa: BLE001 - an object file is damaged too: build everything again
-        shutil.rmtree(folder, ignore_errors=True)
-        return load()
+        except Exception:  # noqa: BLE001 - an object file is damaged too: build everything again
+            shutil.rmtree(folder, ignore_errors=True)
+            return load()
 
 
 __all__ = ["build_dir", "load_checked", "loading"]

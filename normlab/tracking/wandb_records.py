@@ -96,12 +96,9 @@ class OfflineRun:
             self.name, self.tags, self.resume = r.display_name, list(r.tags), r.resume
             for item in r.config.update:
                 _set(self.config, item)
-        elif kind == "config":
-            for item in record.config.update:
-                _set(self.config, item)
-        elif kind == "summary":
-            for item in record.summary.update:
-                _set(self.summary, item)
+        elif kind in ("config", "summary"):  # self.config, self.summary
+            for item in getattr(record, kind).update:
+                _set(getattr(self, kind), item)
         elif kind == "history":
             row = {}
             for item in record.history.item:

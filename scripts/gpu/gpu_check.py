@@ -17,18 +17,19 @@ installed versions do not meet.
 """
 
 import argparse
+import importlib.metadata as md
 import json
 import os
 import platform
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from normlab.files.formats import atomic_write_json, read_jsonl
+from normlab.files.formats import atomic_write_json
 from normlab.run_dir import RunDir
+from normlab.train.run_summary import tokens_per_s
 
 # CustomLayerNorm's check: the dtypes training runs in, and hidden sizes from the default model's to the widest the
 # Triton kernel takes in one block at 16-bit (8192: 16 warps in the backward); (batch, length) rows with padding
@@ -184,11 +185,9 @@ def kernels(args) -> int:
 def summarize_run(run: Path) -> dict:
     run_dir = RunDir(run)
     summary = run_dir.read_summary() or {}
-    rows = read_jsonl(run_dir.metrics_file)
-    tps = [r["train/tokens_per_s"] for r in rows if r.get("train/tokens_per_s") is not None]
     out = {"run": run.name, "status": summary.get("status", "missing"), "steps": summary.get("step"),
            "wall_time_s": summary.get("wall_time_s"), "step_time_s": summary.get("step_time_s"),
-           "tokens_per_s_median": statistics.median(tps) if tps else None,
+           "tokens_per_s_median": tokens_per_s(run_dir.metrics_file),
            "final_eval_accuracy": (summary.get("final") or {}).get("eval/accuracy"),
            "final_eval_loss": (summary.get("final") or {}).get("eval/loss"),
            "num_processes": summary.get("num_processes")}
@@ -236,11 +235,17 @@ REPORTED = ("torch", "triton", "transformers", "accelerate", "tokenizers", "data
             "pandas", "fsspec", "huggingface-hub", "numpy", "pytest")
 
 
+def _installed(name: str) -> str | None:
+    """The installed version of a distribution; None when it is not installed."""
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
 def _unmet(dist_name: str) -> list[str]:
     """The requirements of an installed distribution that the installed versions do not meet (the carried wheels
     were installed without dependency resolution: this says whether the image's versions suit them)."""
-    from importlib import metadata as md
-
     from packaging.requirements import Requirement
 
     unmet = []
@@ -248,10 +253,7 @@ def _unmet(dist_name: str) -> list[str]:
         req = Requirement(text)
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue
-        try:
-            have = md.version(req.name)
-        except md.PackageNotFoundError:
-            have = None
+        have = _installed(req.name)
         if have is None or not req.specifier.contains(have, prereleases=True):
             unmet.append(f"{dist_name} needs {text} (installed: {have})")
     return unmet
@@ -263,15 +265,11 @@ def environment(args) -> int:
     import shutil
     import subprocess
     import time
-    from importlib import metadata as md
 
     print(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source:", os.environ.get("GPU_CHECK_SOURCE", "unknown"))
     print("python", platform.python_version(), sys.executable)
     for name in REPORTED:
-        try:
-            print(name, md.version(name))
-        except md.PackageNotFoundError:
-            print(name, "missing")
+        print(name, _installed(name) or "missing")
     if shutil.which("nvidia-smi"):
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm", "--format=csv"],
                              capture_output=True, text=True, timeout=20)

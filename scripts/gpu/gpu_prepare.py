@@ -115,10 +115,6 @@ def pip_download_command(pins: dict[str, str], dest: Path) -> list[str]:
             *(f"{k}=={v}" for k, v in pins.items())]
 
 
-def wheel_distribution(path: Path) -> str:
-    return normalize(path.name.split("-")[0])
-
-
 def download(pins: dict[str, str], dest: Path) -> list[Path]:
     """The wheels of `pins` in `dest`, and nothing else there (an older version left over would stop the install).
     Downloaded into a folder beside it first: the wheels already in `dest` go only once all of their replacements
@@ -130,7 +126,7 @@ def download(pins: dict[str, str], dest: Path) -> list[Path]:
         new = Path(tmp)
         if subprocess.run(pip_download_command(pins, new)).returncode != 0:
             raise SystemExit(f"error: pip download failed (its message is above); {dest} left as it was")
-        got = sorted(wheel_distribution(w) for w in new.glob("*.whl"))
+        got = sorted(normalize(w.name.split("-")[0]) for w in new.glob("*.whl"))  # a wheel is named dist-version-...
         if got != sorted(pins):
             raise SystemExit(f"error: downloaded wheels {got} do not match the plan {sorted(pins)}; {dest} left as "
                              f"it was")
@@ -175,16 +171,14 @@ def tree_digest(root: Path, files) -> str:
     return h.hexdigest()
 
 
-def _git(*args) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+def _git(*args, root: Path = REPO) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
 
 
 def device_files(root: Path = REPO) -> list[str]:
     """The checkout's files the device copies besides `carry` (paths relative to root): tracked ones and untracked
     ones git does not ignore; and shared/, which travels whole where the checkout has one."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=root, capture_output=True,
-                            text=True, check=True).stdout
-    files = {f for f in listed.split("\0") if f}
+    files = {f for f in _git("ls-files", "-co", "--exclude-standard", "-z", root=root).split("\0") if f}
     shared = root / "shared"
     if shared.is_dir() and not shared.is_symlink():
         files |= {str(f.relative_to(root)) for f in shared.rglob("*") if f.is_file() or f.is_symlink()}
