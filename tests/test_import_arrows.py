@@ -82,6 +82,18 @@ def test_the_library_does_not_start_its_own_command_lines():
     assert started == []
 
 
+def test_the_study_library_neither_imports_the_commands_nor_builds_argv_for_its_stages():
+    """normlab/study is a library: its stages are functions with typed arguments (run_sharded calls them in spawned
+    processes), the command lines that parse argv live in normlab/cli/ (signal.py's own `python -m` excepted).
+    Before, the LR choice's processes were handed ["--runs", "a,b", "--dev-rows", "2000", ...]."""
+    paths = sorted((REPO_ROOT / "normlab" / "study").glob("*.py"))
+    study = {f"normlab.study.{p.stem}": p for p in paths}
+    known = study | {"normlab.cli": None}
+    upward = {n for n, p in study.items() if any(m.startswith("normlab.cli") for m in _imports(p, n, set(known)))}
+    parsers = {p.name for p in paths if ".parse_args(" in p.read_text() and p.name != "signal.py"}
+    assert (upward, parsers) == (set(), set())
+
+
 def test_no_file_edits_sys_path():
     """Code is found by installing it (pip install -e .) or by PYTHONPATH, never by a file pushing a folder onto
     sys.path: such an edit makes an import work here that fails for a user."""

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from normlab.cli import study as study_cli
+from normlab.paths import REPO_ROOT
 from normlab.study import runner as study
-from normlab.study.plan import lr_grid
+from normlab.study.plan import lr_grid, parse_only, resolve_preset
 
 GRID = """
 name: tiny
@@ -51,17 +53,17 @@ def test_grid_expansion_respects_per_variant_warmup(grid):
 def test_narrowing_from_the_command_line(grid):
     _, g = grid
     runs = g.plan.runs()
-    only = study.parse_only(["variant=post_ln,seed=0", "lr=1e-3,0.01"])
+    only = parse_only(["variant=post_ln,seed=0", "lr=1e-3,0.01"])
     assert only == {"variant": {"post_ln"}, "seed": {"0"}, "lr": {"1e-3", "0.01"}}
     picked = study.narrow(runs, only)
     assert sorted(r.name for r in picked) == sorted(
         f"post_ln-lr{lr}-wu{w}-s0" for lr in ("0.001", "0.01") for w in ("on", "off"))
-    assert {r.name for r in study.narrow(runs, study.parse_only(["warmup=off"]))} == {
+    assert {r.name for r in study.narrow(runs, parse_only(["warmup=off"]))} == {
         r.name for r in runs if r.variant == "post_ln" and r.warmup == "off"}
     with pytest.raises(study.StudyError, match="lr=0.005: not in the grid; choose from 0.0001, 0.001, 0.01"):
-        study.narrow(runs, study.parse_only(["lr=0.005"]))
+        study.narrow(runs, parse_only(["lr=0.005"]))
     with pytest.raises(study.StudyError, match="unknown key 'norm'"):
-        study.parse_only(["norm=rmsnorm"])
+        parse_only(["norm=rmsnorm"])
 
 
 def out_dir(cmd) -> Path:
@@ -110,7 +112,7 @@ class FakeRunner:
 
 def test_failed_runs_are_recorded_and_reruns_skip_finished_ones(grid, tmp_path):
     grid_file, g = grid
-    runs = study.narrow(g.plan.runs(), study.parse_only(["variant=post_ln,warmup=on,seed=0"]))
+    runs = study.narrow(g.plan.runs(), parse_only(["variant=post_ln,warmup=on,seed=0"]))
     assert [r.name for r in runs] == [f"post_ln-lr{lr}-wuon-s0" for lr in ("0.0001", "0.001", "0.01")]
     study_dir = tmp_path / "st"
 
@@ -199,15 +201,15 @@ def test_parallel_cpu_runs_split_the_cores(grid, tmp_path, monkeypatch):
 def test_cli_dry_run_lists_runs_and_rejects_bad_input(grid, tmp_path, capsys):
     grid_file, _ = grid
     argv = ["--preset", str(grid_file), "--study-dir", str(tmp_path / "st"), "--dry-run"]
-    assert study.main(argv + ["--only", "variant=masked_batchnorm,seed=0"]) == 0
+    assert study_cli.main(argv + ["--only", "variant=masked_batchnorm,seed=0"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 4 and lines[-1].startswith("3 runs (3 to train)")
     assert all(line.startswith("train") and "wandb.group=tiny" in line for line in lines[:3])
     assert not (tmp_path / "st").exists()  # a dry run writes nothing
-    assert study.main(argv + ["model.nrom=rmsnorm"]) == 2
+    assert study_cli.main(argv + ["model.nrom=rmsnorm"]) == 2
     assert "unknown config key 'model.nrom'" in capsys.readouterr().err
-    assert study.main(["--preset", "nope", "--dry-run"]) == 2
-    presets = sorted(p.stem for p in (study.REPO_ROOT / "configs" / "study").glob("*.yaml"))  # a new one too
+    assert study_cli.main(["--preset", "nope", "--dry-run"]) == 2
+    presets = sorted(p.stem for p in (REPO_ROOT / "configs" / "study").glob("*.yaml"))  # a new one too
     assert {"docs", "quick", "smoke"} <= set(presets)
     assert f"--preset 'nope' not found; choose one of {', '.join(presets)} or give a YAML file path" in \
         capsys.readouterr().err
@@ -218,7 +220,7 @@ def test_presets_hold_the_designed_experiments(preset):
     """What docs/study-v3/predictions.md promises: every arm swept over >= 4 LRs and >= 1.5 decades, then run at
     its own chosen LR on >= 10 fresh seeds (the primary hypotheses); the A/A arm at LN's LR; placement on a
     quarter-decade grid with warmup on and off and >= 10 seeds; one epoch without repeated rows."""
-    g = study.StudySpec.load(study.resolve_preset(preset))
+    g = study.StudySpec.load(resolve_preset(preset))
     common = g.plan.overrides
     tune, board, aa, placement = (g.plan.experiments[k] for k in ("tune", "leaderboard", "aa", "placement"))
     assert len(tune.lr) >= 4 and math.log10(max(tune.lr) / min(tune.lr)) >= 1.5 - 1e-3
@@ -294,7 +296,7 @@ def test_experiments_waiting_for_a_sweep_say_so_instead_of_training_nothing_sile
     path = tmp_path / "staged.yaml"
     path.write_text(STAGED)
     argv = ["--preset", str(path), "--study-dir", str(tmp_path / "st"), "--dry-run", "--only", "experiment=final"]
-    assert study.main(argv) == 0
+    assert study_cli.main(argv) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-2].startswith("0 runs (0 to train)")
     assert out[-1] == ("study staged: final waits for the LRs that sweep chooses, not chosen yet: train it (--only "
@@ -302,7 +304,7 @@ def test_experiments_waiting_for_a_sweep_say_so_instead_of_training_nothing_sile
     (tmp_path / "st").mkdir()
     (tmp_path / "st" / "selection.json").write_text(json.dumps({"sweep/a/wuon": {"lr": 0.01},
                                                                 "sweep/b/wuon": {"lr": 0.001}}))
-    assert study.main(argv) == 0
+    assert study_cli.main(argv) == 0
     assert "waits for" not in capsys.readouterr().out  # chosen: final expands
 
 
@@ -310,7 +312,7 @@ def test_an_experiment_before_its_sweep_says_so_and_leaves_a_fresh_folder_untouc
     """The documented `--only experiment=board` on a fresh folder, not a dry run: the waiting line and nothing else
     (no "done" line, no traceback), exit 0 (nothing ran, nothing failed), no study folder written."""
     st = tmp_path / "st"
-    assert study.main(["--preset", "smoke", "--only", "experiment=board", "--study-dir", str(st)]) == 0
+    assert study_cli.main(["--preset", "smoke", "--only", "experiment=board", "--study-dir", str(st)]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[1:] == [  # after the pilot's floors line, which every load of smoke prints
         "study smoke: board waits for the LRs that tune chooses, not chosen yet: train it (--only experiment=tune), "
@@ -343,7 +345,7 @@ def test_experiments_prefix_run_names_and_narrow_by_experiment(tmp_path):
     runs = g.plan.runs()
     assert {r.name for r in runs} == {"a-post_ln-lr0.001-wuoff-s0", "a-post_ln-lr0.01-wuoff-s0",
                                          "b-batchnorm-lr0.001-wuon-s0", "b-batchnorm-lr0.001-wuon-s1"}
-    picked = study.narrow(runs, study.parse_only(["experiment=b"]))
+    picked = study.narrow(runs, parse_only(["experiment=b"]))
     assert {r.experiment for r in picked} == {"b"} and len(picked) == 2
     run = next(r for r in runs if r.experiment == "b")
     config, settings = study.run_settings(g.plan, run, tmp_path / "st")
@@ -433,11 +435,9 @@ def test_the_sharded_commands_read_shard_as_k_of_n(text, words, capsys):
 def test_the_invocation_is_recorded_as_it_was_typed(monkeypatch, typed, recorded):
     """study.json and meta.json keep the command a person can run again: the one they typed, not always the
     script's (a study started with `python -m normlab.cli.study` was recorded as `python scripts/study.py`)."""
-    from normlab.study import runner
-
     monkeypatch.setattr(sys, "orig_argv", typed)
-    assert runner.typed_command() == recorded
-    assert runner.typed_command(["--preset", "smoke"]) == "python scripts/study.py --preset smoke"
+    assert study_cli.typed_command() == recorded
+    assert study_cli.typed_command(["--preset", "smoke"]) == "python scripts/study.py --preset smoke"
 
 
 def test_a_report_that_cannot_be_written_after_training_is_one_line_and_the_records_stay(tmp_path, monkeypatch, capsys):

@@ -161,7 +161,7 @@ def test_a_measure_nothing_registers_is_refused_at_load_before_a_study_folder_is
                                                                                           extra, words):
     """Every measure and outcome a spec names is checked against the built-in measures and those its own hook file
     registers, by study.py's dry run and real run alike, before anything trains (not by the report after)."""
-    from normlab.study import runner
+    from normlab.cli import study as runner
 
     hypothesis = f"  - {{id: M1, outcome: {outcome}, a: batchnorm, b: ln_pre, sign: 1, family: M}}\n"
     path = spec_file(tmp_path, SPEC + hypothesis + extra)

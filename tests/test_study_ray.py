@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from normlab.cli import study as study_cli
 from normlab.study import executors
 from normlab.study import runner as study
 
@@ -68,7 +69,7 @@ def test_ray_study_has_the_local_engines_shape_and_results_and_a_rerun_starts_no
         r.name: "completed" for r in runs}
     argv = ["--preset", str(grid_file), "--study-dir", str(ray_dir), "--engine", "ray", "--parallel", "2",
             "--no-report"]
-    assert study.main(argv) == 0
+    assert study_cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "ray engine: 2 CPUs, 0 GPUs on 1 node(s); 1 CPU(s) per run" in out and "done: completed 2" in out
 
@@ -87,7 +88,7 @@ def test_ray_study_has_the_local_engines_shape_and_results_and_a_rerun_starts_no
 
     # the same command again: nothing is started, nothing written into the runs
     stamps = {p: p.stat().st_mtime_ns for p in ray_dir.rglob("*") if p.is_file() and p.name != "study.json"}
-    assert study.main(argv) == 0
+    assert study_cli.main(argv) == 0
     assert "2 runs selected, 2 already finished, 0 to train" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
@@ -170,10 +171,10 @@ def test_a_killed_train_py_is_retried_and_fails_with_the_reason_once_retries_run
 def test_bad_engine_options_are_one_line_errors(tmp_path, capsys, monkeypatch):
     grid_file = write_grid(tmp_path / "g.yaml", "g", ["pre_ln"], steps=2, save_steps=2)
     argv = ["--preset", str(grid_file), "--study-dir", str(tmp_path / "st")]
-    assert study.main(argv + ["--max-retries", "3"]) == 2
+    assert study_cli.main(argv + ["--max-retries", "3"]) == 2
     assert "--address and --max-retries apply to --engine ray only" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
-    assert study.main(argv + ["--engine", "ray"]) == 2
+    assert study_cli.main(argv + ["--engine", "ray"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == 'study.py: error: --engine ray needs Ray, which is not installed: pip install "ray[default]"'
     assert not (tmp_path / "st").exists()  # nothing started

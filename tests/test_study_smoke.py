@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from normlab.study import runner as study
+from normlab.cli import study
 
 pytestmark = pytest.mark.slow  # a whole tiny study, for real
 
@@ -104,7 +104,7 @@ def test_tiny_study_trains_scores_and_reports(tmp_path, capsys):
     from normlab.study import scoring
 
     before, _ = (study_dir / "runs.jsonl").read_text(), capsys.readouterr()
-    assert scoring.main([str(study_dir)]) == 0
+    scoring.score(study_dir)
     out = capsys.readouterr().out
     assert (study_dir / "runs.jsonl").read_text() == before
     assert f"kept {len(runs)} records scored before" in out and "scored " not in out.replace("scored before", "")

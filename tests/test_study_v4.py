@@ -7,6 +7,7 @@ import json
 import pytest
 
 from normlab.study import runner as study
+from normlab.study.study_dir import git_commit, record_invocation
 
 TWO_LRS = """
 name: two
@@ -153,7 +154,7 @@ def test_a_study_built_in_pieces_keeps_every_invocation(tmp_path):
     for seeds in ("0", "1"):
         command = f"python scripts/study.py --only seed={seeds}"
         study.StudyLedger(st, grid, command).record(f"a-s{seeds}", status="completed")
-        study.record_invocation(st, command, started=0.0)
+        record_invocation(st, command, started=0.0)
     data = json.loads((st / "study.json").read_text())
     assert [c["command"] for c in data["invocations"]] == data["commands"] == [
         "python scripts/study.py --only seed=0", "python scripts/study.py --only seed=1"]
@@ -167,10 +168,10 @@ def test_an_invocation_keeps_the_commit_it_started_at(tmp_path):
     path.write_text(TWO_LRS)
     st.mkdir()
     study.StudyLedger(st, study.StudySpec.load(path), "a").record("a-s0", status="completed")
-    study.record_invocation(st, "started earlier", started=0.0, commit="1234abc")
-    study.record_invocation(st, "now", started=0.0)
+    record_invocation(st, "started earlier", started=0.0, commit="1234abc")
+    record_invocation(st, "now", started=0.0)
     calls = json.loads((st / "study.json").read_text())["invocations"]
-    assert [c["commit"] for c in calls] == ["1234abc", study.git_commit()]
+    assert [c["commit"] for c in calls] == ["1234abc", git_commit()]
 
 
 def test_the_runner_measures_the_signal_once_each_arm_has_its_best_lr(tmp_path, monkeypatch, capsys):

@@ -4,8 +4,22 @@
 """
 
 import sys
+from pathlib import Path
 
-from normlab.study.scoring import main
+from normlab.command import command_parser
+from normlab.study.scoring import score
+from normlab.study.sharded import add_shard_options
+from normlab.study.study_dir import SCORED
+
+
+def main(argv=None) -> int:
+    parser = command_parser(__doc__)
+    parser.add_argument("study_dir", type=Path)
+    add_shard_options(parser, "score", SCORED)
+    args = parser.parse_args(argv)
+    score(args.study_dir, shard=args.shard, out=args.out)
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

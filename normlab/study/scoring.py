@@ -3,7 +3,6 @@ docs/studies.md, "The records": which splits, batchings and statistics each run 
 """
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,15 +10,13 @@ import torch
 
 from model import NormLabForMaskedLM, NormLabForSequenceClassification
 from model.norms import real_token_mask
-from normlab.command import command_parser
 from normlab.config.loader import model_config_from
 from normlab.data.batching import MLM_PROBABILITY, encode_rows, row_batches
 from normlab.data.documents import SENTENCE_IDS
 from normlab.data.sources import DEV_SPLIT, DataError, resolve_dataset
 from normlab.files.formats import atomic_write_json, read_json, read_jsonl, write_jsonl
 from normlab.run_dir import FINISHED, RunDir
-from normlab.study.sharded import add_shard_options
-from normlab.study.study_dir import SCORED, StudyDir
+from normlab.study.study_dir import StudyDir
 from normlab.train.evaluation import evaluate, in_row_order, score_batches
 from normlab.train.progress_bars import bars_on
 from normlab.train.run_summary import tokens_per_s
@@ -278,17 +275,16 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int, partn
     return rec
 
 
-def main(argv=None) -> int:
-    parser = command_parser(__doc__)
-    parser.add_argument("study_dir", type=Path)
-    add_shard_options(parser, "score", SCORED)
-    args = parser.parse_args(argv)
-    k, n = args.shard
-    folder = StudyDir(args.study_dir)
+def score(study_dir: Path, shard: tuple = (0, 1), out: Path | None = None) -> None:
+    """Every run's record, written to `out` (default STUDY/runs.jsonl), with the gold labels beside it; `shard`
+    (K, N): only every N-th run from the K-th (run_sharded's part). A record scored before whose run has not
+    changed since is kept as it was."""
+    k, n = shard
+    folder = StudyDir(study_dir)
     study, plan = read_json(folder.study_json), folder.spec().plan
-    score = {**SCORE_DEFAULTS, **plan.score}
+    scoring = {**SCORE_DEFAULTS, **plan.score}
     torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
-    sets, out = None, args.out or folder.scored
+    sets, out = None, Path(out or folder.scored)
     rows, kept = [], 0
     sweeps = plan.sweeps()
     earlier = scored_before(folder)
@@ -302,10 +298,10 @@ def main(argv=None) -> int:
             continue
         cfg = run.read_config() if sets is None else None
         if cfg is not None:
-            dsd = score_data(cfg, score["dev_rows"])
-            sets, documents = score_sets(cfg, score["dev_rows"], dsd), document_rows(cfg, dsd)
+            dsd = score_data(cfg, scoring["dev_rows"])
+            sets, documents = score_sets(cfg, scoring["dev_rows"], dsd), document_rows(cfg, dsd)
         run_sets = sets if needs_dev or sets is None else {k: v for k, v in sets.items() if k != "dev"}
-        rows.append(record(args.study_dir, name, entry, run_sets, score["batch_size"], score["partner_batchings"]))
+        rows.append(record(folder.path, name, entry, run_sets, scoring["batch_size"], scoring["partner_batchings"]))
         print(f"scored {name}: {rows[-1]['status']}", flush=True)
     if kept:
         print(f"kept {kept} records scored before: their runs have not changed since", flush=True)
@@ -316,8 +312,3 @@ def main(argv=None) -> int:
         if documents:
             write_jsonl(StudyDir(out.parent).documents_file, documents)
     print(f"{len(rows)} records -> {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

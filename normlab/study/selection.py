@@ -4,19 +4,17 @@ written once to STUDY/selection.json and reused by every later invocation (docs/
 """
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from normlab.command import command_parser
 from normlab.files.formats import atomic_write_json, read_jsonl, write_jsonl
 from normlab.run_dir import RunDir
 from normlab.study.rules import choose_lrs
 from normlab.study.scoring import SCORE_DEFAULTS, score_run, score_sets
 from normlab.study.selection_file import lr_rows, read_selection
-from normlab.study.sharded import add_shard_options, run_sharded
+from normlab.study.sharded import run_sharded
 from normlab.study.study_dir import StudyDir
 
 DEV_LOSSES = "dev_losses.jsonl"
@@ -51,8 +49,8 @@ def dev_losses(study_dir: Path, names: list[str], score: dict, processes: int = 
     """{run name: dev_loss}, in `processes` processes (run_sharded; each loss is computed alone, so how many
     processes changes nothing but the time). The rows pass through STUDY/dev_losses.jsonl, removed once read:
     selection.json keeps the losses."""
-    args = ("--runs", ",".join(names), "--dev-rows", str(score["dev_rows"]), "--batch-size", str(score["batch_size"]))
-    run_sharded(main, study_dir, DEV_LOSSES, processes, key=lambda row: row["name"], args=args)
+    run_sharded(dev_loss_rows, study_dir, DEV_LOSSES, processes, key=lambda row: row["name"], names=names,
+                dev_rows=score["dev_rows"], batch_size=score["batch_size"])
     path = study_dir / DEV_LOSSES
     rows = read_jsonl(path)
     path.unlink()
@@ -76,30 +74,16 @@ def select(spec, study_dir: Path, candidates: dict, processes: int = 1) -> dict:
     return chosen
 
 
-def main(argv=None) -> int:
-    """The dev loss of each named run's final model (what the LR choice compares), one JSON row per run.
-
-    python -m normlab.cli.dev_losses STUDY --runs NAME,NAME,...   # -> STUDY/dev_losses.jsonl
-    """
-    parser = command_parser(main.__doc__)
-    parser.add_argument("study_dir", type=Path)
-    parser.add_argument("--runs", required=True, help="comma-separated run names under STUDY/runs")
-    parser.add_argument("--dev-rows", type=int, default=SCORE_DEFAULTS["dev_rows"])
-    parser.add_argument("--batch-size", type=int, default=SCORE_DEFAULTS["batch_size"])
-    add_shard_options(parser, "measure", DEV_LOSSES)
-    args = parser.parse_args(argv)
-    k, n = args.shard
-    names = args.runs.split(",")
+def dev_loss_rows(study_dir: Path, shard: tuple, out: Path, names: list[str], dev_rows: int,
+                  batch_size: int) -> None:
+    """The dev loss of every `shard` (K, N)-th named run's final model (what the LR choice compares), one JSON row
+    per run into `out` (run_sharded's part)."""
+    k, n = shard
     torch.set_num_threads(1)  # one thread a process: the cores the training used
-    cfg = RunDir(StudyDir(args.study_dir).run(names[0])).read_config()
-    dev = score_sets(cfg, args.dev_rows)["dev"]
+    cfg = RunDir(StudyDir(study_dir).run(names[0])).read_config()
+    dev = score_sets(cfg, dev_rows)["dev"]
     rows = []
     for name in names[k::n]:
-        loss = dev_loss(StudyDir(args.study_dir).run(name), dev, args.batch_size)
+        loss = dev_loss(StudyDir(study_dir).run(name), dev, batch_size)
         rows.append({"name": name, "dev_loss": loss if math.isfinite(loss) else None})
-    write_jsonl(args.out or args.study_dir / DEV_LOSSES, rows)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    write_jsonl(out, rows)

@@ -1,41 +1,39 @@
-"""One job of a study in N processes: a command's `main` on every N-th item each (--shard K/N), the parts merged
-into one file. The LR choice's dev losses and the records' scoring both run this way, so that they use the cores the
-training used, and so that one process or N write the same file. The processes are started by multiprocessing
-(spawn: a fresh interpreter each, as the training runs have) and call the function; nothing goes through a shell."""
+"""One job of a study in N processes: a function on every N-th item each (shard K of N), the parts merged into one
+file. The LR choice's dev losses, the signal measurement and the records' scoring all run this way, so that they
+use the cores the training used, and so that one process or N write the same file. The processes are started by
+multiprocessing (spawn: a fresh interpreter each, as the training runs have) and call the function with its
+arguments; no command line is built, nothing goes through a shell, and an error a part raises reaches the caller."""
 
 import argparse
 import json
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from normlab.files.formats import atomic_write_text
 
 
-class ShardFailed(RuntimeError):
-    """A shard's `main` returned non-zero (an exception it raises reaches the caller as itself)."""
-
-
-def run_sharded(main, study_dir: Path, out: str, shards: int, key, args: tuple = ()) -> None:
-    """`main([STUDY, *args, --shard K/N, --out PART])` in `shards` processes at once, each on every shards-th item,
-    into a part file; the parts merged into STUDY/<out>, sorted by `key` of a row: the file one process writes.
-    `main` is a module-level function (a command's main), so that a spawned process can import it."""
+def run_sharded(fn, study_dir: Path, out: str, shards: int, key, **kwargs) -> None:
+    """`fn(study_dir, shard=(K, N), out=PART, **kwargs)` in `shards` processes at once, each writing the rows of
+    every shards-th item into its part file; the parts merged into STUDY/<out>, sorted by `key` of a row: the file
+    one process writes. `fn` is a module-level function, so that a spawned process can import it."""
     stem = Path(out).stem
     parts = [study_dir / f"{stem}.part{k}.jsonl" for k in range(shards)]
-    argvs = [[str(study_dir), *args, "--shard", f"{k}/{shards}", "--out", str(part)] for k, part in enumerate(parts)]
     with ProcessPoolExecutor(max_workers=shards, mp_context=multiprocessing.get_context("spawn")) as pool:
-        codes = list(pool.map(main, argvs))
-    if failed := [(argv, code) for argv, code in zip(argvs, codes) if code]:
-        (argv, code), name = failed[0], f"{main.__module__}.{main.__name__}"
-        raise ShardFailed(f"{name} {' '.join(argv)} exited {code}")
+        list(pool.map(partial(_part, fn, study_dir, shards, kwargs), range(shards), parts))
     rows = sorted((line for part in parts for line in part.read_text().splitlines()), key=lambda r: key(json.loads(r)))
     atomic_write_text(study_dir / out, "".join(row + "\n" for row in rows))
     for part in parts:
         part.unlink()
 
 
+def _part(fn, study_dir: Path, shards: int, kwargs: dict, k: int, part: Path) -> None:
+    fn(study_dir, shard=(k, shards), out=part, **kwargs)
+
+
 def add_shard_options(parser: argparse.ArgumentParser, what: str, out: str) -> None:
-    """The options run_sharded gives each process: --out (default STUDY/<out>) and --shard K/N, parsed to (K, N);
+    """A command's options for one part by hand: --out (default STUDY/<out>) and --shard K/N, parsed to (K, N);
     `what` the command does to every N-th item, for the help text."""
     parser.add_argument("--out", type=Path, default=None, help=f"default: STUDY/{out}")
     parser.add_argument("--shard", type=shard_spec, default=(0, 1), metavar="K/N",

@@ -128,6 +128,25 @@ def study_spec(folder: StudyDir, preset: str | None):
     return spec
 
 
+def chosen_lrs(spec, folder: StudyDir) -> dict:
+    """{arm: the LR it is measured at} (StudyError where a chosen LR is not chosen yet)."""
+    lrs = {arm: spec.plan.signal_lr(arm, folder.selection()) for arm in spec.plan.signal.variants}
+    if unchosen := [arm for arm, lr in lrs.items() if lr is None]:
+        raise StudyError(f"arm {unchosen[0]}'s LR is not chosen yet; train its sweep first ({SIGNAL} reads "
+                         f"{folder.selection_file})")
+    return lrs
+
+
+def measure_study(study_dir: Path, shard: tuple = (0, 1), out: Path | None = None) -> None:
+    """The block of the study folder's spec, every `shard` (K, N)-th (arm, seed) into `out` (default
+    STUDY/signal.jsonl; run_sharded's part)."""
+    folder = StudyDir(study_dir)
+    spec = folder.spec()
+    torch.set_num_threads(1)
+    k, n = shard
+    measure(spec.plan, chosen_lrs(spec, folder), cases(spec.plan.signal)[k::n], Path(out or folder / SIGNAL))
+
+
 def main(argv=None) -> int:
     parser = command_parser(__doc__)
     parser.add_argument("study_dir", type=Path)
@@ -137,18 +156,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     folder = StudyDir(args.study_dir)
     try:
-        spec = study_spec(folder, args.preset)
-        lrs = {arm: spec.plan.signal_lr(arm, folder.selection()) for arm in spec.plan.signal.variants}
-        if unchosen := [arm for arm, lr in lrs.items() if lr is None]:
-            raise StudyError(f"arm {unchosen[0]}'s LR is not chosen yet; train its sweep first ({SIGNAL} reads "
-                             f"{folder.selection_file})")
+        chosen_lrs(study_spec(folder, args.preset), folder)
     except StudyError as err:
         return error_exit("signal.py", err)
-    torch.set_num_threads(1)
     started, commit = time.time(), git_commit()
-    k, n = args.shard
-    measure(spec.plan, lrs, cases(spec.plan.signal)[k::n], args.out or folder / SIGNAL)
-    if n == 1 and folder.is_study:  # by hand into a study: meta.json lists this invocation (the runner's: its own)
+    measure_study(folder.path, args.shard, args.out)
+    if args.shard[1] == 1 and folder.is_study:  # by hand into a study: meta.json lists this invocation
         record_invocation(folder.path, shlex.join(["python", "-m", "normlab.study.signal",
                                                    *(argv if argv is not None else sys.argv[1:])]),
                           started, in_process=True, commit=commit)
