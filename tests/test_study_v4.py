@@ -144,6 +144,12 @@ def test_signal_rows_and_its_invocation_carry_commit_machine_and_start_time(tmp_
     capsys.readouterr()
     assert signal.main([str(tmp_path / "st")]) == 2
     assert capsys.readouterr().err.count("\n") == 1  # "arm a's LR is not chosen yet; train its sweep first ..."
+    # by hand into a new folder: a preset refused leaves nothing behind; one that can run is kept as its spec
+    assert signal.main([str(tmp_path / "new"), "--preset", str(tmp_path / "st" / "spec.yaml")]) == 2
+    assert not (tmp_path / "new").exists()
+    assert signal.main([str(tmp_path / "new"), "--preset", str(preset)]) == 0
+    assert (tmp_path / "new" / "spec.yaml").read_text() == preset.read_text()
+    assert (tmp_path / "new" / "signal.jsonl").read_text().count("\n") == 1
 
 
 def test_a_study_built_in_pieces_keeps_every_invocation(tmp_path):

@@ -114,15 +114,13 @@ def measure(plan: Plan, lrs: dict, todo: list[tuple], out: Path) -> list[dict]:
 
 
 def study_spec(folder: StudyDir, preset: str | None):
-    """The spec whose block is measured: the folder's snapshot, or (a folder that holds none) `preset`'s, saved
-    there first."""
+    """The spec whose block is measured: the folder's snapshot, or (a folder that holds none) `preset`'s, which
+    main saves there once it is checked."""
     from normlab.study.spec import StudySpec
 
-    if preset is not None:
-        if (folder / SPEC).is_file():
-            raise StudyError(f"{folder.path} already holds a study's {SPEC}; drop --preset to measure that study")
-        folder.save_spec(StudySpec.load(resolve_preset(preset), quiet=True))
-    spec = folder.spec()
+    if preset is not None and (folder / SPEC).is_file():
+        raise StudyError(f"{folder.path} already holds a study's {SPEC}; drop --preset to measure that study")
+    spec = StudySpec.load(resolve_preset(preset), quiet=True) if preset is not None else folder.spec()
     if spec.plan.signal is None:
         raise StudyError(f"{spec.path} has no `signal` block (variants, seeds, steps, lr, batch_size, max_length)")
     return spec
@@ -156,9 +154,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     folder = StudyDir(args.study_dir)
     try:
-        chosen_lrs(study_spec(folder, args.preset), folder)
+        chosen_lrs(spec := study_spec(folder, args.preset), folder)
     except StudyError as err:
         return error_exit("signal.py", err)
+    if args.preset is not None:
+        folder.save_spec(spec)
     started, commit = time.time(), git_commit()
     measure_study(folder.path, args.shard, args.out)
     if args.shard[1] == 1 and folder.is_study:  # by hand into a study: meta.json lists this invocation
