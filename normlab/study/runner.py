@@ -1,5 +1,5 @@
 """Run a norm study (scripts/study.py is the entry point; docs/studies.md explains the stages, engines and files):
-train the grid's runs stage by stage (LR sweeps first, then what their choices unlock), then the records and the
+train the plan's runs stage by stage (LR sweeps first, then what their choices unlock), then the records and the
 report. Every stage takes the spec (spec.py; its plan says what to train) and the study folder. STUDY/study.json
 records the commands and every run's status; STUDY/spec.yaml is the plan, held once.
 """
