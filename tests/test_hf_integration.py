@@ -165,7 +165,8 @@ def _load_in_a_fresh_process(ckpt, inputs, tmp_path):
     torch.save(inputs, tmp_path / "inputs.pt")
     (tmp_path / "load.py").write_text(REMOTE_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "hf_modules"))
+    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "hf_modules"),
+               OMP_NUM_THREADS=str(torch.get_num_threads()))  # compared bit for bit: this process's thread count
     proc = subprocess.run(
         [sys.executable, "load.py", str(ckpt), "inputs.pt", "out.pt"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
