@@ -231,3 +231,19 @@ def test_a_diverged_tuning_seed_gives_no_gap_and_no_near_tie():
     assert picked["by_lr"][1] == {"lr": 0.01, "dev_loss": float("inf"), "dev_loss_by_seed": [0.41, None]}
     assert picked["near_tie"] is False
     assert "runner_up" not in choice({1e-3: [0.4]})  # a one-LR sweep has no runner-up
+
+
+def test_a_signal_arm_is_measured_at_a_choice_its_sweep_makes_even_where_no_experiment_trains_it(tmp_path):
+    """The block's {best_of} LRs are choices like the chosen-LR experiments': pending until the sweep has made them
+    (so the runner makes them), keyed by the warmup its tune variant's sweep trains with."""
+    path = tmp_path / "p.yaml"
+    path.write_text(TWO_LRS.replace("variants: {a: {config: pre_ln}, b: {config: post_ln}}\n    lr: {best_of",
+                                    "variants: {a: {config: pre_ln}}\n    lr: {best_of")
+                    .replace("    warmup: {on: 2}\n    seeds: [100", "    warmup: {off: 0}\n    seeds: [100")
+                    .replace("    warmup: {on: 2}\n    seeds: [0, 1]", "    warmup: {off: 0}\n    seeds: [0, 1]")
+                    + "signal: {variants: {b: {config: post_ln}}, seeds: [0], steps: 2, lr: {best_of: tune}, "
+                      "batch_size: 4, max_length: 16}\n")
+    plan = study.StudySpec.load(path).plan
+    assert set(plan.pending({})) == {"tune/a/wuoff", "tune/b/wuoff"}  # b: for the signal block only
+    chosen = {"tune/a/wuoff": {"lr": 0.001}, "tune/b/wuoff": {"lr": 0.00316}}
+    assert plan.pending(chosen) == {} and plan.signal_lr("b", chosen) == 0.00316

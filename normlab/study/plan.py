@@ -44,7 +44,7 @@ class Variant:
             raise StudyError(f"{where}: lr_scale {self.lr_scale!r} must be a positive number")
         if self.seeds is not None:
             check_seeds(where, self.seeds)
-        self.overrides = overrides(self.overrides, f"variant {name} overrides")
+        self.overrides = checked_overrides(self.overrides, f"variant {name} overrides")
         self.tune, self.lr_scale = str(self.tune or name), float(self.lr_scale)
         return self
 
@@ -182,13 +182,16 @@ class Plan:
         return runs
 
     def pending(self, selection: dict) -> dict:
-        """{selection key: (swept experiment, tune variant, warmup)} for every chosen LR not chosen yet."""
+        """{selection key: (swept experiment, tune variant, warmup)} for every chosen LR not chosen yet: those the
+        chosen-LR experiments train at, and those a {best_of} signal block measures at."""
+        needs = [(e.best_of, v) for e in self.experiments.values() if e.best_of for v in e.variants.values()]
+        if self.signal is not None and isinstance(self.signal.lr, dict):
+            needs += [(self.signal.lr["best_of"], v) for v in self.signal.variants.values()]
         todo = {}
-        for exp in (e for e in self.experiments.values() if e.best_of):
-            for v in exp.variants.values():
-                key = selection_key(exp.best_of, v.tune, v.warmup[0])
-                if key not in selection:
-                    todo[key] = (exp.best_of, v.tune, v.warmup[0])
+        for sweep, v in needs:
+            key = selection_key(sweep, v.tune, v.warmup[0])
+            if key not in selection:
+                todo[key] = (sweep, v.tune, v.warmup[0])
         return todo
 
 
@@ -218,7 +221,7 @@ def load_plan(top, raw: dict, where: str) -> Plan:
                        for name, spec in top.experiments.items()]
     else:
         experiments = [load_experiment(where, "", shared, design)]
-    plan = Plan(str(top.name), {e.name: e for e in experiments}, overrides(top.overrides, "overrides"), cells,
+    plan = Plan(str(top.name), {e.name: e for e in experiments}, checked_overrides(top.overrides, "overrides"), cells,
                 top.description, top.score or {}, top.share_runs, top.wandb_project, top.selection_from)
     check_selection(where, plan)
     if plan.share_runs:
@@ -244,6 +247,8 @@ def load_signal(where: str, raw: dict, plan: Plan) -> Signal:
         if untuned:
             raise StudyError(f"{where}: {untuned[0]!r} is not a variant of {sweep.name}, whose best LR it would take; "
                              f"its variants: {', '.join(sweep.variants)}")
+        for v in sig.variants.values():  # the choice its tune variant's sweep makes (the block itself has no warmup)
+            v.warmup = sweep.variants[v.tune].warmup[:1]
     return sig
 
 
@@ -260,7 +265,7 @@ def load_experiment(where: str, name: str, raw: dict, design: dict) -> Experimen
         variants[variant] = v.resolve(at, variant, warmup)
     best_of, ranks = chosen_lr_spec(where, spec.lr)
     return Experiment(name, variants, spec.seeds, warmup, [] if best_of else lr_grid(spec.lr), best_of, ranks,
-                      overrides(spec.overrides, f"{where} overrides"), spec.description)
+                      checked_overrides(spec.overrides, f"{where} overrides"), spec.description)
 
 
 def design_variants(arms, factors, where) -> tuple[dict, dict]:
@@ -372,7 +377,7 @@ def lr_grid(spec) -> list[float]:
                      f"{{best_of: EXPERIMENT}}")
 
 
-def overrides(mapping, where) -> dict:
+def checked_overrides(mapping, where) -> dict:
     """A mapping of run config keys to values, as given (the run's config loader checks them)."""
     if not all(isinstance(k, str) for k in (mapping or {})):
         raise StudyError(f"{where} must map run config keys to values, e.g. {{train.max_steps: 200}}")

@@ -245,9 +245,9 @@ def waiting(plan: Plan, selection: dict, study_dir: Path) -> str | None:
 
 def ready_to_choose(plan: Plan, selection: dict, study_dir: Path) -> dict:
     """{selection key: {lr: [run names]}} of each arm whose sweep has finished but whose LR is not chosen yet."""
-    ready = {}
+    ready, runs = {}, plan.runs(selection)
     for key, (experiment, variant, warmup) in plan.pending(selection).items():
-        sweep = [r for r in plan.runs(selection) if experiment in r.experiments
+        sweep = [r for r in runs if experiment in r.experiments
                  and r.variant == variant and r.warmup == warmup]
         if all(RunDir(StudyDir(study_dir).run(r.name)).status() in FINISHED for r in sweep):
             ready[key] = {}

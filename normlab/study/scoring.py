@@ -282,7 +282,7 @@ def score(study_dir: Path, shard: tuple = (0, 1), out: Path | None = None) -> No
     k, n = shard
     folder = StudyDir(study_dir)
     study, plan = read_json(folder.study_json), folder.spec().plan
-    scoring = {**SCORE_DEFAULTS, **plan.score}
+    block = {**SCORE_DEFAULTS, **plan.score}  # the spec's `score` block
     torch.set_num_threads(1)  # small models: one thread, no spinning against other processes for the cores
     sets, out = None, Path(out or folder.scored)
     rows, kept = [], 0
@@ -298,10 +298,10 @@ def score(study_dir: Path, shard: tuple = (0, 1), out: Path | None = None) -> No
             continue
         cfg = run.read_config() if sets is None else None
         if cfg is not None:
-            dsd = score_data(cfg, scoring["dev_rows"])
-            sets, documents = score_sets(cfg, scoring["dev_rows"], dsd), document_rows(cfg, dsd)
+            dsd = score_data(cfg, block["dev_rows"])
+            sets, documents = score_sets(cfg, block["dev_rows"], dsd), document_rows(cfg, dsd)
         run_sets = sets if needs_dev or sets is None else {k: v for k, v in sets.items() if k != "dev"}
-        rows.append(record(folder.path, name, entry, run_sets, scoring["batch_size"], scoring["partner_batchings"]))
+        rows.append(record(folder.path, name, entry, run_sets, block["batch_size"], block["partner_batchings"]))
         print(f"scored {name}: {rows[-1]['status']}", flush=True)
     if kept:
         print(f"kept {kept} records scored before: their runs have not changed since", flush=True)
