@@ -241,6 +241,20 @@ def test_sweep_and_answer_figures_draw_an_arm_alike_and_no_best_lr_star_hides_an
     assert [t.get_text() for t in sweep.get_xticklabels()] == ["1e-3", "3.2e-3"]
 
 
+def test_the_sweep_figure_tells_an_arms_sweep_without_warmup_from_its_sweep_with_it():
+    """An arm swept with and without warmup: two curves in the arm's colour, the one without warmup dashed and
+    labelled so (before, both were drawn and labelled alike)."""
+    from normlab.study import plots
+
+    by_lr = [{"lr": lr, "dev_loss": loss} for lr, loss in ((1e-3, 0.5), (3.16e-3, 0.45))]
+    selection = {f"tune/ln/wu{w}": {"lr": 3.16e-3, "by_lr": by_lr} for w in ("on", "off")}
+    ax = plots.plot_sweep(selection, "sweep", plots.arm_colours(["ln"])).axes[0]
+    curves = {line.get_label(): line for line in ax.get_lines() if line.get_marker() == "o"}
+    assert set(curves) == {"ln", "ln (no warmup)"}
+    assert curves["ln"].get_color() == curves["ln (no warmup)"].get_color()
+    assert (curves["ln"].get_linestyle(), curves["ln (no warmup)"].get_linestyle()) == ("-", "--")
+
+
 def test_freezing_a_finished_study_checks_its_report_regenerates_byte_for_byte(tmp_path, monkeypatch, capsys):
     """report.py --freeze names this commit in meta.json only where the committed report.md and figures come out of
     it byte-identical; a difference, uncommitted code or an already frozen study is refused in one line, and nothing

@@ -407,6 +407,11 @@ def selection_arm(key: str) -> str:
     return key.split("/")[1]
 
 
+def selection_warmup(key: str) -> str:
+    """The warmup setting (on, off) a selection key names (selection_key's inverse, for labels)."""
+    return key.split("/")[2].removeprefix("wu")
+
+
 def parse_only(items: list[str]) -> dict:
     """["variant=post_ln,pre_ln,seed=0"] -> {"variant": {"post_ln", "pre_ln"}, "seed": {"0"}}: an item without "="
     is one more value of the previous key; a repeated key gives alternatives, different keys must all match."""

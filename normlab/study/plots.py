@@ -12,7 +12,7 @@ from matplotlib.ticker import NullLocator
 from matplotlib.transforms import offset_copy
 
 from normlab.files.figures import lr_text
-from normlab.study.plan import selection_arm
+from normlab.study.plan import selection_arm, selection_warmup
 from normlab.study.rules import eval_means, examples_per_step
 from normlab.study.seedstats import t_interval
 
@@ -25,16 +25,18 @@ def arm_colours(arms: list[str]) -> dict:
 
 def plot_sweep(selection: dict, title: str, colours: dict):
     """Mean dev loss against the LR in the tuning sweep, per arm: where each arm's LR was chosen (a star; the stars
-    of arms that chose the same LR side by side, so that none hides another)."""
+    of arms that chose the same LR side by side, so that none hides another). An arm swept without warmup too is
+    drawn in its colour, dashed, and labelled so."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     keys = sorted(selection)
     sharing = {k: [x for x in keys if math.isclose(selection[x]["lr"], selection[k]["lr"])] for k in keys}
     for key in keys:
-        chosen = selection[key]
+        chosen, arm = selection[key], selection_arm(key)
         xs = [row["lr"] for row in chosen["by_lr"]]
         ys = [min(row["dev_loss"], 1.0) for row in chosen["by_lr"]]
-        colour = colours[selection_arm(key)]
-        ax.plot(xs, ys, "-o", ms=3, color=colour, label=selection_arm(key))
+        colour, no_warmup = colours[arm], selection_warmup(key) == "off"
+        ax.plot(xs, ys, "--o" if no_warmup else "-o", ms=3, color=colour,
+                label=f"{arm} (no warmup)" if no_warmup else arm)
         best = next(y for x, y in zip(xs, ys) if math.isclose(x, chosen["lr"]))
         shift = (sharing[key].index(key) - (len(sharing[key]) - 1) / 2) * 11  # points: a star's width
         ax.plot([chosen["lr"]], [best], "*", ms=11, color=colour, mec="black", mew=0.5, zorder=3,
