@@ -22,8 +22,8 @@ def _build(seconds, announce_now, fail=False, **timing):
 def test_a_build_says_what_why_how_long_and_how_to_skip_then_counts_then_ends():
     lines = _build(0.35, announce_now=True, every=0.1)
     assert "building NormLab's C++ CPU kernels" in lines[0] and "train.kernels=reference" in lines[0]
-    # the measured range (docs/kernels.md), idle and with other jobs on the cores
-    assert "Measured on 2 cores: 30-60 s with the cores idle, 2-8.5 minutes with other jobs on them" in lines[0]
+    # the measured times (docs/kernels.md), idle and with another job on the cores
+    assert "Measured on 2 cores: 30 s with the cores idle, 60 s beside another build" in lines[0]
     assert any(line.startswith("normlab.kernels: still building (") for line in lines[1:-1])
     assert lines[-1].startswith("normlab.kernels: C++ kernels built in ")
 

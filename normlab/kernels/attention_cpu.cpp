@@ -11,10 +11,10 @@
 // backward, the dropout's and the softmax's gradients together. torch's SDPA on CPU does none of this when it
 // drops: with dropout it runs its unfused math path (a dozen ops and their autograd nodes, Mersenne-Twister
 // dropout).
-#include <torch/extension.h>
-#include <torch/library.h>
-
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <memory>
@@ -194,9 +194,4 @@ void normlab::register_attention() {
 void normlab::unregister_attention() {
   autograd.reset();
   kernels.reset();
-}
-
-void normlab::bind_attention(pybind11::module& m) {
-  m.def("register_attention", &normlab::register_attention, "register the kernels as normlab::attention's");
-  m.def("unregister_attention", &normlab::unregister_attention, "unregister them: the reference runs again");
 }

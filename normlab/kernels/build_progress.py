@@ -9,9 +9,9 @@ import time
 
 # The measured range (docs/kernels.md, with how each was measured)
 INTRO = ("normlab.kernels: building NormLab's C++ CPU kernels (LayerNorm, dropout, attention) once for this "
-         "machine: they make CPU training faster than the reference PyTorch code. Measured on 2 cores: 30-60 s "
-         "with the cores idle, 2-8.5 minutes with other jobs on them (needs g++ and ninja); later runs load the "
-         "cached build. To skip it: train.kernels=reference")
+         "machine: they make CPU training faster than the reference PyTorch code. Measured on 2 cores: 30 s with "
+         "the cores idle, 60 s beside another build, more under heavier load (needs g++ and ninja); later runs load "
+         "the cached build. To skip it: train.kernels=reference")
 _seconds_building = 0.0  # this process's builds so far (BuildProgress adds each)
 
 

@@ -1,17 +1,25 @@
 // The C++ CPU backend is one extension (one build, one cache entry) made of one file per operator family; each
-// file registers its kernels on its operators and binds its functions into the extension's Python module
-// (cpu_module.cpp).
+// file registers its kernels on its operators, and cpu_module.cpp binds these functions into the extension's
+// Python module. No file includes torch/extension.h (all of torch's C++ API and its Python bindings: some 20 s of
+// compiling for every file that includes it): the kernel files include ATen and the dispatcher's headers alone.
 #pragma once
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <tuple>
 
 namespace normlab {
 void register_layer_norm();
 void unregister_layer_norm();
-void bind_layer_norm(pybind11::module& m);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_forward(const at::Tensor& x,
+                                                                  const std::optional<at::Tensor>& weight,
+                                                                  const std::optional<at::Tensor>& bias, double eps);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(const at::Tensor& dy, const at::Tensor& x,
+                                                                   const std::optional<at::Tensor>& weight,
+                                                                   const at::Tensor& mean, const at::Tensor& rstd);
 void register_dropout();
 void unregister_dropout();
-void bind_dropout(pybind11::module& m);
+at::Tensor dropout(const at::Tensor& x, const at::Tensor& seed, double p);
 void register_attention();
 void unregister_attention();
-void bind_attention(pybind11::module& m);
 }  // namespace normlab

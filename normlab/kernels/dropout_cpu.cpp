@@ -7,10 +7,10 @@
 // the gradient (no mask saved: one byte per element less memory), every thread count gives the same mask, and the
 // loop vectorizes (8 hashes per AVX2 instruction sequence), where torch's CPU dropout draws one Mersenne-Twister
 // number per element, one after the other.
-#include <torch/extension.h>
-#include <torch/library.h>
-
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -99,8 +99,5 @@ void normlab::unregister_dropout() {
   kernels.reset();
 }
 
-void normlab::bind_dropout(pybind11::module& m) {
-  m.def("dropout", &dropout, "dropout(x, seed, p) -> x * mask(seed) / (1 - p): the kernel, no autograd");
-  m.def("register_dropout", &normlab::register_dropout, "register the kernel as normlab::dropout's CPU kernel");
-  m.def("unregister_dropout", &normlab::unregister_dropout, "unregister it: the reference implementation runs");
-}
+// the kernel as the Python module binds it (cpu_module.cpp)
+at::Tensor normlab::dropout(const Tensor& x, const Tensor& seed, double p) { return ::dropout(x, seed, p); }

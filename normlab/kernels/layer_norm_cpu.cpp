@@ -7,10 +7,10 @@
 //   backward(dy, x, weight, mean, rstd) -> dx (x's dtype), dweight, dbias (M, compute dtype)
 // The autograd formula stays the operator's (Python, model/layer_norm_op.py): these are plain kernels over raw
 // rows, registered for the CPU dispatch key at the bottom of this file.
-#include <torch/extension.h>
-#include <torch/library.h>
-
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -277,9 +277,14 @@ void normlab::unregister_layer_norm() {
   kernels.reset();
 }
 
-void normlab::bind_layer_norm(pybind11::module& m) {
-  m.def("forward", &forward, "forward(x, weight, bias, eps) -> y, mean, rstd: LayerNorm over x's last dim");
-  m.def("backward", &backward, "backward(dy, x, weight, mean, rstd) -> dx, dweight, dbias");
-  m.def("register_layer_norm", &normlab::register_layer_norm, "register forward/backward as the operators' CPU kernels");
-  m.def("unregister_layer_norm", &normlab::unregister_layer_norm, "unregister them: the reference implementation runs again");
+// the kernels as the Python module binds them (cpu_module.cpp)
+std::tuple<Tensor, Tensor, Tensor> normlab::layer_norm_forward(const Tensor& x, const optional<Tensor>& w,
+                                                               const optional<Tensor>& b, double eps) {
+  return ::forward(x, w, b, eps);
+}
+
+std::tuple<Tensor, Tensor, Tensor> normlab::layer_norm_backward(const Tensor& dy, const Tensor& x,
+                                                                const optional<Tensor>& w, const Tensor& mean,
+                                                                const Tensor& rstd) {
+  return ::backward(dy, x, w, mean, rstd);
 }
