@@ -308,6 +308,23 @@ def test_experiments_waiting_for_a_sweep_say_so_instead_of_training_nothing_sile
     assert "waits for" not in capsys.readouterr().out  # chosen: final expands
 
 
+def test_a_whole_studys_dry_run_says_what_the_lr_choice_will_add_and_the_count_holds(tmp_path, capsys):
+    """Before its sweep a whole study's dry run lists the sweep and says that the study itself chooses the LRs and
+    then trains up to N more runs (before, it told the user to narrow to the sweep, as a narrowed run is told);
+    once the choices are there, the dry run lists those N."""
+    st = tmp_path / "st"
+    assert study_cli.main(["--preset", "smoke", "--study-dir", str(st), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2] == f"6 runs (6 to train) in {st}"
+    assert out[-1] == ("then, once tune has ended: each arm's LR chosen on the dev split, and up to 12 runs of board "
+                       "at those LRs (a dry run lists them after the choice)")
+    st.mkdir()
+    (st / "selection.json").write_text(json.dumps({f"tune/{arm}/wuon": {"lr": 0.01, "runner_up": 0.00316}
+                                                   for arm in ("ln_pre", "rmsnorm", "batchnorm")}))
+    assert study_cli.main(["--preset", "smoke", "--study-dir", str(st), "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"18 runs (18 to train) in {st}"  # 6 + the 12
+
+
 def test_an_experiment_before_its_sweep_says_so_and_leaves_a_fresh_folder_untouched(tmp_path, capsys):
     """The documented `--only experiment=board` on a fresh folder, not a dry run: the waiting line and nothing else
     (no "done" line, no traceback), exit 0 (nothing ran, nothing failed), no study folder written."""

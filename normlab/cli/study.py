@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         runs = selected_runs(plan, only, selection)
         validate_commands(plan, runs, study_dir, args.overrides)
         if args.dry_run:
-            return dry_run(plan, runs, study_dir, args.overrides)
+            return dry_run(plan, runs, study_dir, args.overrides, narrowed=bool(only))
         line = waiting(plan, selection, study_dir)
         if not runs and line and not ready_to_choose(plan, selection, study_dir):
             # narrowed to experiments still waiting for their sweep: nothing to run, nothing failed; say which

@@ -181,6 +181,16 @@ class Plan:
                     runs.append(by_name[name])
         return runs
 
+    def unexpanded(self, selection: dict) -> dict:
+        """{chosen-LR experiment: the most runs it adds once its sweep has chosen} of those still waiting for it (a
+        shared run is counted in each experiment that uses it)."""
+        out = {}
+        for exp in (e for e in self.experiments.values() if e.best_of):
+            waiting = [name for name in exp.variants if not self.lrs(exp.name, name, selection)]
+            if waiting:
+                out[exp.name] = sum(exp.ranks * len(exp.variants[n].warmup) * len(exp.seeds_of(n)) for n in waiting)
+        return out
+
     def pending(self, selection: dict) -> dict:
         """{selection key: (swept experiment, tune variant, warmup)} for every chosen LR not chosen yet: those the
         chosen-LR experiments train at, and those a {best_of} signal block measures at."""

@@ -302,9 +302,10 @@ def measure_signal(spec: StudySpec, study_dir: Path, selection: dict, shards: in
     run_sharded(signal.measure_study, study_dir, SIGNAL, shards, key=lambda row: order[row["variant"], row["seed"]])
 
 
-def dry_run(plan: Plan, runs, study_dir: Path, overrides) -> int:
+def dry_run(plan: Plan, runs, study_dir: Path, overrides, narrowed: bool = False) -> int:
     """Print each run's command, what its config sets beyond configs/default.yaml, and whether a rerun would
-    train or skip it; write nothing."""
+    train or skip it, then what the LR choices will add (a whole study makes them itself; a `narrowed` one may have
+    to be told to train the sweep); write nothing."""
     from normlab.config.loader import flatten_config, load_config
 
     default = flatten_config(load_config())
@@ -317,9 +318,15 @@ def dry_run(plan: Plan, runs, study_dir: Path, overrides) -> int:
                             for k, v in cfg.items() if v != default.get(k))
         print(f"{action:18s} {command}    # {settings}")
     print(f"{len(runs)} runs ({sum(s not in FINISHED for s in statuses)} to train) in {study_dir}")
+    selection = study_selection(plan, study_dir)
+    if not narrowed and (later := plan.unexpanded(selection)):
+        sweeps = sorted({plan.experiments[e].best_of for e in later})
+        counts = [f"{n} runs of {e}" for e, n in later.items()]
+        print(f"then, once {' and '.join(sweeps)} {'has' if len(sweeps) == 1 else 'have'} ended: each arm's LR chosen "
+              f"on the dev split, and up to {', '.join(counts)} at those LRs (a dry run lists them after the choice)")
+    elif (line := waiting(plan, selection, study_dir)) is not None:
+        print(line)
     if plan.signal is not None:
         pairs = len(plan.signal.variants) * len(plan.signal.seeds)
         print(f"then the signal measurement ({pairs} arm-seed pairs, no training) into {study_dir / SIGNAL}")
-    if (line := waiting(plan, study_selection(plan, study_dir), study_dir)) is not None:
-        print(line)
     return 0
