@@ -57,6 +57,8 @@ def test_tiny_study_trains_scores_and_reports(tmp_path, capsys):
     study_dir = tmp_path / "st"
     assert study.main(["--preset", str(preset), "--study-dir", str(study_dir), "--parallel", "2"]) == 0
     runs = [json.loads(x) for x in (study_dir / "runs.jsonl").read_text().splitlines()]
+    out = capsys.readouterr().out  # the merged file is named, not a part the two scoring processes wrote
+    assert f"7 records -> {study_dir / 'runs.jsonl'}\n" in out and ".part" not in out
     # scored in two shards, merged in run-name order as one process writes it
     assert [r["name"] for r in runs] == sorted(r["name"] for r in runs) and not list(study_dir.glob("runs.part*"))
     selection = json.loads((study_dir / "selection.json").read_text())

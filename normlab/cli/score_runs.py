@@ -17,7 +17,8 @@ def main(argv=None) -> int:
     parser.add_argument("study_dir", type=Path)
     add_shard_options(parser, "score", SCORED)
     args = parser.parse_args(argv)
-    score(args.study_dir, shard=args.shard, out=args.out)
+    count = score(args.study_dir, shard=args.shard, out=args.out)
+    print(f"{count} records -> {args.out or args.study_dir / SCORED}")
     return 0
 
 

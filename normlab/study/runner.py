@@ -197,7 +197,8 @@ def after_training(spec: StudySpec, study_dir: Path, report: bool, shards: int =
     from normlab.study import report as study_report
     from normlab.study import scoring
 
-    run_sharded(scoring.score, study_dir, SCORED, shards, key=lambda row: row["name"])
+    count = run_sharded(scoring.score, study_dir, SCORED, shards, key=lambda row: row["name"])
+    print(f"{count} records -> {study_dir / SCORED}")
     if not report:
         return
     try:

@@ -275,10 +275,10 @@ def record(study_dir: Path, name: str, entry: dict, sets, batch_size: int, partn
     return rec
 
 
-def score(study_dir: Path, shard: tuple = (0, 1), out: Path | None = None) -> None:
+def score(study_dir: Path, shard: tuple = (0, 1), out: Path | None = None) -> int:
     """Every run's record, written to `out` (default STUDY/runs.jsonl), with the gold labels beside it; `shard`
     (K, N): only every N-th run from the K-th (run_sharded's part). A record scored before whose run has not
-    changed since is kept as it was."""
+    changed since is kept as it was. Returns the number of records written."""
     k, n = shard
     folder = StudyDir(study_dir)
     study, plan = read_json(folder.study_json), folder.spec().plan
@@ -311,4 +311,4 @@ def score(study_dir: Path, shard: tuple = (0, 1), out: Path | None = None) -> No
         atomic_write_json(StudyDir(out.parent).labels_file, labels, indent=None)
         if documents:
             write_jsonl(StudyDir(out.parent).documents_file, documents)
-    print(f"{len(rows)} records -> {out}")
+    return len(rows)

@@ -14,10 +14,11 @@ from pathlib import Path
 from normlab.files.formats import atomic_write_text
 
 
-def run_sharded(fn, study_dir: Path, out: str, shards: int, key, **kwargs) -> None:
+def run_sharded(fn, study_dir: Path, out: str, shards: int, key, **kwargs) -> int:
     """`fn(study_dir, shard=(K, N), out=PART, **kwargs)` in `shards` processes at once, each writing the rows of
     every shards-th item into its part file; the parts merged into STUDY/<out>, sorted by `key` of a row: the file
-    one process writes. `fn` is a module-level function, so that a spawned process can import it."""
+    one process writes. Returns its number of rows. `fn` is a module-level function, so that a spawned process can
+    import it."""
     stem = Path(out).stem
     parts = [study_dir / f"{stem}.part{k}.jsonl" for k in range(shards)]
     with ProcessPoolExecutor(max_workers=shards, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -26,6 +27,7 @@ def run_sharded(fn, study_dir: Path, out: str, shards: int, key, **kwargs) -> No
     atomic_write_text(study_dir / out, "".join(row + "\n" for row in rows))
     for part in parts:
         part.unlink()
+    return len(rows)
 
 
 def _part(fn, study_dir: Path, shards: int, kwargs: dict, k: int, part: Path) -> None:
