@@ -337,6 +337,21 @@ def test_an_experiment_before_its_sweep_says_so_and_leaves_a_fresh_folder_untouc
     assert err == "" and not st.exists()
 
 
+def test_a_typo_in_only_is_refused_before_the_sweep_has_chosen_too(tmp_path, capsys):
+    """Before the LR choice only an `lr` value may name a run still to come: a variant, experiment, warmup or seed
+    that the plan does not have is refused in one line (before, it read as a run waiting for its sweep)."""
+    st = tmp_path / "st"
+    assert study_cli.main(["--preset", "smoke", "--only", "variant=lnpre", "--study-dir", str(st), "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == ("study.py: error: --only variant=lnpre: not in the grid; choose from "
+                                               "batchnorm, ln_pre, rmsnorm")
+    assert study_cli.main(["--preset", "smoke", "--only", "seed=7", "--study-dir", str(st), "--dry-run"]) == 2
+    assert "--only seed=7: not in the grid; choose from 0, 1, 100" in capsys.readouterr().err
+    # an LR may still be chosen, and a board variant is in the plan: no error
+    assert study_cli.main(["--preset", "smoke", "--only", "lr=0.005", "--study-dir", str(st), "--dry-run"]) == 0
+    assert study_cli.main(["--preset", "smoke", "--only", "experiment=board,variant=ln_pre", "--study-dir", str(st),
+                           "--dry-run"]) == 0
+
+
 def test_bad_staged_grids_are_refused_in_one_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(STAGED.replace("lr: {best_of: sweep}", "lr: {best_of: swep}"))
