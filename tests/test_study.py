@@ -352,6 +352,14 @@ def test_a_typo_in_only_is_refused_before_the_sweep_has_chosen_too(tmp_path, cap
                            "--dry-run"]) == 0
 
 
+def test_parallel_below_one_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        study_cli.main(["--preset", "smoke", "--parallel", "0", "--dry-run"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "study.py: error: argument --parallel: '0': give a whole number of runs at once, 1 or more")
+
+
 def test_bad_staged_grids_are_refused_in_one_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(STAGED.replace("lr: {best_of: sweep}", "lr: {best_of: swep}"))

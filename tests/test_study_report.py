@@ -100,6 +100,15 @@ def test_a_record_digest_sees_every_measurement_but_not_the_dropped_dev_predicti
     assert record_digest(run) != record_digest(kept)
 
 
+def test_a_folder_that_does_not_exist_is_named_so(tmp_path, capsys):
+    from normlab.cli import report as report_cli
+
+    assert report_cli.main([str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip() == (f"report.py: error: {tmp_path / 'nope'}: no such folder; give a scored "
+                                               f"study directory or a folder of records")
+    assert not (tmp_path / "nope").exists()  # not created on the way
+
+
 def test_report_py_writes_only_the_report_unless_asked_for_a_wandb_run(tmp_path, monkeypatch):
     """scripts/report.py on a folder of records adds nothing but report.md and its figures; with
     --wandb the offline report run goes to --wandb-dir, not into that folder."""

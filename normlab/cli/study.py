@@ -34,6 +34,7 @@ from normlab.study.study_dir import git_commit, record_invocation
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        prog="study.py",
         description="Train the norm variants over a learning-rate grid, warmup on/off and seeds (docs/studies.md).",
         usage="study.py --preset quick|full|FILE.yaml [--only key=value,...] [--study-dir DIR] [--dry-run] "
               "[--engine local|ray [--address A] [--max-retries N]] [key=value ...]")
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="narrow by experiment, variant, lr, warmup (on/off), seed: variant=a,b,seed=0")
     parser.add_argument("--study-dir", type=Path, default=None, help="default: studies/<study name>")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
-    parser.add_argument("--parallel", type=int, default=None,
+    parser.add_argument("--parallel", type=one_or_more, default=None,
                         help="runs at once (default: one per visible GPU, else 1; CPU runs split the cores); "
                              "also the processes that choose the LRs and score the runs")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -56,6 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-report", action="store_true", help="do not run scripts/report.py at the end")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="train.py overrides for every run")
     return parser
+
+
+def one_or_more(text: str) -> int:
+    """--parallel's value: a whole number of runs at once, 1 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of runs at once, 1 or more")
+    return n
 
 
 def typed_command(argv=None) -> str:

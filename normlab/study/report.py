@@ -76,6 +76,8 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabl
     """report.md and its figures in `out` (default: source); with a wandb_mode, the W&B report run's files go to
     wandb_dir (default: source), never into `out` unless it is that."""
     source, out = Path(source), Path(out or source)
+    if not source.is_dir():  # (before `out`, which may be it, is created)
+        raise RecordsError(f"{source}: no such folder; give a scored study directory or a folder of records")
     refuse_frozen(StudyDir(source))  # before anything is copied into `out`
     out.mkdir(parents=True, exist_ok=True)
     if StudyDir(source).is_study:
