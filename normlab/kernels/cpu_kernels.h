@@ -1,7 +1,8 @@
 // The C++ CPU backend is one extension (one build, one cache entry) made of one file per operator family; each
 // file registers its kernels on its operators, and cpu_module.cpp binds these functions into the extension's
-// Python module. No file includes torch/extension.h (all of torch's C++ API and its Python bindings: some 20 s of
-// compiling for every file that includes it): the kernel files include ATen and the dispatcher's headers alone.
+// Python module. No file includes torch/extension.h (all of torch's C++ API and its Python bindings, most of the
+// build's time in every file that includes it; docs/kernels.md): the kernel files include ATen and the dispatcher's
+// headers alone.
 #pragma once
 #include <ATen/core/Tensor.h>
 

@@ -1,6 +1,6 @@
 // The Python module of the C++ CPU backend (normlab/kernels/cpu.py builds it from the files listed there): the
-// one file that includes torch's pybind11 bindings of tensors (its own header, not torch/extension.h, which adds
-// all of torch's C++ API and some 15 s of compiling).
+// one file that includes torch's pybind11 bindings of tensors (their own header, not torch/extension.h, which adds
+// all of torch's C++ API to compile; docs/kernels.md).
 #include <torch/csrc/utils/pybind.h>
 
 #include "cpu_kernels.h"
