@@ -176,3 +176,22 @@ def test_a_real_run_has_every_panel(tmp_path, capsys):
     assert len(panels) == 12 and all(len(run_lines(ax)) == 1 for ax in panels.values())
     assert run_lines(panels["train loss"])[0].get_label() == "batchnorm pre lr 2e-3"
     assert not any(math.isnan(y) for ax in panels.values() for y in run_lines(ax)[0].get_ydata())
+
+
+@pytest.mark.parametrize("low, high, labelled", [(1.5e-4, 4e-3, {"0.0002", "0.0003", "0.0005", "0.001", "0.002",
+                                                                  "0.003"}),
+                                                 (0.3, 2.5, {"0.3", "0.5", "1", "2"}),
+                                                 (1.2e-5, 2e-3, {"0.0001", "0.001"})])
+def test_a_log_axis_with_fewer_than_two_powers_of_ten_also_labels_its_2s_3s_and_5s(low, high, labelled):
+    """The update-ratio panel spanned 1.5e-4 to 4e-3: one power of ten in view, so one label on the axis."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.set_yscale("log")
+    ax.set_ylim(low, high)
+    compare.plain_log_ticks(ax.yaxis, low, high)
+    fig.canvas.draw()
+    shown = {t.get_text() for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()
+             if t.get_text() and low <= t.get_position()[1] <= high}
+    plt.close(fig)
+    assert shown == labelled

@@ -219,10 +219,10 @@ def _legend_label(run: Run) -> str:
 
 
 def plain_log_ticks(axis, low: float, high: float) -> None:
-    """A log axis's labels as plain numbers (matplotlib writes 6x10^0); on an axis spanning less than about one
-    decade, whose powers of ten are too few to read it by, also its 2s, 3s and 5s."""
+    """A log axis's labels as plain numbers (matplotlib writes 6x10^0); on an axis that shows fewer than two powers
+    of ten, too few to read it by, also its 2s, 3s and 5s."""
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
-    few = math.log10(high / low) < 1.3
+    few = math.floor(math.log10(high)) - math.ceil(math.log10(low)) < 1
 
     def minor(value, _):
         mantissa = value / 10 ** math.floor(math.log10(value) + 1e-9)
