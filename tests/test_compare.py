@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from normlab.cli import compare
+from normlab.files import figures
 
 
 def write_run(path, norm="layernorm", placement="pre", lr=1.78e-3, steps=40, layers=2, evals=True, grad_span=100.0):
@@ -79,9 +80,9 @@ def test_y_axis_is_linear_where_a_metric_barely_moves(three_runs):
     assert scales["train loss"] == scales["evaluation accuracy"] == scales["evaluation loss"] == "linear"
     assert scales["gradient norm (before clipping)"] == "log"  # falls 100x over the run
     assert scales["by layer: gradient norm"] == "linear"  # 0.1 and 0.05
-    assert compare.y_scale([0.5, 0.9, 4.9]) == "linear" and compare.y_scale([0.5, 5.0]) == "log"
-    assert compare.y_scale([0.0, 1e-3, 1e-2]) == "log"  # a zero (the first step's update) falls off the axis
-    assert compare.y_scale([-1.0, 100.0]) == compare.y_scale([0.0, 0.0]) == "linear"
+    assert figures.y_scale([0.5, 0.9, 4.9]) == "linear" and figures.y_scale([0.5, 5.0]) == "log"
+    assert figures.y_scale([0.0, 1e-3, 1e-2]) == "log"  # a zero (the first step's update) falls off the axis
+    assert figures.y_scale([-1.0, 100.0]) == figures.y_scale([0.0, 0.0]) == "linear"
 
 
 def test_a_metric_no_run_has_gets_no_panel(tmp_path):
@@ -189,7 +190,7 @@ def test_a_log_axis_with_fewer_than_two_powers_of_ten_also_labels_its_2s_3s_and_
     fig, ax = plt.subplots()
     ax.set_yscale("log")
     ax.set_ylim(low, high)
-    compare.plain_log_ticks(ax.yaxis, low, high)
+    figures.plain_log_ticks(ax.yaxis, low, high)
     fig.canvas.draw()
     shown = {t.get_text() for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()
              if t.get_text() and low <= t.get_position()[1] <= high}

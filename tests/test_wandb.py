@@ -383,3 +383,19 @@ def test_wandb_charts_titles_every_column_where_it_is_first_drawn():
     assert drift.get_title().startswith("depth/stat_drift\nBN batch vs running statistics drift")
     # each row's label in short lines that fit its height, the LR as every figure writes it
     assert fig.axes[0].get_ylabel() == "layernorm\npre-norm, lr 1e-3\ncompleted, val acc 0.800"
+
+
+def test_wandb_charts_scale_each_panel_as_normlab_compare_does():
+    """A post-LN run's activation RMS sits within 0.3% of 1: a linear axis (it was a log one, labelled 9.995x10^-1);
+    a gradient norm that falls 100x: a log axis in plain numbers; --linear: every axis linear."""
+    from normlab.cli import wandb_charts
+
+    run = FakeRun("layernorm", ["grad_norm", "act_rms"])
+    points = [(s, i) for s in (1, 2, 3) for i in range(2)]
+    run.tables["depth/act_rms"]["data"] = [[s, f"layer {i}", 1.0 + 0.001 * (s - i)] for s, i in points]
+    run.tables["depth/grad_norm"]["data"] = [[s, f"layer {i}", 10.0 ** (1 - s)] for s, i in points]
+    grad, rms = wandb_charts.figure([run]).axes[:2]
+    assert (grad.get_yscale(), rms.get_yscale()) == ("log", "linear")
+    grad.figure.canvas.draw()
+    assert {t.get_text() for t in grad.yaxis.get_majorticklabels() if t.get_text()} >= {"0.1", "1", "10"}
+    assert {ax.get_yscale() for ax in wandb_charts.figure([run], log_y=False).axes[:2]} == {"linear"}

@@ -26,10 +26,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.ticker import MaxNLocator
 
 from normlab.command import command_parser, error_exit
-from normlab.files.figures import lr_text, save_figure
+from normlab.files.figures import lr_text, save_figure, scale_y
 from normlab.files.formats import load_yaml_mapping, read_jsonl
 from normlab.run_dir import RunDir
 from normlab.study.outcomes import smooth
@@ -37,7 +37,6 @@ from normlab.tracking.wandb_report import line_chart, rows_table
 from normlab.tracking.wandb_run import CHART_POINTS, depth_series, resolve_mode, thin
 
 WINDOW = 20  # steps in the trailing mean of per-step metrics; single batches are too noisy to compare
-LOG_RATIO = 10  # a y axis is logarithmic when its positive values span at least this factor
 
 
 class CompareError(ValueError):
@@ -151,14 +150,6 @@ def panels(runs: list[Run]) -> list[list[Panel]]:
     return rows
 
 
-def y_scale(values) -> str:
-    """log when no value is negative and the positive ones span LOG_RATIO or more; linear otherwise."""
-    positive = [v for v in values if v > 0]
-    if not positive or min(values) < 0:
-        return "linear"
-    return "log" if max(positive) / min(positive) >= LOG_RATIO else "linear"
-
-
 def run_label(config: dict) -> str | None:
     """`masked_batchnorm pre lr 1.8e-3` from a run's config.yaml; None without a norm."""
     model, train = config.get("model") or {}, config.get("train") or {}
@@ -218,18 +209,6 @@ def _legend_label(run: Run) -> str:
     return ", ".join([run.label] + [e for e in extra if e])
 
 
-def plain_log_ticks(axis, low: float, high: float) -> None:
-    """A log axis's labels as plain numbers (matplotlib writes 6x10^0); on an axis that shows fewer than two powers
-    of ten, too few to read it by, also its 2s, 3s and 5s."""
-    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
-    few = math.floor(math.log10(high)) - math.ceil(math.log10(low)) < 1
-
-    def minor(value, _):
-        mantissa = value / 10 ** math.floor(math.log10(value) + 1e-9)
-        return f"{value:.3g}" if few and round(mantissa, 6) in (2, 3, 5) else ""
-    axis.set_minor_formatter(FuncFormatter(minor))
-
-
 def draw_panel(ax, panel: Panel, colors: dict) -> None:
     """One metric: each run's line in its colour (the raw values faint behind a smoothed one), the y scale by
     y_scale, and which runs lack the metric."""
@@ -239,13 +218,11 @@ def draw_panel(ax, panel: Panel, colors: dict) -> None:
         ax.plot(xs, ys, color=colors[label], linewidth=1.4, label=label,
                 marker="o" if len(xs) <= 12 else None, markersize=3)
     drawn = (panel.raw, panel.lines) if panel.metric.raw else (panel.lines,)
-    ax.set_yscale(y_scale([v for lines in drawn for _, ys in lines.values() for v in ys]))
+    scale_y(ax, [v for lines in drawn for _, ys in lines.values() for v in ys])
     ax.set_title(panel.metric.title, fontsize=9)
     ax.set_xlabel(panel.metric.xname, fontsize=8)
     ax.tick_params(labelsize=7, which="both")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # x is a step or a layer's index: never 0.5
-    if ax.get_yscale() == "log":
-        plain_log_ticks(ax.yaxis, *ax.get_ylim())
     ax.grid(alpha=0.3, which="both" if ax.get_yscale() == "log" else "major")
     if panel.missing:  # an empty legend: its title goes where the lines leave room
         ax.legend(handles=[], title="not logged by:\n" + "\n".join(panel.missing), loc="best", frameon=False,

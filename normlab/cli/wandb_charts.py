@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 from normlab.command import command_parser, error_exit
-from normlab.files.figures import lr_text, save_figure
+from normlab.files.figures import lr_text, save_figure, scale_y
 from normlab.run_dir import RunDir
 from normlab.tracking.wandb_records import RecordsError, offline_runs
 from normlab.tracking.wandb_run import DEPTH_CHARTS
@@ -60,13 +60,13 @@ def figure(runs, log_y: bool = True):
             colors = plt.cm.viridis([i / max(len(lines) - 1, 1) for i in range(len(lines))])
             for (line, points), color in zip(lines.items(), colors):
                 ax.plot(*zip(*points), color=color, linewidth=1, label=line)
-            if log_y and all(v > 0 for points in lines.values() for _, v in points):
-                ax.set_yscale("log")
+            if log_y:  # log where the values span LOG_RATIO, plain numbers (as normlab-compare's panels)
+                scale_y(ax, [v for points in lines.values() for _, v in points])
             ax.grid(alpha=0.3)
             if quantity not in titled:
                 ax.set_title(f"depth/{quantity}\n{DEPTH_CHARTS[quantity]}", fontsize=8)
                 titled.add(quantity)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps: never 1.25
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))  # steps: never 1.25; labels apart
             if row == len(runs) - 1:
                 ax.set_xlabel("step")
             if col == 0:
@@ -82,7 +82,8 @@ def main(argv=None) -> int:
     parser.add_argument("run_dirs", nargs="+", type=Path, help="train.py output directories (with wandb/)")
     parser.add_argument("--out", type=Path, default=Path("depth-charts.png"),
                         help="the PNG to write (default: depth-charts.png)")
-    parser.add_argument("--linear", action="store_true", help="linear y axes (default: log where all values > 0)")
+    parser.add_argument("--linear", action="store_true",
+                        help="linear y axes (default: log where the values are positive and span 10x or more)")
     args = parser.parse_args(argv)
     try:
         runs = [training_run(d) for d in args.run_dirs]
