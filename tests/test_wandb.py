@@ -189,6 +189,16 @@ def test_evaluate_logs_confusion_matrix_and_predictions(trained, capsys):
     assert sum(r[4] for r in table["data"]) / len(table["data"]) == pytest.approx(result["accuracy"])
 
 
+def test_evaluate_says_where_its_wandb_run_went(trained, capsys):
+    """Without --json the tables end with the eval run's folder and the command that uploads it (before, nothing
+    said a W&B run was made)."""
+    out, _ = trained
+    assert evaluate.main([str(out), "--text", "a gorgeous film", "--wandb"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    (run,) = [r for r in offline_runs(out / "wandb") if r.job_type == "eval" and f" {r.id}," in last]
+    assert last == f"W&B: eval run {run.id}, offline in {run.directory}    upload: wandb sync {run.directory}"
+
+
 def _files(out) -> dict:
     return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in out.rglob("*") if p.is_file()}
 

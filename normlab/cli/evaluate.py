@@ -415,6 +415,13 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
     return info
 
 
+def wandb_line(info: dict) -> str:
+    """Where --wandb's eval run went, as train.py's summary says it: an offline one with the command that uploads it."""
+    if info["mode"] == "offline":
+        return f"W&B: eval run {info['id']}, offline in {info['dir']}    upload: wandb sync {info['dir']}"
+    return f"W&B: eval run {info['id']} in project {info['project']}, group {info['group']}"
+
+
 def main(argv=None) -> int:
     parser = command_parser(__doc__)
     parser.add_argument("checkpoint", help="a run directory (uses its final/) or an HF model directory")
@@ -459,6 +466,8 @@ def main(argv=None) -> int:
             if result.get("predictions"):
                 parts.append("\n".join(["predicted\tprobability\ttext"] + [
                     f"{p['label']}\t{p['probability']:.4f}\t{p['text']}" for p in result["predictions"]]))
+            if "wandb" in result:
+                parts.append(wandb_line(result["wandb"]))
             print("\n\n".join(parts))
     # tear the process group down before interpreter exit (as train.py does)
     accelerator.end_training()
