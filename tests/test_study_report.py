@@ -109,9 +109,10 @@ def test_a_folder_that_does_not_exist_is_named_so(tmp_path, capsys):
     assert not (tmp_path / "nope").exists()  # not created on the way
 
 
-def test_report_py_writes_only_the_report_unless_asked_for_a_wandb_run(tmp_path, monkeypatch):
+def test_report_py_writes_only_the_report_unless_asked_for_a_wandb_run(tmp_path, monkeypatch, capsys):
     """scripts/report.py on a folder of records adds nothing but report.md and its figures; with
-    --wandb the offline report run goes to --wandb-dir, not into that folder."""
+    --wandb the offline report run goes to --wandb-dir, not into that folder, and the output says where and how to
+    upload it."""
     from normlab.cli import report as report_py
     out = tmp_path / "docs"
     out.mkdir()
@@ -127,7 +128,9 @@ def test_report_py_writes_only_the_report_unless_asked_for_a_wandb_run(tmp_path,
     assert added == {"report.md", "answer.png"} and not (tmp_path / "wandb").exists()
     assert report_py.main([str(out), "--wandb", "--wandb-dir", str(tmp_path / "elsewhere")]) == 0
     assert {p.name for p in out.iterdir()} - before == added  # still nothing else in the report's folder
-    assert list((tmp_path / "elsewhere" / "wandb").glob("offline-run-*"))
+    (run,) = (tmp_path / "elsewhere" / "wandb").glob("offline-run-*")
+    assert f"W&B: {run} (offline report run {run.name.split('-')[-1]})    upload: wandb sync {run}\n" in \
+        capsys.readouterr().out
 
 
 def test_records_carry_their_schema_version_and_a_newer_one_is_refused(tmp_path):

@@ -195,8 +195,8 @@ def test_evaluate_says_where_its_wandb_run_went(trained, capsys):
     out, _ = trained
     assert evaluate.main([str(out), "--text", "a gorgeous film", "--wandb"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    (run,) = [r for r in offline_runs(out / "wandb") if r.job_type == "eval" and f" {r.id}," in last]
-    assert last == f"W&B: eval run {run.id}, offline in {run.directory}    upload: wandb sync {run.directory}"
+    (run,) = [r for r in offline_runs(out / "wandb") if r.job_type == "eval" and f" {r.id})" in last]
+    assert last == f"W&B: {run.directory} (offline eval run {run.id})    upload: wandb sync {run.directory}"
 
 
 def _files(out) -> dict:

@@ -33,7 +33,7 @@ from normlab.files.figures import lr_text, save_figure, scale_y
 from normlab.files.formats import load_yaml_mapping, read_jsonl
 from normlab.run_dir import RunDir
 from normlab.study.outcomes import smooth
-from normlab.tracking.wandb_report import line_chart, rows_table
+from normlab.tracking.wandb_report import line_chart, rows_table, where_logged
 from normlab.tracking.wandb_run import CHART_POINTS, depth_series, resolve_mode, thin
 
 WINDOW = 20  # steps in the trailing mean of per-step metrics; single batches are too noisy to compare
@@ -309,8 +309,7 @@ def main(argv=None) -> int:
     print(f"wrote {args.out}")
     if mode != "disabled":
         info = log_to_wandb(runs, args.out, args.wandb_dir or args.out.parent, mode)
-        print(f"W&B: {info['dir']} ({info['mode']} run {info['id']})"
-              + (f"    upload: wandb sync {info['dir']}" if info["mode"] == "offline" else ""))
+        print(where_logged(info))
     return 0
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from normlab.command import command_parser, error_exit
 from normlab.files.formats import read_json
 from normlab.run_dir import MODEL_DIR_CONFIG, RunDir, saved_config_raw
+from normlab.tracking.wandb_report import where_logged
 from normlab.tracking.wandb_run import keep_offline_files_in, resolve_mode
 
 DEFAULT_BATCH_SIZE = 64  # evaluation with the running statistics: the batch size changes only the speed
@@ -415,13 +416,6 @@ def log_to_wandb(result: dict, examples: dict | None, mode: str) -> dict:
     return info
 
 
-def wandb_line(info: dict) -> str:
-    """Where --wandb's eval run went, as train.py's summary says it: an offline one with the command that uploads it."""
-    if info["mode"] == "offline":
-        return f"W&B: eval run {info['id']}, offline in {info['dir']}    upload: wandb sync {info['dir']}"
-    return f"W&B: eval run {info['id']} in project {info['project']}, group {info['group']}"
-
-
 def main(argv=None) -> int:
     parser = command_parser(__doc__)
     parser.add_argument("checkpoint", help="a run directory (uses its final/) or an HF model directory")
@@ -467,7 +461,7 @@ def main(argv=None) -> int:
                 parts.append("\n".join(["predicted\tprobability\ttext"] + [
                     f"{p['label']}\t{p['probability']:.4f}\t{p['text']}" for p in result["predictions"]]))
             if "wandb" in result:
-                parts.append(wandb_line(result["wandb"]))
+                parts.append(where_logged(result["wandb"], "eval"))
             print("\n\n".join(parts))
     # tear the process group down before interpreter exit (as train.py does)
     accelerator.end_training()

@@ -19,6 +19,7 @@ from normlab.study import outcomes as oc
 from normlab.study.plan import selection_arm
 from normlab.study.records import RECORDS, SCHEMA_VERSION, keep_committed, read_records, write_records
 from normlab.study.study_dir import COPIED, META, StudyDir
+from normlab.tracking.wandb_report import log_study, where_logged
 
 
 def copy_records(study_dir: Path, out: Path) -> None:
@@ -92,7 +93,7 @@ def make_report(source: Path, out: Path | None = None, wandb_mode: str = "disabl
     (out / "report.md").write_text(write_markdown(analysis, meta, figures))
     if wandb_mode != "disabled":
         (wandb_dir := Path(wandb_dir or source)).mkdir(parents=True, exist_ok=True)
-        log_to_wandb(analysis, out, figures, wandb_mode, wandb_dir)
+        print(where_logged(log_to_wandb(analysis, out, figures, wandb_mode, wandb_dir), "report"))
     return out / "report.md"
 
 
@@ -340,8 +341,6 @@ def draw_figures(study: engine.Study, out: Path) -> list[str]:
 def log_to_wandb(a: engine.Analysis, out: Path, figures: list[str], mode: str, wandb_dir: Path) -> dict | None:
     """The report as a W&B run in the study's group (its files in wandb_dir/wandb): every run a row, the scorecard
     a table, the figures images."""
-    from normlab.tracking.wandb_report import log_study
-
     fields = ("name", "experiment", "variant", "lr", "warmup", "seed", "status", "norm", "placement", "commit")
     rows = [{**{k: r.to_dict().get(k) for k in fields}, "val_accuracy": r.score(), "val_loss": r.score("loss")}
             for r in a.study.runs]

@@ -1,8 +1,17 @@
 """A study's report run in Weights & Biases, in the group of the study's training runs (job_type "report"; what
-it holds: docs/wandb.md). Generic on purpose: scripts/report.py decides what the rows, sweeps and verdicts are."""
+it holds: docs/wandb.md). Generic on purpose: scripts/report.py decides what the rows, sweeps and verdicts are.
+And the line every command that logs a W&B run ends with."""
 
 import math
 from pathlib import Path
+
+
+def where_logged(info: dict, kind: str = "") -> str:
+    """`W&B: DIR (offline eval run ID)    upload: wandb sync DIR`: where a command's W&B run (`info`: its dir, mode
+    and id) keeps its files and, offline, the command that uploads them."""
+    run = " ".join(filter(None, (info["mode"], kind, "run", info["id"])))
+    upload = f"    upload: wandb sync {info['dir']}" if info["mode"] == "offline" else ""
+    return f"W&B: {info['dir']} ({run}){upload}"
 
 
 def _cell(value):
