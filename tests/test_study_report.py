@@ -300,6 +300,28 @@ def test_freezing_a_finished_study_checks_its_report_regenerates_byte_for_byte(t
         report_cli.main([str(out), "--freeze", "--out", str(tmp_path / "x")])
 
 
+def test_freezing_needs_the_records_committed_and_a_folder_git_ignores_is_not(tmp_path, monkeypatch):
+    """A study under studies/ (ignored) would be frozen with a regenerate command whose worktree lacks it."""
+    import subprocess
+
+    from normlab.study import freeze, study_dir
+
+    repo = tmp_path / "repo"
+    (repo / "docs").mkdir(parents=True)
+    (repo / ".gitignore").write_text("studies/\n")
+    (repo / "docs" / "meta.json").write_text("{}")
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    monkeypatch.setattr(freeze, "REPO_ROOT", repo)
+    monkeypatch.setattr(study_dir, "REPO_ROOT", repo)  # where git runs
+    (repo / "studies" / "mine").mkdir(parents=True)
+    (repo / "studies" / "mine" / "meta.json").write_text("{}")
+    assert freeze.unchanged_in_git(repo / "docs") and freeze.unchanged_in_git(tmp_path / "outside")
+    assert not freeze.unchanged_in_git(repo / "studies" / "mine")
+    (repo / "docs" / "meta.json").write_text('{"edited": true}')
+    assert not freeze.unchanged_in_git(repo / "docs")
+
+
 def test_the_answer_figure_puts_arms_of_different_batch_sizes_on_one_axis_of_examples():
     """An arm at batch 8 evaluates at 4x the steps of one at 32 over the same data: the accuracy curves are drawn
     against the examples seen, so both end at the same place; arms of one batch size keep the optimizer step."""

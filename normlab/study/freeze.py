@@ -18,12 +18,13 @@ REGENERATED = ("report.md", "answer.png", "sweep.png")  # what report.py writes 
 
 
 def unchanged_in_git(folder: Path) -> bool:
-    """True where the folder is outside this checkout or git has it exactly as committed (untracked files count)."""
+    """True where the folder is outside this checkout or git has it exactly as committed (untracked files count, and
+    so do ignored ones: a study under the ignored studies/ is not in the commit whose worktree regenerates it)."""
     try:
         inside = Path(folder).resolve().relative_to(REPO_ROOT)
     except ValueError:
         return True
-    return not git("status", "--porcelain", "--", str(inside))
+    return not git("status", "--porcelain", "--ignored", "--", str(inside))
 
 
 def freeze(folder: Path) -> str:
