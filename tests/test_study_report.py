@@ -52,6 +52,17 @@ def test_report_regenerates_from_the_copied_records_alone(tmp_path):
     assert report.make_report(study).read_text() == first  # in place, as study.py writes it
 
 
+def test_the_report_points_at_predictions_md_only_where_the_study_has_one(tmp_path):
+    """A user's own study has no predictions.md: its report says where its predictions are (the spec); a committed
+    study keeps its write-up beside its records folder, and the report points there."""
+    write_study(tmp_path / "study", synthetic_records())
+    mine = report.make_report(tmp_path / "study", tmp_path / "mine" / "records").read_text()
+    assert "the predictions and their reasons: the spec's hypotheses (spec.yaml)." in mine
+    (tmp_path / "mine" / "predictions.md").write_text("# why\n")
+    written = report.make_report(tmp_path / "mine" / "records").read_text()
+    assert "the predictions and their reasons: predictions.md beside the study." in written
+
+
 def test_a_study_continued_in_a_fresh_folder_joins_its_committed_records_without_overwriting_them(tmp_path, capsys):
     """Seeds 0-4 committed from one machine, seeds 5-9 trained later in a fresh study folder: reporting the fresh
     folder into the committed one keeps every committed record as it was and adds the new ones. A run finished in
