@@ -189,6 +189,17 @@ def test_a_measure_name_means_one_function(tmp_path):
     assert engine.load_hooks(hooks) == {"spread"}  # the original is still the one registered
 
 
+def test_a_hook_file_loads_without_leaving_bytecode_beside_it(tmp_path, monkeypatch):
+    """A records folder's hooks.py copy is loaded by every report: no __pycache__ may appear in the folder, where
+    report.py writes nothing but the report (and which freezing checks is committed as it is)."""
+    import sys
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)  # a user's Python (this suite may run without bytecode)
+    (tmp_path / "hooks.py").write_text((REPO_ROOT / "configs" / "study" / "hooks" / "spread.py").read_text())
+    assert engine.load_hooks(tmp_path / "hooks.py") == {"spread"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hooks.py"] and sys.dont_write_bytecode is False
+
+
 BOUNDED = SPEC + """
   - {id: B1, outcome: accuracy, a: rmsnorm, b: ln_pre, sign: 1, family: B1, every_run: {a: ">= 0.70", b: "< 0.75"}}
   - {id: B2, outcome: accuracy, a: rmsnorm, b: [ln_pre], contrast: group_means, sign: 1, family: B2,

@@ -319,7 +319,7 @@ def test_freezing_needs_the_records_committed_and_a_folder_git_ignores_is_not(tm
 
     repo = tmp_path / "repo"
     (repo / "docs").mkdir(parents=True)
-    (repo / ".gitignore").write_text("studies/\n")
+    (repo / ".gitignore").write_text("studies/\n__pycache__/\n")
     (repo / "docs" / "meta.json").write_text("{}")
     for args in (["init", "-q"], ["add", "."], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x"]):
         subprocess.run(["git", *args], cwd=repo, check=True)
@@ -329,6 +329,9 @@ def test_freezing_needs_the_records_committed_and_a_folder_git_ignores_is_not(tm
     (repo / "studies" / "mine" / "meta.json").write_text("{}")
     assert freeze.unchanged_in_git(repo / "docs") and freeze.unchanged_in_git(tmp_path / "outside")
     assert not freeze.unchanged_in_git(repo / "studies" / "mine")
+    (repo / "docs" / "__pycache__").mkdir()  # left by an older NormLab's hook loading: bytecode, not records
+    (repo / "docs" / "__pycache__" / "hooks.cpython-311.pyc").write_bytes(b"")
+    assert freeze.unchanged_in_git(repo / "docs")
     (repo / "docs" / "meta.json").write_text('{"edited": true}')
     assert not freeze.unchanged_in_git(repo / "docs")
 

@@ -24,7 +24,8 @@ def unchanged_in_git(folder: Path) -> bool:
         inside = Path(folder).resolve().relative_to(REPO_ROOT)
     except ValueError:
         return True
-    return not git("status", "--porcelain", "--ignored", "--", str(inside))
+    status = git("status", "--porcelain", "--ignored", "--", str(inside)).splitlines()
+    return not [line for line in status if not line.rstrip("/").endswith("__pycache__")]  # (bytecode is not records)
 
 
 def freeze(folder: Path) -> str:

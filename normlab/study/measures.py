@@ -3,6 +3,7 @@ loss); a study's hook file (its `hooks:`, Python) adds its own with @measure. On
 taken by another function is refused, so two hook files can never silently swap a study's outcome."""
 
 import importlib.util
+import sys
 
 from normlab.errors import StudyError
 from normlab.study import outcomes as oc
@@ -54,5 +55,10 @@ def load_hooks(path) -> set[str]:
     loaded before)."""
     start = len(REGISTERED)
     module = importlib.util.spec_from_file_location(f"study_hooks_{abs(hash(str(path)))}", path)
-    module.loader.exec_module(importlib.util.module_from_spec(module))
+    # no __pycache__ beside it: the file may be a records folder's copy, which holds the records and nothing else
+    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        module.loader.exec_module(importlib.util.module_from_spec(module))
+    finally:
+        sys.dont_write_bytecode = writes
     return set(REGISTERED[start:])
