@@ -110,8 +110,3 @@ def read_saved_config(path):
 
     path = Path(path)
     return load_config(saved=saved_config_raw(path)) if path.is_file() else None
-
-
-def model_dir_config(folder):
-    """The run config saved in a model directory (final/ or a checkpoint), or None."""
-    return read_saved_config(Path(folder) / MODEL_DIR_CONFIG)

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from normlab.config.loader import ConfigError, load_config, replace_keys
-from normlab.run_dir import RunDir, model_dir_config
+from normlab.run_dir import RunDir
 
 
 def test_the_layout_and_a_saved_config_read_back_validated(tmp_path):
@@ -45,7 +45,6 @@ def test_a_saved_config_that_names_a_checkpoint_rotated_away_still_reads(tmp_pat
     assert RunDir.of(cfg).read_config().train.resume == str(step)
     with pytest.raises(ConfigError, match="train.resume"):  # as a command's setting, it is refused
         load_config(overrides=[f"train.resume={step}"])
-    assert model_dir_config(tmp_path / "nowhere") is None
 
 
 def test_the_model_section_holds_only_the_keys_given():

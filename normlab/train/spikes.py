@@ -8,7 +8,7 @@ so one spike does not hide the next. Defaults: beta=0.98 (about a 50-step window
 """
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 
 class LossSpikeDetector:
@@ -46,12 +46,3 @@ class LossSpikeDetector:
 
     def load_state_dict(self, state: Mapping) -> None:
         self.mean, self.var, self.seen, self.spikes = state["mean"], state["var"], state["seen"], state["spikes"]
-
-
-def count_loss_spikes(losses: Iterable[float], **detector_kwargs) -> int:
-    """Number of spikes in a finished loss curve, by the same rule the live detector uses."""
-    detector = LossSpikeDetector(**detector_kwargs)
-    for loss in losses:
-        detector.update(float(loss))
-    return detector.spikes
-
