@@ -357,7 +357,7 @@ def test_parallel_below_one_is_refused_in_one_line(capsys):
         study_cli.main(["--preset", "smoke", "--parallel", "0", "--dry-run"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "study.py: error: argument --parallel: '0': give a whole number of runs at once, 1 or more")
+        "study.py: error: --parallel=0 must be >= 1")
 
 
 def test_bad_staged_grids_are_refused_in_one_line(tmp_path):

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="narrow by experiment, variant, lr, warmup (on/off), seed: variant=a,b,seed=0")
     parser.add_argument("--study-dir", type=Path, default=None, help="default: studies/<study name>")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands; train nothing")
-    parser.add_argument("--parallel", type=one_or_more, default=None,
+    parser.add_argument("--parallel", type=int, default=None,
                         help="runs at once (default: one per visible GPU, else 1; CPU runs split the cores); "
                              "also the processes that choose the LRs and score the runs")
     parser.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -59,17 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def one_or_more(text: str) -> int:
-    """--parallel's value: a whole number of runs at once, 1 or more."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of runs at once, 1 or more")
-    return n
-
-
 def typed_command(argv=None) -> str:
     """The command as it was typed, for study.json and meta.json: `python scripts/study.py ...`, `python -m
     normlab.cli.study ...` or `normlab-study ...` (sys.orig_argv: the interpreter's own command line); a call with
@@ -83,7 +72,10 @@ def typed_command(argv=None) -> str:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.parallel is not None and args.parallel < 1:
+        parser.error(f"--parallel={args.parallel} must be >= 1")
     command = typed_command(argv)
     try:
         bad = [o for o in args.overrides if "=" not in o]

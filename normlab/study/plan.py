@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import math
 import typing
+from collections import Counter
 from pathlib import Path
 
 from normlab.config.keys import checked
@@ -181,15 +182,16 @@ class Plan:
                     runs.append(by_name[name])
         return runs
 
+    def stand_in(self, selection: dict) -> dict:
+        """`selection` with a stand-in choice (LRs 1 and 2) for each one still to make: its runs are every run the
+        plan can have, their LRs aside."""
+        return {**selection, **{key: {"lr": 1.0, "runner_up": 2.0} for key in self.pending(selection)}}
+
     def unexpanded(self, selection: dict) -> dict:
-        """{chosen-LR experiment: the most runs it adds once its sweep has chosen} of those still waiting for it (a
-        shared run is counted in each experiment that uses it)."""
-        out = {}
-        for exp in (e for e in self.experiments.values() if e.best_of):
-            waiting = [name for name in exp.variants if not self.lrs(exp.name, name, selection)]
-            if waiting:
-                out[exp.name] = sum(exp.ranks * len(exp.variants[n].warmup) * len(exp.seeds_of(n)) for n in waiting)
-        return out
+        """{experiment: the runs the choices still to make will add to it, at most (one may be a run trained already,
+        where a shared run's chosen LR was swept at its seed)}."""
+        known = {r.name for r in self.runs(selection)}
+        return dict(Counter(r.experiment for r in self.runs(self.stand_in(selection)) if r.name not in known))
 
     def pending(self, selection: dict) -> dict:
         """{selection key: (swept experiment, tune variant, warmup)} for every chosen LR not chosen yet: those the

@@ -228,11 +228,10 @@ def study_selection(plan: Plan, study_dir: Path) -> dict:
 def selected_runs(plan: Plan, only: dict, selection: dict) -> list[RunSpec]:
     """The runs --only asks for among those whose LR is known. A value that names nothing is an error (a typo);
     before every LR is chosen an `lr` value may still name a run the choice will create, but no other value can."""
-    runs, pending = plan.runs(selection), plan.pending(selection)
-    if pending:  # check the other axes against every run the plan can have, at placeholder LRs
-        placeholder = {**selection, **{key: {"lr": 1.0, "runner_up": 1.0} for key in pending}}
-        narrow(plan.runs(placeholder), {axis: values for axis, values in only.items() if axis != "lr"})
-    return narrow(runs, only, strict=not pending)
+    pending = plan.pending(selection)
+    if pending:  # the other axes against every run the plan can have
+        narrow(plan.runs(plan.stand_in(selection)), {axis: values for axis, values in only.items() if axis != "lr"})
+    return narrow(plan.runs(selection), only, strict=not pending)
 
 
 def waiting(plan: Plan, selection: dict, study_dir: Path) -> str | None:
